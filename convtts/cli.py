@@ -1,0 +1,45 @@
+"""Shared command-line pieces for the entry scripts: config arguments and logging set-up."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from convtts import EXIT_BAD_INPUT
+from convtts.config import Config, ConfigError, load_config
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config (default: the built-in defaults, as in configs/default.yaml)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="GROUP.KEY=VALUE",
+        help="override one config value, e.g. --set workers.per_slot=4 (repeatable)",
+    )
+
+
+def load_config_or_exit(args: argparse.Namespace, extra: list[str] = ()) -> Config:
+    """Load and check the config; a bad one ends the process with exit code 2 and a plain message."""
+    try:
+        return load_config(args.config, [*args.overrides, *extra])
+    except ConfigError as exc:
+        fail(f"config error: {exc}")
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:
+    """One log per process: a file when given, else stderr."""
+    handler: logging.Handler
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

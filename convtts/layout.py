@@ -1,0 +1,66 @@
+"""Where everything lives inside an output directory: the one place that names its files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class Layout:
+    """Paths of one output directory.
+
+    plan/plan.json                         summary and fingerprint of the plan
+    plan/skipped.jsonl                     turns with nothing speakable, and why
+    plan/shards/shard-00042.jsonl          segments to speak, one JSON object a line
+    plan/shards/shard-00042.conversations.jsonl   the input records of that shard
+    work/shard-00042.manifest.jsonl        spoken segments, appended by one worker at a time
+    work/shard-00042.failures.jsonl        failed attempts (the latest per id counts)
+    work/shard-00042.crashes.jsonl         worker deaths, written by the slot
+    work/shard-00042.stats.json            written last: the shard's done marker
+    audio/shard-00042/<id>.wav             the audio
+    manifest.jsonl, failures.jsonl, conversations.json, summary.json, config.yaml
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.plan_dir = self.root / "plan"
+        self.plan_file = self.plan_dir / "plan.json"
+        self.skipped_file = self.plan_dir / "skipped.jsonl"
+        self.shards_dir = self.plan_dir / "shards"
+        self.work_dir = self.root / "work"
+        self.slots_dir = self.work_dir / "slots"
+        self.audio_root = self.root / "audio"
+        self.config_file = self.root / "config.yaml"
+        self.manifest_file = self.root / "manifest.jsonl"
+        self.failures_file = self.root / "failures.jsonl"
+        self.conversations_file = self.root / "conversations.json"
+        self.summary_file = self.root / "summary.json"
+
+    def shard_names(self) -> list[str]:
+        return sorted(p.name[: -len(".jsonl")] for p in self.shards_dir.glob("shard-?????.jsonl"))
+
+    def shard_file(self, shard: str) -> Path:
+        return self.shards_dir / f"{shard}.jsonl"
+
+    def shard_conversations(self, shard: str) -> Path:
+        return self.shards_dir / f"{shard}.conversations.jsonl"
+
+    def manifest(self, shard: str) -> Path:
+        return self.work_dir / f"{shard}.manifest.jsonl"
+
+    def failures(self, shard: str) -> Path:
+        return self.work_dir / f"{shard}.failures.jsonl"
+
+    def crashes(self, shard: str) -> Path:
+        return self.work_dir / f"{shard}.crashes.jsonl"
+
+    def stats(self, shard: str) -> Path:
+        return self.work_dir / f"{shard}.stats.json"
+
+    def audio_dir(self, shard: str) -> Path:
+        return self.audio_root / shard
+
+    def slot_status(self, rank: int) -> Path:
+        return self.slots_dir / f"slot-{rank}.json"
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
