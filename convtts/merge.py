@@ -1,0 +1,163 @@
+"""Merge the per-shard work files into the outputs people load: manifest, failures, conversations, summary."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from convtts import EXIT_FAILURES, EXIT_OK
+from convtts.layout import Layout
+from convtts.shardio import load_done, read_json, read_jsonl, write_json_atomic
+
+
+@dataclass
+class Totals:
+    conversations: int = 0
+    segments: int = 0
+    done: int = 0
+    failed: int = 0
+    pending: int = 0
+    skipped_turns: int = 0
+    audio_seconds: float = 0.0
+    run_utterances: int = 0
+    run_audio_seconds: float = 0.0
+    backends: set = field(default_factory=set)
+
+
+class AtomicWriter:
+    """Write a file under a temporary name; it replaces the real one only when complete."""
+
+    def __init__(self, path):
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        self.fh = open(self.tmp, "wb")
+
+    def write(self, data: bytes) -> None:
+        self.fh.write(data)
+
+    def commit(self) -> None:
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+
+
+def merge(layout: Layout, run_id: str | None = None, started: float | None = None) -> dict:
+    totals = Totals()
+    manifest, failures = AtomicWriter(layout.manifest_file), AtomicWriter(layout.failures_file)
+    conversations = AtomicWriter(layout.conversations_file)
+    conversations.write(b"[")
+    first = True
+    for row in read_jsonl(layout.skipped_file):
+        failures.write(orjson.dumps(row) + b"\n")
+        totals.skipped_turns += 1
+    for shard in layout.shard_names():
+        audio_by_turn = merge_shard(layout, shard, run_id, totals, manifest, failures)
+        for item in read_jsonl(layout.shard_conversations(shard)):
+            record = with_audio(item, audio_by_turn.get(item["conversation_id"], {}))
+            conversations.write((b"" if first else b",") + b"\n" + orjson.dumps(record))
+            first = False
+            totals.conversations += 1
+    conversations.write(b"\n]\n")
+    for writer in (manifest, failures, conversations):
+        writer.commit()
+    summary = make_summary(layout, totals, started)
+    write_json_atomic(layout.summary_file, summary)
+    return summary
+
+
+def merge_shard(layout, shard, run_id, totals: Totals, manifest, failures) -> dict:
+    """Write one shard's rows in plan order; return {conversation: {turn: [audio paths]}}."""
+    done = load_done(layout, shard)
+    failed = {r["id"]: r for r in read_jsonl(layout.failures(shard))}
+    audio_by_turn: dict = {}
+    for segment in read_jsonl(layout.shard_file(shard)):
+        uid = segment["id"]
+        totals.segments += 1
+        if uid in done:
+            row = done[uid]
+            manifest.write(orjson.dumps(row) + b"\n")
+            totals.done += 1
+            totals.audio_seconds += row["duration"]
+            totals.backends.add(row.get("backend"))
+            if run_id and row.get("run") == run_id:
+                totals.run_utterances += 1
+                totals.run_audio_seconds += row["duration"]
+            turns = audio_by_turn.setdefault(segment["conversation_id"], {})
+            turns.setdefault(segment["turn"], []).append(row["audio"])
+        elif uid in failed:
+            failures.write(orjson.dumps(failed[uid]) + b"\n")
+            totals.failed += 1
+        else:
+            pending = {k: segment.get(k) for k in ("id", "conversation_id", "turn", "segment", "role", "speaker", "text")}
+            pending.update(status="pending", reason="not synthesised yet (the run stopped before it)")
+            failures.write(orjson.dumps(pending) + b"\n")
+            totals.pending += 1
+    return audio_by_turn
+
+
+def with_audio(item: dict, turns: dict) -> dict:
+    """The input record in its own shape, each turn given `audio`: its segments' files in order."""
+    record = item["record"]
+    if isinstance(record, dict) and isinstance(record.get("conversations"), list):
+        record = dict(record)
+        record["conversations"] = [
+            {**turn, "audio": turns.get(index, [])} if isinstance(turn, dict) else turn
+            for index, turn in enumerate(record["conversations"])
+        ]
+    return record
+
+
+def make_summary(layout: Layout, t: Totals, started: float | None) -> dict:
+    plan = read_json(layout.plan_file) or {}
+    wall = time.time() - started if started else None
+    rate = t.run_audio_seconds / wall if wall else None
+    return {
+        "conversations": t.conversations, "segments": t.segments, "done": t.done, "failed": t.failed,
+        "pending": t.pending, "skipped_turns": t.skipped_turns, "audio_seconds": round(t.audio_seconds, 3),
+        "audio_hours": round(t.audio_seconds / 3600, 4), "backends": sorted(b for b in t.backends if b),
+        "estimated_hours": plan.get("estimated_hours"), "complete": t.failed == 0 and t.pending == 0,
+        "this_run": {
+            "utterances": t.run_utterances, "audio_seconds": round(t.run_audio_seconds, 3),
+            "wall_seconds": round(wall, 3) if wall else None,
+            "audio_seconds_per_second": round(rate, 4) if rate else None,
+            "real_time_factor": round(wall / t.run_audio_seconds, 4) if wall and t.run_audio_seconds else None,
+        },
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def summary_text(s: dict) -> str:
+    run = s["this_run"]
+    lines = [
+        f"conversations {s['conversations']}, segments {s['segments']}: {s['done']} done, {s['failed']} failed, "
+        f"{s['pending']} pending; {s['skipped_turns']} turns skipped (nothing speakable)",
+        f"audio {s['audio_hours']:.3f} h in all; this run spoke {run['utterances']} utterances, "
+        f"{run['audio_seconds']:.1f} s of audio",
+    ]
+    if run["wall_seconds"]:
+        factor = run["real_time_factor"]
+        lines.append(f"wall time {run['wall_seconds']:.1f} s, {run['audio_seconds_per_second'] or 0:.2f} audio s/s, "
+                     f"real-time factor {factor if factor is not None else 'n/a'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="merge shard results into manifest.jsonl, failures.jsonl, conversations.json, summary.json")
+    p.add_argument("output_dir")
+    p.add_argument("--run-id")
+    p.add_argument("--started", type=float, help="epoch seconds the run started, for wall time and rate")
+    args = p.parse_args(argv)
+    layout = Layout(args.output_dir)
+    if not layout.plan_file.is_file():
+        print(f"error: no plan in {layout.plan_dir}", file=sys.stderr)
+        return 2
+    summary = merge(layout, args.run_id, args.started)
+    print(summary_text(summary))
+    return EXIT_OK if summary["complete"] else EXIT_FAILURES
+
+
+if __name__ == "__main__":
+    sys.exit(main())

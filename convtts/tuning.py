@@ -1,0 +1,53 @@
+"""How many workers a slot runs: from the cores, and on a GPU from its free memory and a worker's peak."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+log = logging.getLogger(__name__)
+
+# Measured peak GPU memory of one CosyVoice-300M worker (fp16, H200): about 2 GiB. Kept as a
+# default; workers.gpu_mb_per_worker overrides it once a user has measured their model.
+DEFAULT_GPU_MB_PER_WORKER = 2600
+MAX_WORKERS_PER_GPU = 16  # past this, MPS gave no more throughput in our sweeps
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int = DEFAULT_GPU_MB_PER_WORKER) -> int:
+    """The worker count for one slot, with its reasons logged. `requested` > 0 wins."""
+    if requested > 0:
+        log.info("workers: %d (set by config or --workers)", requested)
+        return requested
+    by_cpu = max(1, cpu_cores() // max(1, slots_on_node))
+    if device == "cpu":
+        log.info("workers: %d (%d cores shared by %d CPU slots)", by_cpu, cpu_cores(), slots_on_node)
+        return by_cpu
+    free_mb = free_gpu_mb()
+    by_memory = max(1, int(free_mb * 0.9 // gpu_mb_per_worker)) if free_mb else 1
+    count = min(by_cpu, by_memory, MAX_WORKERS_PER_GPU)
+    log.info(
+        "workers: %d = min(cores %d / %d slots = %d, 90%% of %d MiB free / %d MiB per worker = %d, cap %d)",
+        count, cpu_cores(), slots_on_node, by_cpu, free_mb, gpu_mb_per_worker, by_memory, MAX_WORKERS_PER_GPU,
+    )
+    return count
+
+
+def free_gpu_mb() -> int:
+    """Free memory of the (only) visible GPU, asked of nvidia-smi so this process never touches CUDA."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={visible}", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+        return int(out.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        log.warning("could not read free GPU memory from nvidia-smi; assuming room for one worker")
+        return 0

@@ -1,0 +1,82 @@
+"""One utterance: synthesise with bounded retries, write the audio atomically, build its manifest row."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import soundfile as sf
+
+from convtts.backends.base import SynthesisError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FIELDS = ("id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker", "text", "source_text")
+
+
+def synthesize_with_retries(worker, shard: str, segment: dict, crashes: int):
+    """Return (manifest row, None) on success or (None, failure row) after the last attempt.
+
+    `crashes` counts earlier attempts on this utterance that killed a worker during this run.
+    """
+    from convtts.worker import utterance_seed
+
+    config = worker.config
+    uid = segment["id"]
+    seed = utterance_seed(config.workers.seed, uid)
+    errors = [f"worker process died while speaking it ({crashes}x)"] if crashes else []
+    for attempt in range(crashes + 1, config.workers.max_attempts + 1):
+        try:
+            started = time.time()
+            audio = worker.backend.synthesize(segment["text"], segment["speaker"], seed)
+            check_audio(audio)
+            rel = write_audio(worker.layout, shard, uid, audio, worker.backend.sample_rate, config.output)
+            return manifest_row(segment, worker, rel, audio, attempt, seed, time.time() - started), None
+        except Exception as exc:  # any error is this utterance's, never the shard's
+            errors.append(f"{type(exc).__name__}: {exc}")
+            log.warning("%s attempt %d/%d failed: %s", uid, attempt, config.workers.max_attempts, errors[-1])
+            if _is_out_of_memory(exc):
+                worker.build("out of GPU memory")
+    return None, failure_row(segment, worker, errors, config.workers.max_attempts)
+
+
+def _is_out_of_memory(exc: Exception) -> bool:
+    return type(exc).__name__ in ("OutOfMemory", "OutOfMemoryError") or "out of memory" in str(exc).lower()
+
+
+def check_audio(audio: np.ndarray) -> None:
+    if audio.ndim != 1 or audio.size == 0:
+        raise SynthesisError(f"backend returned audio of shape {audio.shape}")
+    if not np.isfinite(audio).all():
+        raise SynthesisError("backend returned NaN or infinite samples")
+
+
+def write_audio(layout, shard: str, uid: str, audio: np.ndarray, rate: int, output) -> str:
+    """Write to a hidden temporary name, then rename into place: a kill never leaves half a file."""
+    ext = output.audio_format
+    final = layout.audio_dir(shard) / f"{uid}.{ext}"
+    tmp = final.with_name(f".{uid}.tmp{os.getpid()}.{ext}")
+    sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype=output.subtype, format=ext.upper())
+    os.replace(tmp, final)
+    return str(final.relative_to(layout.root))
+
+
+def manifest_row(segment: dict, worker, rel: str, audio, attempt: int, seed: int, seconds: float) -> dict:
+    rate = worker.backend.sample_rate
+    row = {k: segment.get(k) for k in MANIFEST_FIELDS}
+    row.update(
+        audio=rel, duration=round(len(audio) / rate, 4), num_samples=int(len(audio)), sample_rate=rate,
+        backend=worker.backend.name, status="ok", attempts=attempt, seed=seed,
+        synthesis_seconds=round(seconds, 4), run=worker.args.run_id,
+    )
+    return row
+
+
+def failure_row(segment: dict, worker, errors: list[str], attempts: int) -> dict:
+    return {
+        "id": segment["id"], "conversation_id": segment.get("conversation_id"), "turn": segment.get("turn"),
+        "segment": segment.get("segment"), "role": segment.get("role"), "speaker": segment.get("speaker"),
+        "text": segment.get("text"), "status": "failed", "reason": errors[-1][:2000], "errors": [e[:500] for e in errors],
+        "attempts": attempts, "backend": worker.config.tts.backend, "run": worker.args.run_id, "time": time.time(),
+    }

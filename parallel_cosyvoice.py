@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""One device slot: synthesise this slot's shards with K worker processes (started by run_all.sh)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from convtts import EXIT_FAILURES
+from convtts.backends import check_backend
+from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
+from convtts.config import ConfigError
+from convtts.layout import Layout
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--output-dir", required=True, help="output directory holding plan/ (made by preprocess.py)")
+    p.add_argument("--rank", type=int, default=0, help="this slot's index: it takes shards[rank::world]")
+    p.add_argument("--world", type=int, default=1, help="number of slots sharing the shards")
+    p.add_argument("--shards", help="comma-separated shard names instead of rank/world")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: config, else automatic)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+    p.add_argument("--slots-on-node", type=int, default=0, help="slots sharing this node's cores (default: world)")
+    p.add_argument("--log-dir", help="folder for the workers' own log files")
+    p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"), help="tags this run's manifest rows")
+    add_config_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    layout = Layout(args.output_dir)
+    if not layout.plan_file.is_file():
+        fail(f"no plan in {layout.plan_dir}: run preprocess.py (or run_all.sh) first")
+    if args.config is None:
+        args.config = str(layout.config_file)
+    config = load_config_or_exit(args)
+    try:
+        check_backend(config)
+    except ConfigError as exc:
+        fail(str(exc))
+    shards = args.shards.split(",") if args.shards else layout.shard_names()[args.rank :: args.world]
+    unknown = [s for s in shards if not layout.shard_file(s).is_file()]
+    if unknown:
+        fail(f"unknown shards: {unknown[:5]}")
+    prepare_environment(args.device)
+
+    from convtts.slot import Slot, SlotOptions, SlotStopped
+    from convtts.tuning import choose_workers
+
+    requested = args.workers or config.workers.per_slot
+    workers = choose_workers(requested, args.device, args.slots_on_node or args.world)
+    slot = Slot(layout, config, shards, SlotOptions(args.rank, workers, args.run_id, args.log_dir))
+    try:
+        return slot.run()
+    except SlotStopped as exc:
+        print(f"slot {args.rank}: stopped by {exc}", file=sys.stderr)
+        return 130 if str(exc) == "SIGINT" else 143
+    except Exception:  # noqa: BLE001 - logged, and the exit code tells cron
+        import logging
+
+        logging.getLogger("slot").exception("slot %d failed", args.rank)
+        return EXIT_FAILURES
+
+
+def prepare_environment(device: str) -> None:
+    """Set before any worker starts (spawned workers inherit it): one thread each, and the device."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[name] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # never let a CPU slot's workers grab a GPU
+
+
+if __name__ == "__main__":
+    sys.exit(main())

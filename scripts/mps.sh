@@ -1,0 +1,34 @@
+# NVIDIA MPS for run_all.sh: one control daemon per run, private pipe and log folders, stopped on
+# every exit path. Never touches the GPU's compute mode or any other device setting.
+# Sourced, not run. mps_start MODE DIR (MODE auto|on|off); mps_stop.
+
+MPS_STARTED=""
+
+mps_start() {
+  local mode="$1" dir="$2"
+  [[ "$mode" == off ]] && return 0
+  if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    echo "run_all.sh: MPS unavailable (no nvidia-cuda-mps-control); running without it" >&2
+    return 0
+  fi
+  # The pipe folder holds a unix socket, whose path must stay short (about 100 bytes).
+  local pipe="$dir/pipe"
+  if [[ ${#pipe} -gt 80 ]]; then pipe="$(mktemp -d /tmp/convtts-mps.XXXXXX)"; fi
+  mkdir -p "$pipe" "$dir/log"
+  export CUDA_MPS_PIPE_DIRECTORY="$pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
+  if nvidia-cuda-mps-control -d && sleep 1 && echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
+    MPS_STARTED=1
+    echo "MPS control daemon started (pipes $pipe, logs $dir/log)" >"$dir/status"
+    return 0
+  fi
+  echo "run_all.sh: MPS control daemon did not start (see $dir/log); running without MPS" >&2
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  [[ "$mode" == on ]] && echo "run_all.sh: --mps on was asked for; continuing without it" >&2
+  return 0
+}
+
+mps_stop() {
+  [[ -n "$MPS_STARTED" ]] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+  MPS_STARTED=""
+}
