@@ -1,0 +1,36 @@
+# make demo: set up the light environment and speak the bundled example with the default voice.
+# make test: set up the test environment (with the CosyVoice runtime) and run the tests.
+PYTHON ?= python3
+VENV := .venv
+TEST_VENV := .venv-test
+PIP_FLAGS ?= --disable-pip-version-check --no-input
+
+.PHONY: demo test env test-env clean-output
+
+env: $(VENV)/.installed
+test-env: $(TEST_VENV)/.installed
+
+# torch 2.13.0 is the CPU build this kind of machine keeps on disk; elsewhere pip takes it from PyPI.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) -q torch==2.13.0
+	$(VENV)/bin/pip install $(PIP_FLAGS) -q -e .
+	touch $@
+
+# torchaudio wheels pin an exact torch; 2.9.1 with torchaudio 2.9 is the pair that imports on CPU.
+# cosyvoice2-eu bundles the official runtime; --no-deps skips its pins, which this path does not need.
+$(TEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(TEST_VENV)
+	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q torch==2.9.1 'torchaudio==2.9.*'
+	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q --no-deps cosyvoice2-eu==0.2.8
+	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q -e '.[cosyvoice,test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	PYTHON=$(VENV)/bin/python ./run_all.sh --input examples/conversations.json --output-dir output/demo
+
+test: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/python -m pytest -q tests
+
+clean-output:
+	rm -rf output/demo
