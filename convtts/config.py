@@ -128,8 +128,8 @@ class TTSConfig:
     cosyvoice: CosyVoiceConfig = field(default_factory=CosyVoiceConfig)
 
     def check(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"tts.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend not in BACKENDS and ":" not in self.backend:
+            raise ConfigError(f"tts.backend must be one of {BACKENDS} or module:Class, got {self.backend!r}")
         if self.backend == "cosyvoice" and not self.cosyvoice.model_dir:
             raise ConfigError("tts.cosyvoice.model_dir is required for the cosyvoice backend")
 
@@ -181,7 +181,7 @@ class Config:
     def check(self) -> None:
         for group in dataclasses.fields(self):
             getattr(self, group.name).check()
-        if self.tts.backend == "piper":
+        if self.tts.backend != "cosyvoice":  # piper, or a custom backend built on its voices
             missing = [v for v in self.speakers.voices if v not in self.tts.piper.voices]
             if missing:
                 raise ConfigError(

@@ -1,0 +1,107 @@
+"""Kill real runs with SIGKILL (the whole run, or one worker), rerun, and check nothing is lost or redone."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import REPO, assert_complete, read_jsonl, run_all, script_env
+
+ARGS = ("--gpus", "cpu:2", "--set", "shards.segments_per_shard=8")
+
+
+def start_run(source: Path, out: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log), *ARGS],
+        env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, so the test can kill the whole run at once
+    )
+
+
+def spoken_so_far(out: Path) -> list[dict]:
+    rows = []
+    for path in (out / "work").glob("shard-*.manifest.jsonl"):
+        rows += [r for r in read_jsonl_tolerant(path)]
+    return rows
+
+
+def read_jsonl_tolerant(path: Path) -> list[dict]:
+    import orjson
+
+    rows = []
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            rows.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            pass
+    return rows
+
+
+def wait_for(predicate, timeout: float = 180.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting")
+
+
+def worker_pids(run: subprocess.Popen) -> list[int]:
+    """Spawned workers of this run: processes in its group started by multiprocessing's spawn."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            same_group = os.getpgid(int(proc.name)) == run.pid
+        except (OSError, ProcessLookupError):
+            continue
+        if same_group and b"multiprocessing.spawn" in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_sigkill_whole_run_then_rerun(tmp_path, small_input):
+    out, log = tmp_path / "out", tmp_path / "log"
+    run = start_run(small_input, out, log)
+    wait_for(lambda: (out / "work").is_dir() and len(spoken_so_far(out)) >= 12)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    wait_for(lambda: not worker_pids(run), timeout=30)  # workers die with their slot
+    before = {r["id"]: r for r in spoken_so_far(out)}
+    stamps = {i: (out / r["audio"]).stat().st_mtime_ns for i, r in before.items()}
+    assert 12 <= len(before) < len(read_jsonl_all_plan(out))
+
+    again = run_all("--input", small_input, "--output-dir", out, "--log-dir", log, *ARGS)
+    assert again.returncode == 0, again.stderr
+    rows = {r["id"]: r for r in assert_complete(out)}
+    for uid, row in before.items():  # finished work was kept, not redone
+        assert rows[uid]["run"] == row["run"]
+        assert (out / row["audio"]).stat().st_mtime_ns == stamps[uid]
+    assert any(r["run"] != next(iter(before.values()))["run"] for r in rows.values())
+
+
+def test_sigkill_one_worker_mid_run(tmp_path, small_input):
+    out, log = tmp_path / "out", tmp_path / "log"
+    run = start_run(small_input, out, log)
+    wait_for(lambda: (out / "work").is_dir() and len(spoken_so_far(out)) >= 6)
+    victims = worker_pids(run)
+    assert victims, "no worker process found"
+    os.kill(victims[0], signal.SIGKILL)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr.decode()
+    assert_complete(out)
+    crashes = [c for p in (out / "work").glob("*.crashes.jsonl") for c in read_jsonl(p)]
+    died = [line for p in log.rglob("slot-?.log") for line in p.read_text().splitlines() if "died" in line]
+    assert died, "the slot did not notice the dead worker"
+    assert len(crashes) <= 1 and all(c["exitcode"] == -9 for c in crashes)
+
+
+def read_jsonl_all_plan(out: Path) -> list[dict]:
+    rows = []
+    for shard in (out / "plan" / "shards").glob("shard-?????.jsonl"):
+        rows += read_jsonl(shard)
+    return rows
