@@ -63,12 +63,17 @@ def write_audio(layout, shard: str, uid: str, audio: np.ndarray, rate: int, outp
 
 
 def manifest_row(segment: dict, worker, rel: str, audio, attempt: int, seed: int, seconds: float) -> dict:
+    from convtts.worker import rss_mb
+
     rate = worker.backend.sample_rate
     row = {k: segment.get(k) for k in MANIFEST_FIELDS}
     row.update(
         audio=rel, duration=round(len(audio) / rate, 4), num_samples=int(len(audio)), sample_rate=rate,
         backend=worker.backend.name, status="ok", attempts=attempt, seed=seed,
         synthesis_seconds=round(seconds, 4), run=worker.args.run_id,
+        # where and when it was made, and the worker's memory then: memory over time, from the outputs
+        worker=f"slot{worker.args.rank}-w{worker.args.wid}", pid=os.getpid(), finished=round(time.time(), 3),
+        rss_mb=round(rss_mb(), 1), gpu_mb=round(worker.gpu_mb(), 1), since_build=worker.since_build,
     )
     return row
 
