@@ -1,0 +1,188 @@
+"""Stream records out of a JSON array or JSON lines file, with their byte spans, in bounded memory."""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+CHUNK = 1 << 23  # bytes read at a time from a JSON array
+
+# One match per bracket: runs of other bytes and whole string literals are skipped inside the
+# regex engine, so the Python loop runs about a dozen times per LLaVA record. A lone '"' is a
+# string cut off by the end of the buffer.
+_NEXT_BRACKET = re.compile(rb'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+([\[\]{}"])', re.S)
+_SCALAR = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[^\s,\[\]{}"]++')
+_SPACE = re.compile(rb"[ \t\r\n]*+")
+_BOM = b"\xef\xbb\xbf"
+
+
+class InputError(Exception):
+    """The input file cannot be used at all; the message says where and why."""
+
+
+def scan(path: str | Path) -> Iterator[tuple[int, int, object]]:
+    """Yield (byte offset, byte length, parsed value) for each top-level record, in file order.
+
+    A file whose first non-blank byte is '[' is one JSON array; anything else is read as JSON
+    lines, one value a line (blank lines are ignored).
+    """
+    with _open(path) as fh:
+        head = fh.read(4096)
+        first = head.lstrip(_BOM + b" \t\r\n")[:1]
+        fh.seek(0)
+        if not first:
+            raise InputError(f"{path}: the input file is empty")
+        yield from (_scan_array(fh, path) if first == b"[" else _scan_lines(fh, path))
+
+
+def read_spans(path: str | Path, spans: Iterator[tuple[int, int]]) -> Iterator[object]:
+    """Parse the records at the given (offset, length) spans, as found by `scan`."""
+    with _open(path) as fh:
+        for offset, length in spans:
+            fh.seek(offset)
+            data = fh.read(length)
+            try:
+                yield orjson.loads(data)
+            except orjson.JSONDecodeError as exc:  # the file changed since it was scanned
+                raise InputError(f"{path}: record at byte {offset} no longer parses ({exc.msg}); "
+                                 "was the input file changed while the plan was made?") from None
+
+
+def _open(path: str | Path):
+    try:
+        return open(path, "rb", buffering=1 << 20)
+    except FileNotFoundError:
+        raise InputError(f"input file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"input path is a directory, not a file: {path}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read input file {path}: {exc.strerror or exc}") from None
+
+
+def _scan_lines(fh, path) -> Iterator[tuple[int, int, object]]:
+    offset = 0
+    for lineno, line in enumerate(fh, 1):
+        if lineno == 1 and line.startswith(_BOM):
+            line, offset = line[3:], 3
+        if line.strip():
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                hint = ""
+                if lineno == 1 and line.strip() in (b"{", b"["):
+                    hint = " (a pretty-printed single object? records must be a JSON array or one per line)"
+                raise InputError(f"{path}: invalid JSON on line {lineno}, column {exc.colno}: {exc.msg}{hint}") from None
+            yield offset, len(line), value
+        offset += len(line)
+
+
+class _Window:
+    """A sliding window over the file: `buf` holds the bytes from file offset `base` on."""
+
+    def __init__(self, fh, path):
+        self.fh, self.path = fh, path
+        self.buf, self.base, self.eof = b"", 0, False
+
+    def more(self, keep: int) -> int:
+        """Drop the bytes before `keep`, append the next chunk; return how far positions moved."""
+        want = max(CHUNK, len(self.buf) - keep)  # a record longer than a chunk doubles the read
+        chunk = self.fh.read(want)
+        self.buf = self.buf[keep:] + chunk
+        self.base += keep
+        self.eof = len(chunk) < want
+        return keep
+
+    def skip_space(self, pos: int) -> int:
+        """Position of the next non-blank byte (len(buf) only at the end of the file)."""
+        while True:
+            pos = _SPACE.match(self.buf, pos).end()
+            if pos < len(self.buf) or self.eof:
+                return pos
+            pos -= self.more(pos)
+
+    def element(self, start: int) -> tuple[int, int]:
+        """(start, end) of the value beginning at `start`; positions are in the (moved) window."""
+        if self.buf[start] not in b"[{":
+            return start, self._scalar(start)
+        depth, pos = 0, start
+        while True:
+            m = _NEXT_BRACKET.match(self.buf, pos)
+            if m is None or self.buf[m.end() - 1] == ord('"'):  # the window ends inside this record
+                if self.eof:
+                    raise self.error(start, "a record is cut off by the end of the file")
+                moved = self.more(start)
+                start, pos = 0, pos - moved
+                continue
+            pos = m.end()
+            depth += 1 if self.buf[pos - 1] in b"[{" else -1
+            if depth == 0:
+                return start, pos
+
+    def _scalar(self, start: int) -> int:
+        while True:
+            m = _SCALAR.match(self.buf, start)
+            if m and (m.end() < len(self.buf) or self.eof):
+                return m.end()
+            if self.eof:
+                raise self.error(start, "expected a value")
+            start -= self.more(start)
+
+    def error(self, pos: int, what: str) -> InputError:
+        return InputError(f"{self.path}: invalid JSON {where(self.path, self.base + pos)}: {what}")
+
+
+def _scan_array(fh, path) -> Iterator[tuple[int, int, object]]:
+    win = _Window(fh, path)
+    win.more(0)
+    pos = win.skip_space(len(_BOM) if win.buf.startswith(_BOM) else 0) + 1  # just after the '['
+    after_comma, expect_value = False, True
+    while True:
+        pos = win.skip_space(pos)
+        if pos >= len(win.buf):
+            raise win.error(pos, "the array is not closed with ']'")
+        char = win.buf[pos : pos + 1]
+        if char == b"]":
+            if after_comma:
+                raise win.error(pos, "expected a record after ',' but found ']'")
+            return _expect_end(win, pos + 1)
+        if not expect_value:
+            if char != b",":
+                raise win.error(pos, "expected ',' or ']' after a record")
+            pos, after_comma, expect_value = pos + 1, True, True
+            continue
+        start, end = win.element(pos)
+        yield win.base + start, end - start, _parse(win, start, end)
+        pos, after_comma, expect_value = end, False, False
+
+
+def _parse(win: _Window, start: int, end: int) -> object:
+    try:
+        return orjson.loads(win.buf[start:end])
+    except orjson.JSONDecodeError as exc:
+        data = win.buf[start:end]
+        inner = len(data.decode("utf-8", "replace")[: exc.pos].encode())  # orjson counts characters
+        raise win.error(start + inner, exc.msg) from None
+
+
+def _expect_end(win: _Window, pos: int) -> None:
+    pos = win.skip_space(pos)
+    if pos < len(win.buf):
+        raise win.error(pos, "unexpected data after the closing ']' of the array")
+
+
+def where(path: str | Path, offset: int) -> str:
+    """'at line 12, column 5 (byte 301)': count the lines only when there is an error to report."""
+    line, last_newline, done = 1, -1, 0
+    with open(path, "rb") as fh:
+        while done < offset:
+            block = fh.read(min(CHUNK, offset - done))
+            if not block:
+                break
+            line += block.count(b"\n")
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                last_newline = done + cut
+            done += len(block)
+    return f"at line {line}, column {offset - last_newline} (byte {offset})"
