@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""GPU throughput benchmark: run the real pipeline (run_all.sh) under several settings on one GPU.
+
+Each setting speaks the same realistic English into a fresh output directory and is measured from
+its own manifest: audio seconds per wall second in the steady state (first and last 10% of
+utterances by finish time left out, so model loading and the tail do not count), utterances per
+hour, per-worker GPU memory over time (torch's figure, recorded on every manifest row, and
+nvidia-smi's whole-GPU figure, sampled), CPU use, and rebuild cost from the slot log.
+
+    python bench/throughput.py --model-dir /tmp/cv300m --settings seed:8:off:fp32 best:14:on:fp16 \
+        --sweep 1,4,8,14 --utterances 300 --out bench/results/h100
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TEXT = REPO.parent / "shared" / "data" / "llava_gpt4_qa_30x3.jsonl"
+
+
+@dataclass
+class Setting:
+    name: str
+    workers: int
+    mps: str  # on | off
+    precision: str  # fp16 | fp32
+
+    @classmethod
+    def parse(cls, spec: str) -> "Setting":
+        name, workers, mps, precision = spec.split(":")
+        return cls(name, int(workers), mps, precision)
+
+
+def make_input(text_file: Path, utterances: int, max_words: int, path: Path) -> None:
+    """Conversations from the LLaVA text, repeated under new ids until about `utterances` segments."""
+    rows = [orjson.loads(line) for line in text_file.read_bytes().splitlines() if line.strip()]
+    records, words = [], 0
+    budget = utterances * max_words * 0.75  # segments come out at about three quarters full
+    copy = 0
+    while words < budget:
+        for row in rows:
+            records.append({"id": f"{row['id']}-{row['type']}-{copy}", "conversations": [
+                {"from": "human", "value": row["instruction"]}, {"from": "gpt", "value": row["output"]}]})
+            words += len(row["instruction"].split()) + len(row["output"].split())
+            if words >= budget:
+                break
+        copy += 1
+    path.write_bytes(orjson.dumps(records))
+
+
+class Sampler(threading.Thread):
+    """Samples whole-GPU memory (nvidia-smi) and CPU use (/proc/stat) once a second."""
+
+    def __init__(self, gpu: str):
+        super().__init__(daemon=True)
+        self.gpu, self.samples, self.stop_flag = gpu, [], threading.Event()
+
+    def run(self) -> None:
+        last = _cpu_times()
+        while not self.stop_flag.wait(1.0):
+            now = _cpu_times()
+            busy = 1 - (now[1] - last[1]) / max(now[0] - last[0], 1)
+            last = now
+            self.samples.append({"t": time.time(), "gpu_used_mb": _gpu_used_mb(self.gpu), "cpu_busy": round(busy, 3)})
+
+
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def _gpu_used_mb(gpu: str) -> int | None:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return int(out.strip())
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
+    out, logs = work / setting.name, work / f"{setting.name}-log"
+    cmd = ["bash", str(REPO / "run_all.sh"), "--input", str(input_file), "--output-dir", str(out),
+           "--config", str(args.config), "--gpus", args.gpu, "--workers", str(setting.workers), "--mps", setting.mps,
+           "--log-dir", str(logs), "--set", f"tts.cosyvoice.model_dir={args.model_dir}",
+           "--set", f"tts.cosyvoice.fp16={'true' if setting.precision == 'fp16' else 'false'}",
+           "--set", f"text.max_words={args.max_words}", "--set", f"workers.rebuild_every={args.rebuild_every}",
+           "--set", f"shards.segments_per_shard={args.segments_per_shard}"]
+    sampler = Sampler(args.gpu)
+    sampler.start()
+    started = time.time()
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - started
+    sampler.stop_flag.set()
+    sampler.join()
+    rows = [orjson.loads(x) for x in (out / "manifest.jsonl").read_bytes().splitlines()] if (out / "manifest.jsonl").exists() else []
+    report = {"setting": asdict(setting), "exit_code": result.returncode, "wall_seconds": round(wall, 2),
+              **steady_state(rows), "memory": memory_report(rows, sampler.samples),
+              "rebuilds": rebuild_report(logs), "stderr_tail": result.stderr[-2000:]}
+    print(f"{setting.name}: {report.get('audio_seconds_per_second')} audio s/s, exit {result.returncode}", flush=True)
+    return report
+
+
+def steady_state(rows: list[dict]) -> dict:
+    if len(rows) < 10:
+        return {"utterances": len(rows), "audio_seconds_per_second": None}
+    rows = sorted(rows, key=lambda r: r["finished"])
+    cut = len(rows) // 10
+    window = rows[cut : len(rows) - cut]
+    span = window[-1]["finished"] - rows[cut - 1]["finished"] if cut else window[-1]["finished"] - window[0]["finished"]
+    audio = sum(r["duration"] for r in window)
+    rate = audio / span if span > 0 else None
+    return {
+        "utterances": len(rows), "audio_seconds": round(sum(r["duration"] for r in rows), 2),
+        "audio_seconds_per_second": round(rate, 3) if rate else None,
+        "real_time_factor": round(1 / rate, 4) if rate else None,
+        "utterances_per_hour": round(len(window) / span * 3600) if span > 0 else None,
+        "mean_utterance_seconds": round(audio / len(window), 2),
+    }
+
+
+def memory_report(rows: list[dict], samples: list[dict]) -> dict:
+    per_worker: dict[str, list] = {}
+    for r in sorted(rows, key=lambda r: r["finished"]):
+        per_worker.setdefault(r["worker"], []).append((r["finished"], r["gpu_mb"], r["rss_mb"]))
+    workers = {}
+    for name, series in per_worker.items():
+        gpu = [g for _, g, _ in series]
+        half = len(gpu) // 2
+        workers[name] = {
+            "utterances": len(series), "gpu_mb_first_half_max": max(gpu[:half] or gpu), "gpu_mb_second_half_max": max(gpu[half:]),
+            "gpu_mb_min": min(gpu), "gpu_mb_max": max(gpu), "rss_mb_max": max(r for _, _, r in series),
+            "series": [[round(t, 1), g, r] for t, g, r in series[:: max(1, len(series) // 40)]],
+        }
+    used = [s["gpu_used_mb"] for s in samples if s["gpu_used_mb"] is not None]
+    cpu = [s["cpu_busy"] for s in samples]
+    return {"workers": workers, "gpu_used_mb_max": max(used) if used else None,
+            "gpu_used_mb_series": [[round(s["t"], 1), s["gpu_used_mb"]] for s in samples[::5]],
+            "cpu_busy_mean": round(sum(cpu) / len(cpu), 3) if cpu else None}
+
+
+def rebuild_report(logs: Path) -> dict:
+    times = []
+    for log in logs.rglob("slot-*.log"):
+        times += [float(m) for m in re.findall(r"model built \(every [^)]*\) in ([0-9.]+)s", log.read_text())]
+    return {"count": len(times), "mean_seconds": round(sum(times) / len(times), 2) if times else None,
+            "max_seconds": max(times) if times else None}
+
+
+def plot(reports: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mps in ("off", "on"):
+        pts = sorted((r["setting"]["workers"], r["audio_seconds_per_second"]) for r in reports
+                     if r["setting"]["mps"] == mps and r["setting"]["name"].startswith("sweep") and r["audio_seconds_per_second"])
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=f"fp16, MPS {mps}")
+    for r in reports:
+        if not r["setting"]["name"].startswith("sweep") and r["audio_seconds_per_second"]:
+            ax.scatter([r["setting"]["workers"]], [r["audio_seconds_per_second"]], marker="*", s=120, label=r["setting"]["name"])
+    ax.set_xlabel("workers on the GPU")
+    ax.set_ylabel("audio seconds per wall second")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
+    p.add_argument("--text", default=str(DEFAULT_TEXT))
+    p.add_argument("--gpu", default="0")
+    p.add_argument("--settings", nargs="*", default=[], help="name:workers:mps(on|off):precision(fp16|fp32)")
+    p.add_argument("--sweep", default="", help="worker counts to run with and without MPS, fp16")
+    p.add_argument("--utterances", type=int, default=300)
+    p.add_argument("--max-words", type=int, default=24)
+    p.add_argument("--rebuild-every", type=int, default=100)
+    p.add_argument("--segments-per-shard", type=int, default=20)
+    p.add_argument("--work", default="/tmp/convtts-bench")
+    p.add_argument("--out", required=True, help="prefix for the .json and .png results")
+    args = p.parse_args()
+    settings = [Setting.parse(s) for s in args.settings]
+    for k in filter(None, args.sweep.split(",")):
+        settings += [Setting(f"sweep-{k}-mps-{m}", int(k), m, "fp16") for m in ("off", "on")]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    input_file = work / "input.json"
+    make_input(Path(args.text), args.utterances, args.max_words, input_file)
+    reports = []
+    for setting in settings:
+        reports.append(run_setting(setting, args, input_file, work))
+        Path(f"{args.out}.json").write_bytes(orjson.dumps({"gpu": gpu_name(args.gpu), "reports": reports}, option=orjson.OPT_INDENT_2))
+    plot(reports, Path(f"{args.out}.png"))
+    print_table(reports)
+    return 0
+
+
+def gpu_name(gpu: str) -> str:
+    try:
+        return subprocess.run(["nvidia-smi", f"--id={gpu}", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def print_table(reports: list[dict]) -> None:
+    print("| setting | workers | MPS | precision | audio s/s | RTF | utt/hour | GPU MiB/worker (max) | CPU busy | exit |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in reports:
+        s, mem = r["setting"], r["memory"]
+        per_worker = max((w["gpu_mb_max"] for w in mem["workers"].values()), default=None)
+        print(f"| {s['name']} | {s['workers']} | {s['mps']} | {s['precision']} | {r.get('audio_seconds_per_second')} | "
+              f"{r.get('real_time_factor')} | {r.get('utterances_per_hour')} | {per_worker} | {mem['cpu_busy_mean']} | {r['exit_code']} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
