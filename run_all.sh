@@ -97,7 +97,9 @@ set -e
 if [[ $rc -ne 0 ]]; then
   grep -E '^error:' "$LOG_DIR/preprocess.log" >&2 || tail -n 20 "$LOG_DIR/preprocess.log" >&2
   if [[ -n "$CREATED_OUT" ]]; then rm -f "$OUT/.lock"; rmdir "$OUT" 2>/dev/null || true; fi
-  exit 2
+  [[ $rc -eq 2 ]] && exit 2
+  echo "run_all.sh: preprocessing failed unexpectedly (exit $rc); see $LOG_DIR/preprocess.log" >&2
+  exit 1
 fi
 if [[ -t 1 ]]; then grep -v -E '^[0-9]{4}-' "$LOG_DIR/preprocess.log" || true; fi
 
