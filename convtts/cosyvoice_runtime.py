@@ -1,0 +1,208 @@
+"""Finds the CosyVoice runtime and loads a model directory with it, never reaching the network."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from convtts.config import ConfigError, CosyVoiceConfig
+
+log = logging.getLogger(__name__)
+
+# The yaml file a model directory holds says which generation (and upstream class) it is.
+VERSION_YAML = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
+CLASS_NAME = {1: "CosyVoice", 2: "CosyVoice2", 3: "CosyVoice3"}
+# What each constructor opens besides the yaml (spk2info.pt is optional: only SFT models have it).
+WEIGHTS = ("llm.pt", "flow.pt", "hift.pt", "campplus.onnx")
+TOKENIZER = {1: "speech_tokenizer_v1.onnx", 2: "speech_tokenizer_v2.onnx", 3: "speech_tokenizer_v3.onnx"}
+LOAD_OPTIONS = ("fp16", "load_jit", "load_trt", "load_vllm")
+
+
+def runtime_root(cosy: CosyVoiceConfig) -> Path | None:
+    """The checkout named by tts.cosyvoice.runtime_root or $COSYVOICE_ROOT; None: the installed package."""
+    raw = cosy.runtime_root or os.environ.get("COSYVOICE_ROOT", "")
+    if not raw:
+        return None
+    root = Path(raw).expanduser().resolve()
+    where = "tts.cosyvoice.runtime_root" if cosy.runtime_root else "$COSYVOICE_ROOT"
+    if not (root / "cosyvoice" / "cli" / "cosyvoice.py").is_file():
+        raise ConfigError(
+            f"{where} = {raw!r} is not a CosyVoice checkout: {root}/cosyvoice/cli/cosyvoice.py not found"
+        )
+    if not (root / "third_party" / "Matcha-TTS" / "matcha").is_dir():
+        raise ConfigError(
+            f"{where} = {raw!r} lacks third_party/Matcha-TTS/matcha "
+            "(clone with --recursive or run git submodule update --init)"
+        )
+    return root
+
+
+def check_runtime(cosy: CosyVoiceConfig) -> None:
+    """Cheap, import-free check that a runtime is there (the parent never imports torch models)."""
+    if runtime_root(cosy) is not None:
+        return
+    if importlib.util.find_spec("cosyvoice") is None or importlib.util.find_spec("matcha") is None:
+        raise ConfigError(
+            "the CosyVoice runtime is not installed: set tts.cosyvoice.runtime_root (or $COSYVOICE_ROOT) "
+            "to a checkout of the official repository, or pip install --no-deps cosyvoice2-eu"
+        )
+
+
+def go_offline() -> None:
+    """Belt and braces: the model directory is checked first, but nothing may ever download."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "MODELSCOPE_OFFLINE"):
+        os.environ[name] = "1"
+
+
+def import_runtime(cosy: CosyVoiceConfig):
+    """Import and return the `cosyvoice.cli.cosyvoice` module from the configured place."""
+    root = runtime_root(cosy)
+    check_runtime(cosy)
+    go_offline()
+    if root is not None:
+        loaded = sys.modules.get("cosyvoice")
+        if loaded is not None and not _inside(loaded, root):
+            raise ConfigError(
+                f"another cosyvoice package is already imported from {_origin(loaded)}; "
+                f"cannot switch to the checkout {root} in this process"
+            )
+        # Both at the front: a checkout must win over an installed copy of the same packages.
+        for path in (str(root / "third_party" / "Matcha-TTS"), str(root)):
+            if path not in sys.path:
+                sys.path.insert(0, path)
+    try:
+        module = importlib.import_module("cosyvoice.cli.cosyvoice")
+    except ImportError as exc:
+        raise ConfigError(f"the CosyVoice runtime failed to import: {exc}") from exc
+    if root is not None and not _inside(sys.modules["cosyvoice"], root):
+        raise ConfigError(f"cosyvoice was imported from {_origin(sys.modules['cosyvoice'])}, not from {root}")
+    return module
+
+
+def _origin(module) -> str:
+    """Where a module or package was imported from (a namespace package has no __file__)."""
+    if getattr(module, "__file__", None):
+        return str(Path(module.__file__).parent)
+    return str(next(iter(getattr(module, "__path__", [])), "?"))
+
+
+def _inside(module, root: Path) -> bool:
+    return Path(_origin(module)).resolve().is_relative_to(root)
+
+
+def model_version(model_dir: str) -> int:
+    """1, 2 or 3, from the yaml the directory holds; ConfigError if it is not a model directory."""
+    path = Path(model_dir)
+    if not model_dir or not path.is_dir():
+        raise ConfigError(f"CosyVoice model directory not found: {model_dir!r} (tts.cosyvoice.model_dir)")
+    found = [v for v, name in VERSION_YAML.items() if (path / name).is_file()]
+    if not found:
+        raise ConfigError(f"{model_dir} holds none of {', '.join(VERSION_YAML.values())}: not a CosyVoice model")
+    return max(found)
+
+
+def required_files(version: int, cosy: CosyVoiceConfig) -> list[str]:
+    """Files the constructor opens for this version and these load options (relative names)."""
+    files = [VERSION_YAML[version], *WEIGHTS, TOKENIZER[version]]
+    if version >= 2:
+        files.append("CosyVoice-BlankEN")  # the Qwen2 backbone's config and tokenizer
+    precision = "fp16" if cosy.fp16 else "fp32"
+    if cosy.load_jit:
+        encoders = ("llm.text_encoder", "llm.llm", "flow.encoder") if version == 1 else ("flow.encoder",)
+        files += [f"{name}.{precision}.zip" for name in encoders]
+    if cosy.load_trt:
+        files.append("flow.decoder.estimator.fp32.onnx")  # the .plan is built from it when missing
+    return files
+
+
+def check_model_dir(cosy: CosyVoiceConfig) -> int:
+    """Everything the constructor will open exists; returns the version. Runs before any import."""
+    version = model_version(cosy.model_dir)
+    missing = [name for name in required_files(version, cosy) if not (Path(cosy.model_dir) / name).exists()]
+    if missing:
+        raise ConfigError(f"CosyVoice model directory {cosy.model_dir} lacks {', '.join(missing)}")
+    return version
+
+
+def constructor_kwargs(cls, cosy: CosyVoiceConfig) -> dict:
+    """The load options this class accepts; options it lacks are dropped with a warning if set."""
+    params = inspect.signature(cls.__init__).parameters
+    kwargs = {name: getattr(cosy, name) for name in LOAD_OPTIONS if name in params}
+    dropped = [name for name in LOAD_OPTIONS if name not in params and getattr(cosy, name)]
+    if dropped:
+        log.warning("%s takes no %s; ignored", cls.__name__, ", ".join(dropped))
+    if "final" in params:
+        # cosyvoice2-eu's CosyVoice2 opens llm-original.pt etc. unless final=True; the official
+        # file names (llm.pt, flow.pt, hift.pt) are what final=True loads.
+        kwargs["final"] = True
+    return kwargs
+
+
+def load_model(cosy: CosyVoiceConfig):
+    """Construct the upstream model object for `cosy.model_dir` (CosyVoice, CosyVoice2 or CosyVoice3)."""
+    # Checked before the import and before the constructor: upstream calls ModelScope's
+    # snapshot_download for any model_dir that does not exist.
+    version = check_model_dir(cosy)
+    module = import_runtime(cosy)
+    cls = getattr(module, CLASS_NAME[version], None)
+    if cls is None:
+        raise ConfigError(
+            f"the CosyVoice runtime at {_origin(module)} has no {CLASS_NAME[version]} class for "
+            f"{VERSION_YAML[version]}; point tts.cosyvoice.runtime_root at an official checkout"
+        )
+    _quiet_progress(module)
+    _share_text_normalizers()
+    model_dir = str(Path(cosy.model_dir).resolve())
+    return cls(model_dir, **constructor_kwargs(cls, cosy))
+
+
+def _quiet_progress(module) -> None:
+    """Upstream wraps every call in a tqdm bar; in a worker that is one stderr line per utterance."""
+    if hasattr(module, "tqdm"):
+        module.tqdm = lambda iterable, *args, **kwargs: iterable
+
+
+_NORMALIZERS: dict = {}
+
+
+def _share_text_normalizers() -> None:
+    """Build each text normaliser once per process, not at every model load.
+
+    Upstream's frontend constructs ZhNormalizer(..., overwrite_cache=True) in every constructor:
+    10 s of FST building per load (and per rebuild), written into the installed package's
+    directory, which several workers then rewrite at once. The normalisers hold no per-utterance
+    state, so one instance per argument set serves every later load in the process.
+    """
+    frontend = sys.modules.get("cosyvoice.cli.frontend")
+    for name in ("ZhNormalizer", "EnNormalizer"):
+        cls = getattr(frontend, name, None)
+        if cls is not None and not getattr(cls, "convtts_shared", False):
+            setattr(frontend, name, _shared(cls))
+
+
+def _shared(cls):
+    takes_cache_dir = "cache_dir" in inspect.signature(cls).parameters
+
+    def build(*args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        if key not in _NORMALIZERS:
+            if not (kwargs.get("overwrite_cache") and takes_cache_dir and "cache_dir" not in kwargs):
+                _NORMALIZERS[key] = cls(*args, **kwargs)
+            else:
+                # Rebuilt from the grammar either way: write the throwaway copy to a private
+                # directory instead of the shared package directory (read-only or raced).
+                scratch = tempfile.mkdtemp(prefix="convtts-tn-")
+                try:
+                    _NORMALIZERS[key] = cls(*args, cache_dir=scratch, **kwargs)
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+        return _NORMALIZERS[key]
+
+    build.convtts_shared = True
+    return build
