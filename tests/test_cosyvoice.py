@@ -1,0 +1,261 @@
+"""The CosyVoice backend on a tiny random-weight v1 model, with the real upstream runtime (CPU)."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from convtts.backends.base import SynthesisError
+from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory, check
+from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig, load_config
+from convtts.cosyvoice_model import build_model_dir, expected_samples, model_info, text_token_counts
+from convtts.cosyvoice_runtime import check_model_dir, constructor_kwargs
+
+ROOT = Path(__file__).resolve().parents[1]
+RATIO = 4  # speech tokens per text token in the tiny model: short audio, fast tests
+SPEAKERS = ("英文女", "英文男", "中文女")
+TEXT = "The weather was lovely this morning. We walked to the harbour and watched the boats come in."
+
+
+def make_config(model_dir, voices=("英文女", "英文男"), **cosy) -> Config:
+    return Config(
+        speakers=SpeakerConfig(voices=tuple(voices), policy="single"),
+        tts=TTSConfig(backend="cosyvoice", cosyvoice=CosyVoiceConfig(model_dir=str(model_dir), **cosy)),
+    )
+
+
+@pytest.fixture(scope="module")
+def network_attempts():
+    """Every outgoing connection in this module fails and is recorded: all of it must run offline."""
+    attempts = []
+
+    def refuse(sock, address, *args):
+        attempts.append(address)
+        raise OSError(f"network disabled in tests: {address}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", refuse)
+        patch.setattr(socket.socket, "connect_ex", refuse)
+        yield attempts
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, network_attempts):
+    return build_model_dir(tmp_path_factory.mktemp("cv") / "tiny", "tiny", SPEAKERS, tokens_per_text_token=RATIO)
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir):
+    loaded = CosyVoiceBackend(make_config(model_dir))
+    yield loaded
+    loaded.close()
+
+
+def test_generated_directory_is_a_v1_sft_model(model_dir):
+    import onnxruntime
+    import torch
+
+    for name in ("cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt", "campplus.onnx",
+                 "speech_tokenizer_v1.onnx"):
+        assert (model_dir / name).is_file(), name
+    spk2info = torch.load(model_dir / "spk2info.pt", weights_only=True)
+    assert list(spk2info) == list(SPEAKERS)
+    assert spk2info["英文女"]["embedding"].shape == (1, 192)
+    assert "http" not in (model_dir / "cosyvoice.yaml").read_text()
+    info = model_info(model_dir)
+    assert info["tokens_per_text_token"] == RATIO and info["size"] == "tiny"
+
+    campplus = onnxruntime.InferenceSession(str(model_dir / "campplus.onnx"))
+    out = campplus.run(None, {"input": np.zeros((1, 37, 80), np.float32)})[0]
+    assert [i.name for i in campplus.get_inputs()] == ["input"] and out.shape == (1, 192)
+    tokenizer = onnxruntime.InferenceSession(str(model_dir / "speech_tokenizer_v1.onnx"))
+    feats = np.random.default_rng(0).standard_normal((1, 128, 101)).astype(np.float32)
+    codes = tokenizer.run(None, {"feats": feats, "feats_length": np.array([101], np.int32)})[0]
+    assert codes.shape == (1, 51) and codes.dtype == np.int32 and codes.max() < 4096
+
+
+def test_audio_length_is_the_pinned_decode_length(backend):
+    counts = text_token_counts(backend.model.frontend, TEXT)
+    assert len(counts) == 2  # one chunk per sentence, decoded apart and concatenated
+    audio = backend.synthesize(TEXT, "英文女", seed=3)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert len(audio) == expected_samples(counts, RATIO)
+    assert backend.sample_rate == 22050
+    assert np.isfinite(audio).all() and np.abs(audio).max() <= 1.0
+
+
+def test_same_seed_same_audio_after_rebuild(model_dir, backend):
+    first = backend.synthesize(TEXT, "英文男", seed=11)
+    other = backend.synthesize(TEXT, "英文男", seed=12)
+    assert not np.array_equal(first, other)
+    rebuilt = CosyVoiceBackend(make_config(model_dir))  # the load resets global seeds to 1986
+    try:
+        rebuilt.synthesize("Something else first.", "英文女", seed=5)
+        again = rebuilt.synthesize(TEXT, "英文男", seed=11)
+    finally:
+        rebuilt.close()
+    assert np.array_equal(first, again)
+
+
+def test_close_drops_the_model(model_dir):
+    loaded = CosyVoiceBackend(make_config(model_dir))
+    ref = weakref.ref(loaded.model)
+    loaded.close()
+    assert ref() is None
+    with pytest.raises(SynthesisError):
+        loaded.synthesize(TEXT, "英文女", seed=1)
+    assert loaded.gpu_memory_mb("reserved") == 0.0 and loaded.gpu_memory_mb("allocated") == 0.0
+    with pytest.raises(ValueError):
+        loaded.gpu_memory_mb("peak")
+
+
+def test_unknown_speakers_are_refused_with_the_valid_names(model_dir, backend):
+    config = make_config(model_dir, voices=("英文女", "Joanna"))
+    with pytest.raises(ConfigError, match="Joanna") as excinfo:
+        check(config)
+    assert all(name in str(excinfo.value) for name in SPEAKERS)
+    with pytest.raises(ConfigError, match="Joanna"):
+        CosyVoiceBackend(config)
+    with pytest.raises(SynthesisError, match="英文男"):
+        backend.synthesize(TEXT, "Joanna", seed=1)
+    check(make_config(model_dir, voices=SPEAKERS))
+
+
+def test_missing_model_dir_fails_before_any_download(tmp_path, network_attempts, monkeypatch):
+    import cosyvoice.cli.cosyvoice as upstream
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("upstream tried to download the model")
+
+    monkeypatch.setattr(upstream, "snapshot_download", no_download)
+    for missing in (tmp_path / "nowhere", "iic/CosyVoice-300M-SFT"):
+        config = make_config(missing)
+        with pytest.raises(ConfigError, match="model directory not found"):
+            check(config)
+        with pytest.raises(ConfigError, match="model directory not found"):
+            CosyVoiceBackend(config)
+    assert network_attempts == []
+
+
+def test_incomplete_model_dir_names_what_is_missing(tmp_path, model_dir):
+    (tmp_path / "cosyvoice.yaml").write_text("sample_rate: 22050\n")
+    with pytest.raises(ConfigError, match="llm.pt"):
+        check(make_config(tmp_path))
+    with pytest.raises(ConfigError, match="holds none of"):
+        check(make_config(tmp_path / ".."))
+    with pytest.raises(ConfigError, match=r"llm\.text_encoder\.fp16\.zip"):
+        check_model_dir(CosyVoiceConfig(model_dir=str(model_dir), load_jit=True, fp16=True))
+
+
+def test_wrong_runtime_root_is_explained(tmp_path, model_dir, monkeypatch):
+    config = make_config(model_dir, runtime_root=str(tmp_path))
+    with pytest.raises(ConfigError, match="not a CosyVoice checkout"):
+        check(config)
+    with pytest.raises(ConfigError, match="not a CosyVoice checkout"):
+        CosyVoiceBackend(config)
+    (tmp_path / "cosyvoice" / "cli").mkdir(parents=True)
+    (tmp_path / "cosyvoice" / "cli" / "cosyvoice.py").write_text("")
+    with pytest.raises(ConfigError, match="Matcha-TTS"):
+        check(config)
+    monkeypatch.setenv("COSYVOICE_ROOT", str(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigError, match=r"\$COSYVOICE_ROOT"):
+        check(make_config(model_dir))
+
+
+def test_load_options_follow_the_constructor_signature():
+    from cosyvoice.cli.cosyvoice import CosyVoice
+
+    kwargs = constructor_kwargs(CosyVoice, CosyVoiceConfig(fp16=True, load_vllm=True))
+    assert kwargs == {"fp16": True, "load_jit": False, "load_trt": False}
+
+
+def test_zero_shot_voice_from_a_prompt_file(tmp_path, model_dir, backend):
+    prompt = tmp_path / "anna.wav"
+    soundfile.write(prompt, backend.synthesize("Good morning to you all.", "中文女", seed=2), 22050)
+    config = make_config(model_dir, voices=("英文女", "anna"),
+                         prompts={"anna": PromptVoice(audio=str(prompt), text="Good morning to you all.")})
+    check(config)
+    loaded = CosyVoiceBackend(config)
+    try:
+        counts = text_token_counts(loaded.model.frontend, TEXT)
+        first = loaded.synthesize(TEXT, "anna", seed=9)
+        assert len(first) == expected_samples(counts, RATIO)  # the prompt's own tokens are not spoken
+        assert np.array_equal(first, loaded.synthesize(TEXT, "anna", seed=9))
+    finally:
+        loaded.close()
+
+
+def test_out_of_memory_in_the_decoding_thread_is_not_swallowed(backend, monkeypatch):
+    import torch
+
+    expected = backend.synthesize(TEXT, "英文女", seed=21)
+    llm = backend.model.model.llm
+
+    def failing(error):
+        def inference(**kwargs):
+            yield 17  # a token decoded, then the failure: upstream would return this token's audio
+            raise error
+        return inference
+
+    monkeypatch.setattr(llm, "inference", failing(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
+    with pytest.raises(OutOfMemory, match="out of memory"):
+        backend.synthesize(TEXT, "英文女", seed=21)
+    monkeypatch.setattr(llm, "inference", failing(RuntimeError("sampling reaches max_trials 100")))
+    with pytest.raises(SynthesisError, match="max_trials") as excinfo:
+        backend.synthesize(TEXT, "英文女", seed=21)
+    assert not isinstance(excinfo.value, OutOfMemory)
+    monkeypatch.undo()
+    assert np.array_equal(backend.synthesize(TEXT, "英文女", seed=21), expected)
+    assert backend.model.model.tts_speech_token_dict == {}
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_v2_and_v3_voices_must_be_prompts(tmp_path, version):
+    model = tmp_path / "model"
+    (model / "CosyVoice-BlankEN").mkdir(parents=True)
+    for name in (f"cosyvoice{version}.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx",
+                 f"speech_tokenizer_v{version}.onnx"):
+        (model / name).write_bytes(b"")
+    audio = tmp_path / "anna.wav"
+    soundfile.write(audio, np.zeros(16000, np.float32), 16000)
+    text = "You are a helpful assistant.<|endofprompt|>Hello there." if version == 3 else "Hello there."
+    with pytest.raises(ConfigError, match="need prompts"):
+        check(make_config(model, voices=("anna",)))
+    with pytest.raises(ConfigError, match="file not found"):
+        check(make_config(model, voices=("anna",), prompts={"anna": PromptVoice(audio=str(tmp_path / "x.wav"), text=text)}))
+    if version == 3:
+        with pytest.raises(ConfigError, match="endofprompt"):
+            check(make_config(model, voices=("anna",), prompts={"anna": PromptVoice(audio=str(audio), text="Hello.")}))
+    check(make_config(model, voices=("anna",), prompts={"anna": PromptVoice(audio=str(audio), text=text)}))
+
+
+def test_cli_eos_bias_high_stops_at_the_minimum(tmp_path):
+    out = tmp_path / "high"
+    done = subprocess.run(
+        [sys.executable, "-m", "convtts.cosyvoice_model", "--out", str(out), "--size", "tiny",
+         "--eos-bias", "high", "--speakers", "英文女,narrator", "--seed", "7"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["tokens_per_text_token"] == 2.0 and info["speakers"] == ["英文女", "narrator"]
+    loaded = CosyVoiceBackend(make_config(out, voices=("narrator",)))
+    try:
+        counts = text_token_counts(loaded.model.frontend, TEXT)
+        assert len(loaded.synthesize(TEXT, "narrator", seed=1)) == expected_samples(counts, 2)
+    finally:
+        loaded.close()
+
+
+def test_example_config_loads():
+    config = load_config(ROOT / "configs" / "cosyvoice.yaml")
+    assert config.tts.backend == "cosyvoice" and config.tts.cosyvoice.fp16
+    assert config.speakers.voices == ("英文女", "英文男")
+    assert config.workers.rebuild_every == 100 and config.workers.max_gpu_mb > 0
