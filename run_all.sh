@@ -68,11 +68,12 @@ fi
 WORLD=${#SLOT_DEVICES[@]}
 
 # --- 1. check config and input; nothing is written yet --------------------------------------
-set +e
-"$PYTHON" "$HERE/preprocess.py" --validate --input "$INPUT" --output-dir "$OUT" "${PRE_ARGS[@]}"
-rc=$?
-set -e
-[[ $rc -eq 0 ]] || exit 2
+rc=0
+checked="$("$PYTHON" "$HERE/preprocess.py" --validate --input "$INPUT" --output-dir "$OUT" "${PRE_ARGS[@]}" 2>&1)" || rc=$?
+if [[ $rc -ne 0 ]]; then
+  echo "$checked" | grep -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} .* INFO ' >&2
+  exit 2
+fi
 
 # --- 2. lock the output directory ---------------------------------------------------------
 CREATED_OUT=""
