@@ -61,9 +61,10 @@ _MD_BOLD = re.compile(r"(\*\*|__)(?=\S)([^\n]{0,500}?\S)\1")
 _MD_ITALIC = re.compile(r"(?<![\w*])\*([^\s*](?:[^\n*]{0,500}[^\s*])?)\*(?![\w*])")
 _MD_UNDERSCORE = re.compile(r"(?<![\w_])_([^\s_](?:[^\n_]{0,500}[^\s_])?)_(?![\w_])")
 _MD_STRIKE = re.compile(r"~~([^\n~]{1,500}?)~~")
-_MD_STRAY = re.compile(r"`+|\*{2,}|_{2,}|~{2,}|(?<!\d)(?<!\d )\*(?! ?\d)")
+_MD_STRAY = re.compile(r"\*{2,}|_{2,}|~{2,}|(?<!\d)(?<!\d )\*(?! ?\d)")
 _MD_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|>~])")
-_SPACES = re.compile(r"[^\S\n]+")
+_ODD_SPACE = re.compile(r"[^\S\n ]")  # tab, no-break space, ideographic space ...
+_SPACES = re.compile(r" {2,}")
 _SPACE_BEFORE_PUNCT = re.compile(r" +(?=[.,;:!?])")
 _SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit, in any script
 
@@ -71,13 +72,14 @@ _SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit, in any script
 def clean(text: str) -> tuple[str, str | None]:
     """Return (speakable text, None), or (whatever is left, reason) when no letter or digit remains.
 
-    Lines are kept apart by newlines: a list item or a heading stays its own sentence.
+    Lines are kept apart by newlines: a list item or a heading stays its own sentence. Every rule
+    is guarded by a cheap substring test: most chat text needs only a few of them.
     """
-    out = _NEWLINES.sub("\n", text)
-    out = _PICTOGRAPH.sub("", _CONTROL.sub("", out))
-    out = _FENCE.sub("\n", out)
-    out = _PLACEHOLDER.sub(" ", out)
+    out = _plain_chars(text)
+    if "```" in out or "~~~" in out:
+        out = _FENCE.sub("\n", out)
     if "<" in out:
+        out = _PLACEHOLDER.sub(" ", out)
         out = _HTML_SCRIPT.sub("", _HTML_COMMENT.sub("", out))
     if "[" in out:
         out = _MD_LINK_DEF.sub("", _MD_FOOTNOTE.sub("", out))
@@ -89,13 +91,27 @@ def clean(text: str) -> tuple[str, str | None]:
     if "<" in out:
         out = _HTML_TAG.sub("", _HTML_BREAK.sub("\n", out))
     if "&" in out:
-        out = html.unescape(out)
-    out = _markdown_lines(out)
-    out = _markdown_inline(out)
+        out = _plain_chars(html.unescape(out))  # '&nbsp;', '&#128512;'
+    if any(line.lstrip()[:1] in _LINE_MARKUP for line in out.split("\n")):
+        out = _markdown_lines(out)
+    if any(mark in out for mark in "`*_~\\"):
+        out = _markdown_inline(out)
     out = _tidy(out)
     if _SPEAKABLE.search(out):
         return out, None
     return out, _reason(text)
+
+
+def _plain_chars(text: str) -> str:
+    """No control or zero-width characters, emoji or odd spaces; newlines as '\\n'."""
+    if not text.replace("\n", "").isprintable():  # \r, tabs, controls, odd spaces, zero-width marks
+        text = _ODD_SPACE.sub(" ", _CONTROL.sub("", _NEWLINES.sub("\n", text)))
+    if not text.isascii():
+        text = _PICTOGRAPH.sub("", text)
+    return text
+
+
+_LINE_MARKUP = frozenset("#>-*+_=|[•◦▪‣")  # a line starting with one of these may be markdown
 
 
 def _markdown_lines(text: str) -> str:
@@ -106,6 +122,8 @@ def _markdown_lines(text: str) -> str:
     if ">" in text:
         text = _MD_QUOTE.sub("", text)
     text = _MD_BULLET.sub("", text)
+    if "[" in text:
+        text = _MD_LINK_DEF.sub("", text)
     if "|" in text:
         text = _TABLE_RULE.sub("", text)
         # '| Cat | 4 legs |' -> 'Cat, 4 legs'
@@ -116,7 +134,7 @@ def _markdown_lines(text: str) -> str:
 def _markdown_inline(text: str) -> str:
     """Inline markdown keeps its words: `code`, **bold**, *italic*, _italic_, ~~struck~~."""
     if "`" in text:
-        text = _MD_CODE.sub(r"\2", text)
+        text = _MD_CODE.sub(r"\2", text).replace("`", "")
     if "*" in text or "__" in text:
         text = _MD_BOLD.sub(r"\2", text)
         text = _MD_ITALIC.sub(r"\1", text)
@@ -124,7 +142,8 @@ def _markdown_inline(text: str) -> str:
         text = _MD_UNDERSCORE.sub(r"\1", text)
     if "~~" in text:
         text = _MD_STRIKE.sub(r"\1", text)
-    text = _MD_STRAY.sub("", text)
+    if "*" in text or "__" in text or "~~" in text:
+        text = _MD_STRAY.sub("", text)
     if "\\" in text:
         text = _MD_ESCAPE.sub(r"\1", text)
     return text
@@ -132,9 +151,13 @@ def _markdown_inline(text: str) -> str:
 
 def _tidy(text: str) -> str:
     """One space between words, no space before punctuation, no line without a letter or digit."""
-    text = _SPACES.sub(" ", _EMPTY_BRACKETS.sub("", text))
-    lines = (_SPACE_BEFORE_PUNCT.sub("", line.strip()) for line in text.split("\n"))
-    return "\n".join(line for line in lines if _SPEAKABLE.search(line))
+    if "()" in text or "[]" in text or "<>" in text or "( " in text or "[ " in text or "< " in text:
+        text = _EMPTY_BRACKETS.sub("", text)
+    if "  " in text:
+        text = _SPACES.sub(" ", text)
+    if _SPACE_BEFORE_PUNCT.search(text):
+        text = _SPACE_BEFORE_PUNCT.sub("", text)
+    return "\n".join(line for line in map(str.strip, text.split("\n")) if _SPEAKABLE.search(line))
 
 
 # Each step removes one kind of unspeakable content; the first one that leaves no letter or
@@ -164,8 +187,8 @@ def _reason(original: str) -> str:
 # --- splitting --------------------------------------------------------------------------------
 
 # A full stop, ellipsis, ! or ? (with closing quotes or brackets) before a space or the end;
-# CJK full stops need no space.
-_SENTENCE_END = re.compile(r"[.!?…]+[\"'’”)\]]*(?= |$)|[。！？]+")
+# a CJK full stop needs no space. Starting with a character class keeps the scan fast.
+_SENTENCE_END = re.compile(r"[.!?…。！？](?:(?<=[。！？])|[.!?…]*[\"'’”)\]]*(?= |$))")
 # A full stop after these never ends a sentence: 'Dr. Smith', 'e.g. a cat', 'Fig. 3'.
 _NEVER_END = frozenset(
     "mr mrs ms dr prof sr jr st mt vs e.g i.e cf fig figs no nos approx ca gen col lt sgt capt rev hon "
@@ -181,80 +204,87 @@ def split_segments(text: str, max_words: int) -> list[str]:
     Sentences (and lines) are packed greedily; a sentence longer than max_words is cut at clause
     punctuation, and a clause still too long into equal runs of words.
     """
-    units: list[str] = []
-    lines = [line.strip() for line in text.split("\n") if line.strip()]
-    for i, line in enumerate(lines):
-        if i < len(lines) - 1 and line[-1].isalnum():
-            line += "."  # a heading or list item: a full stop makes the voice pause before the next line
+    units: list[tuple[str, int]] = []  # (text, words)
+    lines = [" ".join(line.split()) if "  " in line or "\t" in line else line.strip() for line in text.split("\n")]
+    lines = [line for line in lines if line]
+    if sum(line.count(" ") + 1 for line in lines) <= max_words:  # a short turn: one segment, no sentence hunt
+        return [" ".join(_stop_lines(lines))] if lines else []
+    for line in _stop_lines(lines):
         for sentence in _sentences(line):
-            if len(sentence.split()) <= max_words:
-                units.append(sentence)
+            words = sentence.count(" ") + 1
+            if words <= max_words:
+                units.append((sentence, words))
             else:
                 units.extend(_split_long(sentence, max_words))
-    return _pack(units, max_words)
+    return [piece for piece, _ in _pack(units, max_words)]
+
+
+def _stop_lines(lines: list[str]) -> list[str]:
+    """A heading or list item ends in a full stop, so that the voice pauses before the next line."""
+    return [line + "." if i < len(lines) - 1 and line[-1].isalnum() else line for i, line in enumerate(lines)]
 
 
 def _sentences(line: str) -> list[str]:
     out, start = [], 0
     for m in _SENTENCE_END.finditer(line):
-        if _ends_sentence(line, m):
-            piece = line[start : m.end()].strip()
+        end = m.end()
+        if _ends_sentence(line, m.start(), end):
+            piece = line[start:end].strip()
             if piece:
                 out.append(piece)
-            start = m.end()
+            start = end
     rest = line[start:].strip()
     if rest:
         out.append(rest)
     return out
 
 
-def _ends_sentence(line: str, m: re.Match) -> bool:
-    mark = m.group()
-    if "." not in mark and "…" not in mark:
+def _ends_sentence(line: str, start: int, end: int) -> bool:
+    mark = line[start]
+    if mark not in ".…":
         return True  # ! ? and CJK marks always end a sentence
-    after = line[m.end() + 1 : m.end() + 2]
-    if after.islower():
+    if line[end + 1 : end + 2].islower():
         return False  # 'etc. and more', '... and then'
-    if mark[0] != ".":
+    if mark != "." or line[end - 1] == "…":
         return True
-    word_start = line.rfind(" ", 0, m.start()) + 1
-    word = line[word_start : m.start()]
+    word_start = line.rfind(" ", 0, start) + 1
+    word = line[word_start:start]
     if word.lower() in _NEVER_END or _INITIALS.fullmatch(word):
         return False
     return not (word_start == 0 and word.isdigit())  # '1. The cat' is a list number
 
 
-def _split_long(sentence: str, max_words: int) -> list[str]:
+def _split_long(sentence: str, max_words: int) -> list[tuple[str, int]]:
     """Clauses packed up to max_words; a clause that is still too long is cut between words."""
-    pieces: list[str] = []
-    for clause in _pack(_CLAUSE_BREAK.split(sentence), max_words):
-        words = clause.split()
-        if len(words) <= max_words:
-            pieces.append(clause)
+    clauses = [(c, c.count(" ") + 1) for c in _CLAUSE_BREAK.split(sentence)]
+    pieces: list[tuple[str, int]] = []
+    for clause, count in _pack(clauses, max_words):
+        if count <= max_words:
+            pieces.append((clause, count))
             continue
         # Runs of nearly equal length: 31 words at 30 become 16 + 15, not 30 + 1.
-        runs = math.ceil(len(words) / max_words)
-        size, longer = divmod(len(words), runs)
+        words = clause.split(" ")
+        runs = math.ceil(count / max_words)
+        size, longer = divmod(count, runs)
         start = 0
         for run in range(runs):
             end = start + size + (run < longer)
-            pieces.append(" ".join(words[start:end]))
+            pieces.append((" ".join(words[start:end]), end - start))
             start = end
     return pieces
 
 
-def _pack(units: list[str], max_words: int) -> list[str]:
+def _pack(units: list[tuple[str, int]], max_words: int) -> list[tuple[str, int]]:
     """Join consecutive units while the total stays within max_words; a longer unit stands alone."""
-    out: list[str] = []
+    out: list[tuple[str, int]] = []
     current: list[str] = []
     count = 0
-    for unit in units:
-        n = len(unit.split())
-        if current and count + n > max_words:
-            out.append(" ".join(current))
+    for unit, words in units:
+        if current and count + words > max_words:
+            out.append((" ".join(current), count))
             current, count = [], 0
         current.append(unit)
-        count += n
+        count += words
     if current:
-        out.append(" ".join(current))
+        out.append((" ".join(current), count))
     return out
