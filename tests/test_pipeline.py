@@ -124,7 +124,7 @@ def test_bad_input_exits_2_before_writing(tmp_path, small_input):
     cases["no conversations"] = ("--input", no_conversations)
     for name, args in cases.items():
         out = tmp_path / f"out-{name.replace(' ', '-')}"
-        result = run_all(*args, "--output-dir", out, "--gpus", "cpu:1")
+        result = run_all("--gpus", "cpu:1", "--output-dir", out, *args)  # a case's own --gpus comes last and wins
         assert result.returncode == 2, (name, result.stderr)
         assert result.stderr.strip(), name
         assert not out.exists(), f"{name}: output directory was created"
