@@ -1,0 +1,79 @@
+"""The whole pipeline through the real CosyVoice runtime: run_all.sh on two CPU slots, a tiny random model."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from conftest import REPO, assert_complete, llava_conversations, run_all, write_input
+from convtts.config import load_config
+from convtts.cosyvoice_model import build_model_dir, expected_samples, text_token_counts
+
+RATIO = 3  # speech tokens per text token: short audio keeps the test fast
+VOICES = ("英文女", "英文男")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_model_dir(tmp_path_factory.mktemp("cv") / "tiny", "tiny", VOICES, tokens_per_text_token=RATIO)
+
+
+def cosyvoice_args(model_dir, *extra):
+    return ("--config", REPO / "configs" / "cosyvoice.yaml", "--gpus", "cpu:2",
+            "--set", f"tts.cosyvoice.model_dir={model_dir}", "--set", "tts.cosyvoice.fp16=false",
+            "--set", "shards.segments_per_shard=6", *extra)
+
+
+def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
+    source = write_input(tmp_path / "in.json", llava_conversations(2))
+    out, log = tmp_path / "out", tmp_path / "log"
+    # rebuild every 4 utterances: several rebuilds land in the middle of shards
+    result = run_all("--input", source, "--output-dir", out, "--log-dir", log,
+                     *cosyvoice_args(model_dir, "--set", "workers.rebuild_every=4"))
+    assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
+    rows = assert_complete(out)
+    assert {r["backend"] for r in rows} == {"cosyvoice"} and {r["sample_rate"] for r in rows} == {22050}
+
+    # durations are what the pinned decode length predicts for each spoken text
+    from convtts.backends.cosyvoice import CosyVoiceBackend
+
+    config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.fp16=false"])
+    backend = CosyVoiceBackend(config)
+    for row in rows:
+        assert row["num_samples"] == expected_samples(text_token_counts(backend.model.frontend, row["text"]), RATIO), row["id"]
+
+    # speakers as configured: one voice per side within a conversation, both voices in use
+    for cid in {r["conversation_id"] for r in rows}:
+        sides = {r["side"]: r["speaker"] for r in rows if r["conversation_id"] == cid}
+        assert set(sides.values()) == set(VOICES)
+
+    rebuilds = [line for p in log.rglob("slot-*.log") for line in p.read_text().splitlines() if "(every 4 utterances)" in line]
+    assert len(rebuilds) >= 2, "no rebuild happened"
+    assert max(r["since_build"] for r in rows) <= 4 and len({r["since_build"] for r in rows}) >= 3
+
+    # Rebuilds mid-shard change nothing: each file equals the same utterance spoken by one model
+    # that was never rebuilt, in this process, in another order.
+    for row in reversed(rows):
+        audio, _ = sf.read(out / row["audio"], dtype="int16")
+        assert np.array_equal(audio, as_written(backend.synthesize(row["text"], row["speaker"], row["seed"]))), row["id"]
+
+
+def as_written(samples) -> np.ndarray:
+    """The int16 samples a WAV written by the pipeline holds for these float samples."""
+    buffer = io.BytesIO()
+    sf.write(buffer, np.clip(samples, -1.0, 1.0), 22050, subtype="PCM_16", format="WAV")
+    buffer.seek(0)
+    return sf.read(buffer, dtype="int16")[0]
+
+
+def test_unknown_speaker_and_missing_model_stop_before_any_work(tmp_path, model_dir):
+    source = write_input(tmp_path / "in.json", llava_conversations(1))
+    unknown = run_all("--input", source, "--output-dir", tmp_path / "a",
+                      *cosyvoice_args(model_dir, "--set", "speakers.voices=[英文女, narrator]"))
+    assert unknown.returncode == 2
+    assert "narrator" in unknown.stderr and "英文男" in unknown.stderr  # names the valid speakers
+    missing = run_all("--input", source, "--output-dir", tmp_path / "b", *cosyvoice_args(tmp_path / "no-such-model"))
+    assert missing.returncode == 2 and "no-such-model" in missing.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
