@@ -56,8 +56,12 @@ def check_runtime(cosy: CosyVoiceConfig) -> None:
 
 def go_offline() -> None:
     """Belt and braces: the model directory is checked first, but nothing may ever download."""
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "MODELSCOPE_OFFLINE"):
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ[name] = "1"
+
+
+def _refuse_download(model_id, *args, **kwargs):
+    raise ConfigError(f"CosyVoice tried to download {model_id!r}: model directories must exist locally")
 
 
 def import_runtime(cosy: CosyVoiceConfig):
@@ -65,6 +69,7 @@ def import_runtime(cosy: CosyVoiceConfig):
     root = runtime_root(cosy)
     check_runtime(cosy)
     go_offline()
+    provide_tn_from_wetext()
     if root is not None:
         loaded = sys.modules.get("cosyvoice")
         if loaded is not None and not _inside(loaded, root):
@@ -94,6 +99,53 @@ def _origin(module) -> str:
 
 def _inside(module, root: Path) -> bool:
     return Path(_origin(module)).resolve().is_relative_to(root)
+
+
+# WeTextProcessing's Chinese normaliser options and their defaults there (all off in wetext).
+ZH_DEFAULTS = dict(remove_interjections=True, remove_erhua=True, traditional_to_simple=True,
+                   remove_puncts=False, full_to_half=True, tag_oov=False)
+
+
+def provide_tn_from_wetext() -> bool:
+    """Serve `tn` (WeTextProcessing) from wetext when only the latter is installed.
+
+    cosyvoice2-eu's frontend imports tn.chinese / tn.english normalisers at module load; tn needs
+    pynini, a 165 MB wheel. wetext is its runtime twin (same grammars as prebuilt FSTs on
+    kaldifst, 7 MB, and what the official frontend now imports): same text out, no FST building.
+    """
+    if importlib.util.find_spec("tn") or importlib.util.find_spec("ttsfrd") or not importlib.util.find_spec("wetext"):
+        return False
+    import types
+
+    from wetext import Normalizer
+
+    def normaliser(lang: str, defaults: dict):
+        class TextNormalizer:
+            convtts_shared = True  # wetext caches its FSTs itself: nothing to share
+
+            def __init__(self, cache_dir=None, overwrite_cache=False, **options):
+                unknown = set(options) - set(defaults)
+                if unknown:
+                    raise TypeError(f"unexpected normaliser options {sorted(unknown)}")
+                self.wetext = Normalizer(lang=lang, operator="tn", **{**defaults, **options})
+
+            def normalize(self, text: str) -> str:
+                return self.wetext.normalize(text)
+
+        TextNormalizer.__name__ = f"{lang.capitalize()}Normalizer"
+        return TextNormalizer
+
+    classes = {"chinese": normaliser("zh", ZH_DEFAULTS), "english": normaliser("en", {})}
+    sys.modules["tn"] = types.ModuleType("tn", "WeTextProcessing's normalisers, served by wetext (convtts)")
+    for group, cls in classes.items():
+        package = types.ModuleType(f"tn.{group}")
+        module = types.ModuleType(f"tn.{group}.normalizer")
+        module.Normalizer = cls
+        package.normalizer = module
+        setattr(sys.modules["tn"], group, package)
+        sys.modules[f"tn.{group}"], sys.modules[f"tn.{group}.normalizer"] = package, module
+    log.info("tn (WeTextProcessing) not installed: text normalisation served by wetext")
+    return True
 
 
 def model_version(model_dir: str) -> int:
@@ -156,6 +208,8 @@ def load_model(cosy: CosyVoiceConfig):
             f"the CosyVoice runtime at {_origin(module)} has no {CLASS_NAME[version]} class for "
             f"{VERSION_YAML[version]}; point tts.cosyvoice.runtime_root at an official checkout"
         )
+    # ModelScope reads no offline variable: take its downloader away from the upstream module.
+    module.snapshot_download = _refuse_download
     _quiet_progress(module)
     _share_text_normalizers()
     model_dir = str(Path(cosy.model_dir).resolve())
@@ -187,7 +241,10 @@ def _share_text_normalizers() -> None:
 
 
 def _shared(cls):
-    takes_cache_dir = "cache_dir" in inspect.signature(cls).parameters
+    try:
+        takes_cache_dir = "cache_dir" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no introspectable signature: pass the arguments through
+        takes_cache_dir = False
 
     def build(*args, **kwargs):
         key = (cls, args, tuple(sorted(kwargs.items())))
