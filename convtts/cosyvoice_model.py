@@ -8,7 +8,6 @@ CosyVoice-300M-SFT and speaks noise. The decode length can be pinned, so audio l
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from pathlib import Path
