@@ -144,6 +144,13 @@ def test_missing_model_dir_fails_before_any_download(tmp_path, network_attempts,
     assert network_attempts == []
 
 
+def test_upstream_downloader_is_disabled(backend, network_attempts):
+    upstream = sys.modules["cosyvoice.cli.cosyvoice"]
+    with pytest.raises(ConfigError, match="tried to download"):
+        upstream.CosyVoice("iic/CosyVoice-300M-SFT")  # upstream's own constructor, no check first
+    assert network_attempts == []
+
+
 def test_incomplete_model_dir_names_what_is_missing(tmp_path, model_dir):
     (tmp_path / "cosyvoice.yaml").write_text("sample_rate: 22050\n")
     with pytest.raises(ConfigError, match="llm.pt"):
@@ -259,3 +266,30 @@ def test_example_config_loads():
     assert config.tts.backend == "cosyvoice" and config.tts.cosyvoice.fp16
     assert config.speakers.voices == ("英文女", "英文男")
     assert config.workers.rebuild_every == 100 and config.workers.max_gpu_mb > 0
+
+
+WETEXT_CHILD = """
+import sys
+sys.modules["tn"] = None  # as on a machine without WeTextProcessing (and its 165 MB pynini)
+import numpy as np
+from convtts.backends.cosyvoice import CosyVoiceBackend
+from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
+config = Config(speakers=SpeakerConfig(voices=("英文女",)),
+                tts=TTSConfig(backend="cosyvoice", cosyvoice=CosyVoiceConfig(model_dir=sys.argv[1])))
+backend = CosyVoiceBackend(config)
+assert "wetext" in (sys.modules["tn"].__doc__ or ""), sys.modules["tn"]
+print(backend.model.frontend.text_normalize(sys.argv[3], split=False))
+np.save(sys.argv[2], backend.synthesize(sys.argv[3], "英文女", seed=4))
+"""
+
+
+def test_text_normalisation_served_by_wetext_when_tn_is_missing(tmp_path, model_dir, backend):
+    text = "On 3/4/2021, 42 people came. It cost $12.50."
+    done = subprocess.run(
+        [sys.executable, "-c", WETEXT_CHILD, str(model_dir), str(tmp_path / "audio.npy"), text],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "forty two people" in done.stdout and "twelve point five dollars" in done.stdout
+    # Same normalised text as WeTextProcessing, so the same tokens and the same audio.
+    assert np.array_equal(np.load(tmp_path / "audio.npy"), backend.synthesize(text, "英文女", seed=4))
