@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import orjson
@@ -112,8 +113,22 @@ def run_preprocess(source: Path, out: Path, extra: list[str]) -> dict:
         "user_s": round(usage.ru_utime, 1), "sys_s": round(usage.ru_stime, 1),
         "conversations": plan.get("conversations"), "segments": plan.get("segments"),
         "words": plan.get("words"), "estimated_hours": plan.get("estimated_hours"),
-        "shards": len(plan.get("shards", [])), "plan_bytes": plan_bytes, "log_tail": output[-2000:],
+        "shards": len(plan.get("shards", [])), "plan_bytes": plan_bytes, **phase_times(output),
+        "log_tail": output[-2000:],
     }
+
+
+def phase_times(log: str) -> dict:
+    """Seconds spent reading (ids, spans) and then writing shards, from the planner's log stamps."""
+    stamps = {}
+    for line in log.splitlines():
+        for key, marker in (("start", "INFO"), ("selected", "selected"), ("done", "plan made")):
+            if marker in line and key not in stamps:
+                stamps[key] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    if len(stamps) < 3:
+        return {}
+    return {"index_s": round((stamps["selected"] - stamps["start"]).total_seconds(), 1),
+            "shards_s": round((stamps["done"] - stamps["selected"]).total_seconds(), 1)}
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ import orjson
 
 from convtts.config import PLAN_GROUPS, Config, SelectConfig, SpeakerConfig, to_dict
 from convtts.layout import Layout, shard_name
-from convtts.reader import InputError, read_spans, scan
+from convtts.reader import InputError, json_type, read_spans, records
 from convtts.textclean import clean, split_segments
 
 log = logging.getLogger(__name__)
@@ -34,9 +34,6 @@ ROLES = {
     "system": "system",
 }
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-               bool: "a boolean", type(None): "null"}
-
 
 # --- ids ---------------------------------------------------------------------------------------
 
@@ -131,22 +128,10 @@ def turn_voice(cid: str, turn: int, side: str, voices: dict[str, str], config: S
 
 # --- one conversation ----------------------------------------------------------------------------
 
-def record_problem(value) -> str | None:
-    """Why a top-level value cannot be a conversation record, or None."""
-    if not isinstance(value, dict):
-        return f"record is {_JSON_TYPES.get(type(value), 'not an object')}, not an object"
-    turns = value.get("conversations")
-    if turns is None:
-        return "record has no 'conversations' list"
-    if not isinstance(turns, list):
-        return f"'conversations' is {_JSON_TYPES.get(type(turns), 'unknown')}, not a list"
-    return None if turns else "'conversations' is empty"
-
-
 def turn_problem(item, side: str | None, config: Config) -> str | None:
     """Why a turn is not spoken before its text is even cleaned, or None."""
     if not isinstance(item, dict):
-        return f"turn is {_JSON_TYPES.get(type(item), 'not an object')}, not an object"
+        return f"turn is {json_type(item)}, not an object"
     role = item.get("from", item.get("role"))
     if side is None:
         return f"unknown role {role!r}" if role is not None else "turn has no 'from' role"
@@ -154,7 +139,7 @@ def turn_problem(item, side: str | None, config: Config) -> str | None:
         return f"role {side} is not in text.speak_roles"
     value = item.get("value", item.get("content"))
     if not isinstance(value, str):
-        return f"value is {_JSON_TYPES.get(type(value), 'not a string')}, not a string"
+        return f"value is {json_type(value)}, not a string"
     if len(value) > config.text.max_turn_chars:
         return f"turn is longer than text.max_turn_chars ({len(value)} > {config.text.max_turn_chars})"
     return None
@@ -317,6 +302,7 @@ def make_plan(input_path: str | Path, layout: Layout, config: Config,
     """Build the plan in a staging directory and swap it in whole; InputError leaves the old one."""
     started = time.monotonic()
     info = input_info(input_path)
+    log.info("reading %s (%.1f MB)", info["path"], info["size"] / 1e6)
     layout.root.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(layout)
     staging = Layout(layout.root / f"{_STAGING}{os.getpid()}")
@@ -347,38 +333,24 @@ def make_plan(input_path: str | Path, layout: Layout, config: Config,
 
 
 def _index(path, skipped) -> tuple[list[str], tuple[array, array], Counter]:
-    """First pass: every record's id and byte span; unusable records go to skipped.jsonl."""
+    """First pass: every usable record's id and byte span; the others go to skipped.jsonl."""
     bases, offsets, lengths = [], array("q"), array("q")
-    counts, kinds, first_problem = Counter(), Counter(), None
-    for index, (offset, length, value) in enumerate(scan(path)):
-        kinds[_JSON_TYPES.get(type(value), "other")] += 1
-        problem = record_problem(value)
+    records_read = 0
+    for index, offset, length, value, problem in records(path):
+        records_read += 1
         if problem is None:
             bases.append(base_id(value))
             offsets.append(offset)
             lengths.append(length)
         else:
-            first_problem = first_problem or f"record {index}: {problem}"
             source = value.get("id") if isinstance(value, dict) else None
             skipped.write(orjson.dumps({"id": f"record-{index}", "conversation_id": None, "source_id": source,
                                         "record": index, "turn": None, "role": None, "status": "skipped",
                                         "reason": problem}) + b"\n")
-        if (index + 1) % PROGRESS_EVERY == 0:
-            log.info("read %d records", index + 1)
-    counts.update(records=sum(kinds.values()), skipped_records=sum(kinds.values()) - len(bases))
-    if not bases:
-        raise InputError(_no_records_message(path, kinds, first_problem))
+        if records_read % PROGRESS_EVERY == 0:
+            log.info("read %d records", records_read)
+    counts = Counter(records=records_read, skipped_records=records_read - len(bases))
     return unique_ids(bases), (offsets, lengths), counts
-
-
-def _no_records_message(path, kinds: Counter, first_problem: str | None) -> str:
-    if not kinds:
-        return f"{path}: the file holds no records (an empty array?)"
-    if not kinds["an object"]:
-        found = ", ".join(f"{n} x {kind}" for kind, n in kinds.most_common())
-        return (f"{path}: expected a JSON array of conversation records or one record object per line, "
-                f"but found no object ({found})")
-    return f"{path}: no record has a usable 'conversations' list ({sum(kinds.values())} read; {first_problem})"
 
 
 def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter, skipped, workers: int) -> Counter:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -48,6 +49,51 @@ def scan(path: str | Path) -> Iterator[tuple[int, int, object]]:
         if not first:
             raise InputError(f"{path}: the input file is empty")
         yield from (_scan_array(fh, path) if first == b"[" else _scan_lines(fh, path))
+
+
+def records(path: str | Path) -> Iterator[tuple[int, int, int, object, str | None]]:
+    """(index, offset, length, value, problem) for each top-level value, in file order.
+
+    `problem` says why a value is not a usable conversation record (None when it is): such
+    records are the caller's to report as skipped. InputError comes at the end when none is usable.
+    """
+    kinds: Counter = Counter()
+    first_problem, usable = None, 0
+    for index, (offset, length, value) in enumerate(scan(path)):
+        kinds[json_type(value)] += 1
+        problem = record_problem(value)
+        usable += problem is None
+        first_problem = first_problem or (problem and f"record {index}: {problem}")
+        yield index, offset, length, value, problem
+    if not kinds:
+        raise InputError(f"{path}: the file holds no records (an empty array?)")
+    if not kinds["an object"]:
+        found = ", ".join(f"{n} x {kind}" for kind, n in kinds.most_common())
+        raise InputError(f"{path}: expected a JSON array of conversation records or one record object per line, "
+                         f"but found no object ({found})")
+    if not usable:
+        raise InputError(f"{path}: no record has a usable 'conversations' list "
+                         f"({sum(kinds.values())} read; {first_problem})")
+
+
+def record_problem(value) -> str | None:
+    """Why a top-level value cannot be a conversation record, or None."""
+    if not isinstance(value, dict):
+        return f"record is {json_type(value)}, not an object"
+    turns = value.get("conversations")
+    if turns is None:
+        return "record has no 'conversations' list"
+    if not isinstance(turns, list):
+        return f"'conversations' is {json_type(turns)}, not a list"
+    return None if turns else "'conversations' is empty"
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def json_type(value) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def read_spans(path: str | Path, spans: Iterable[tuple[int, int]]) -> Iterator[bytes]:

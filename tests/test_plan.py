@@ -197,6 +197,9 @@ def test_shard_line_fields(tmp_path):
     source = write_input(tmp_path / "in.jsonl", llava_conversations(2), jsonl=True)
     make_plan(source, Layout(tmp_path / "out"), load_config(None))
     row = plan_rows(tmp_path / "out")[0]
+    first = plan_conversations(tmp_path / "out")[0]
+    assert first["conversation_id"] == row["conversation_id"]
+    assert orjson.dumps(first["record"]) == source.read_bytes().splitlines()[0]  # the record, byte for byte
     assert list(row) == ["id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker",
                          "text", "source_text", "words"]
     assert row["source_text"].startswith("<image>\n") and "<image>" not in row["text"]
