@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -99,16 +100,48 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
     sampler = Sampler(args.gpu)
     sampler.start()
     started = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    window = timed_window(run, logs, setting.workers, args.seconds) if args.seconds else None
+    stdout, stderr = run.communicate()
     wall = time.time() - started
     sampler.stop_flag.set()
     sampler.join()
     rows = [orjson.loads(x) for x in (out / "manifest.jsonl").read_bytes().splitlines()] if (out / "manifest.jsonl").exists() else []
-    report = {"setting": asdict(setting), "exit_code": result.returncode, "wall_seconds": round(wall, 2),
-              **steady_state(rows), "memory": memory_report(rows, sampler.samples),
-              "rebuilds": rebuild_report(logs), "stderr_tail": result.stderr[-2000:]}
+    if window:  # the run was stopped: measure its work files, which hold every finished row
+        rows = [orjson.loads(x) for p in (out / "work").glob("*.manifest.jsonl") for x in p.read_bytes().splitlines() if x.strip()]
+    rate = windowed(rows, *window) if window else steady_state(rows)
+    report = {"setting": asdict(setting), "exit_code": run.returncode, "wall_seconds": round(wall, 2),
+              **rate, "memory": memory_report(rows, sampler.samples),
+              "rebuilds": rebuild_report(logs), "stderr_tail": stderr[-2000:]}
     print(f"{setting.name}: {report.get('audio_seconds_per_second')} audio s/s, exit {result.returncode}", flush=True)
     return report
+
+
+def timed_window(run: subprocess.Popen, logs: Path, workers: int, seconds: float) -> tuple[float, float] | None:
+    """Wait until every worker has built its model, let the run go `seconds`, then stop it (SIGTERM)."""
+    t0 = None
+    while run.poll() is None:
+        built = sum(log.read_text().count("model built (start)") for log in slot_logs(logs))
+        if t0 is None and built >= workers:
+            t0 = time.time()
+        if t0 is not None and time.time() - t0 >= seconds:
+            t1 = time.time()
+            os.killpg(run.pid, signal.SIGTERM)
+            return t0, t1
+        time.sleep(0.5)
+    return None  # it finished first: fall back to the trimmed steady state
+
+
+def windowed(rows: list[dict], t0: float, t1: float) -> dict:
+    """Audio finished between t0 and t1 (all workers up) per second of that window."""
+    inside = [r for r in rows if t0 <= r["finished"] <= t1]
+    audio = sum(r["duration"] for r in inside)
+    rate = audio / (t1 - t0)
+    return {"utterances": len(rows), "window_seconds": round(t1 - t0, 1), "window_utterances": len(inside),
+            "audio_seconds_per_second": round(rate, 3) if rate else None,
+            "real_time_factor": round(1 / rate, 4) if rate else None,
+            "utterances_per_hour": round(len(inside) / (t1 - t0) * 3600),
+            "mean_utterance_seconds": round(audio / len(inside), 2) if inside else None}
 
 
 def steady_state(rows: list[dict]) -> dict:
@@ -149,9 +182,14 @@ def memory_report(rows: list[dict], samples: list[dict]) -> dict:
             "cpu_busy_mean": round(sum(cpu) / len(cpu), 3) if cpu else None}
 
 
+def slot_logs(logs: Path) -> list[Path]:
+    """The slots' own logs (slot-0.log), not their workers' (slot-0-worker-3.log)."""
+    return [p for p in logs.rglob("slot-*.log") if re.fullmatch(r"slot-\d+\.log", p.name)]
+
+
 def rebuild_report(logs: Path) -> dict:
     times = []
-    for log in logs.rglob("slot-*.log"):
+    for log in slot_logs(logs):
         times += [float(m) for m in re.findall(r"model built \(every [^)]*\) in ([0-9.]+)s", log.read_text())]
     return {"count": len(times), "mean_seconds": round(sum(times) / len(times), 2) if times else None,
             "max_seconds": max(times) if times else None}
@@ -189,6 +227,7 @@ def main() -> int:
     p.add_argument("--settings", nargs="*", default=[], help="name:workers:mps(on|off):precision(fp16|fp32)")
     p.add_argument("--sweep", default="", help="worker counts to run with and without MPS, fp16")
     p.add_argument("--utterances", type=int, default=300)
+    p.add_argument("--seconds", type=float, default=0, help="stop each setting this long after all its workers are up (0: run to the end)")
     p.add_argument("--max-words", type=int, default=24)
     p.add_argument("--rebuild-every", type=int, default=100)
     p.add_argument("--segments-per-shard", type=int, default=20)

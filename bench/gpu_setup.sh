@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Prepare a bare GPU machine for the benchmarks: install the carried wheels (the CosyVoice runtime's
+# imports the image lacks) after the image's own packages, then write the full-size random model.
+#   bash bench/gpu_setup.sh [WHEEL_DIR] [MODEL_DIR]
+set -euo pipefail
+wheels="${1:-.whl}" model="${2:-/tmp/cv300m}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$wheels"/*.whl
+site="$(python3 -c 'import site; print(site.getsitepackages()[0])')"
+echo /tmp/site >"$site/zz-convtts-carried.pth"  # a .pth path goes last on sys.path: image versions win
+python3 -c 'import cosyvoice.cli.cosyvoice, orjson, soundfile, hyperpyyaml; print("runtime imports ok")'
+if [[ ! -f "$model/cosyvoice.yaml" ]]; then
+  python3 -m convtts.cosyvoice_model --out "$model" --size full --tokens-per-text-token 14 --speakers 英文女,英文男
+fi
