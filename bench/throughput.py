@@ -113,7 +113,7 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
     report = {"setting": asdict(setting), "exit_code": run.returncode, "wall_seconds": round(wall, 2),
               **rate, "memory": memory_report(rows, sampler.samples),
               "rebuilds": rebuild_report(logs), "stderr_tail": stderr[-2000:]}
-    print(f"{setting.name}: {report.get('audio_seconds_per_second')} audio s/s, exit {result.returncode}", flush=True)
+    print(f"{setting.name}: {report.get('audio_seconds_per_second')} audio s/s, exit {run.returncode}", flush=True)
     return report
 
 
