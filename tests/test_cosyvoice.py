@@ -261,9 +261,16 @@ def test_cli_eos_bias_high_stops_at_the_minimum(tmp_path):
         loaded.close()
 
 
-def test_example_config_loads():
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(path)  # raises ConfigError on a typo, a wrong type or a bad value
+    assert config.tts.backend in ("piper", "cosyvoice")
+
+
+def test_example_gpu_config_says_what_a_gpu_node_needs():
     config = load_config(ROOT / "configs" / "cosyvoice.yaml")
-    assert config.tts.backend == "cosyvoice" and config.tts.cosyvoice.fp16
+    assert config.tts.backend == "cosyvoice"
+    assert config.tts.cosyvoice.model_dir.endswith("CosyVoice-300M-SFT")
     assert config.speakers.voices == ("英文女", "英文男")
     assert config.workers.rebuild_every == 100 and config.workers.max_gpu_mb > 0
 
