@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from convtts.tuning import choose_workers
 
     requested = args.workers or config.workers.per_slot
-    workers = choose_workers(requested, args.device, args.slots_on_node or args.world)
+    workers = choose_workers(requested, args.device, args.slots_on_node or args.world, config.workers.gpu_mb_per_worker)
     slot = Slot(layout, config, shards, SlotOptions(args.rank, workers, args.run_id, args.log_dir))
     try:
         return slot.run()

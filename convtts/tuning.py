@@ -7,9 +7,8 @@ import subprocess
 
 log = logging.getLogger(__name__)
 
-# Measured peak GPU memory of one CosyVoice-300M worker (fp16, H200): about 2 GiB. Kept as a
-# default; workers.gpu_mb_per_worker overrides it once a user has measured their model.
-DEFAULT_GPU_MB_PER_WORKER = 2600
+# The per-worker GPU memory figure comes from workers.gpu_mb_per_worker (default 2600 MiB: one
+# CosyVoice-300M worker peaked near 2 GiB on an H200, plus headroom).
 MAX_WORKERS_PER_GPU = 16  # past this, MPS gave no more throughput in our sweeps
 
 
@@ -20,7 +19,7 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int = DEFAULT_GPU_MB_PER_WORKER) -> int:
+def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int) -> int:
     """The worker count for one slot, with its reasons logged. `requested` > 0 wins."""
     if requested > 0:
         log.info("workers: %d (set by config or --workers)", requested)

@@ -1,0 +1,53 @@
+"""The automatic worker count: cores on CPU; on a GPU also free memory over a worker's peak, logged with reasons."""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from convtts.tuning import MAX_WORKERS_PER_GPU, choose_workers, cpu_cores
+
+
+@pytest.fixture
+def free_gpu(tmp_path, monkeypatch):
+    """An nvidia-smi that reports the given free MiB for the GPU it is asked about."""
+
+    def install(free_mb: int) -> None:
+        script = tmp_path / "nvidia-smi"
+        script.write_text(f'#!/bin/sh\ncase "$*" in *--id=3*memory.free*) echo {free_mb} ;; *) exit 9 ;; esac\n')
+        script.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+
+    return install
+
+
+def test_requested_count_wins(caplog):
+    with caplog.at_level(logging.INFO):
+        assert choose_workers(7, "cuda", 1, 2600) == 7
+    assert "set by config" in caplog.text
+
+
+def test_cpu_slots_share_the_cores():
+    assert choose_workers(0, "cpu", 1, 2600) == cpu_cores()
+    assert choose_workers(0, "cpu", cpu_cores() * 4, 2600) == 1
+
+
+def test_gpu_count_is_bounded_by_free_memory(free_gpu, caplog, monkeypatch):
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 64)
+    free_gpu(10_000)
+    with caplog.at_level(logging.INFO):
+        assert choose_workers(0, "cuda", 1, 3000) == 3  # 90% of 10000 MiB holds three 3000 MiB workers
+    assert "10000 MiB free" in caplog.text and "3000 MiB per worker" in caplog.text
+    free_gpu(140_000)
+    assert choose_workers(0, "cuda", 1, 2600) == MAX_WORKERS_PER_GPU
+    assert choose_workers(0, "cuda", 16, 2600) == 4  # 64 cores shared by 16 slots
+
+
+def test_unreadable_gpu_memory_means_one_worker(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi at all
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 64)
+    with caplog.at_level(logging.WARNING):
+        assert choose_workers(0, "cuda", 1, 2600) == 1
+    assert "could not read free GPU memory" in caplog.text
