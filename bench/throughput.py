@@ -117,12 +117,15 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
     return report
 
 
+START_GRACE = 150.0  # seconds: past this the window opens once any worker is up, so it always closes
+
+
 def timed_window(run: subprocess.Popen, logs: Path, workers: int, seconds: float) -> tuple[float, float] | None:
     """Wait until every worker has built its model, let the run go `seconds`, then stop it (SIGTERM)."""
-    t0 = None
+    t0, launched = None, time.time()
     while run.poll() is None:
         built = sum(log.read_text().count("model built (start)") for log in slot_logs(logs))
-        if t0 is None and built >= workers:
+        if t0 is None and (built >= workers or (built and time.time() - launched > START_GRACE)):
             t0 = time.time()
         if t0 is not None and time.time() - t0 >= seconds:
             t1 = time.time()

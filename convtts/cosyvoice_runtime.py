@@ -113,6 +113,9 @@ def provide_tn_from_wetext() -> bool:
     pynini, a 165 MB wheel. wetext is its runtime twin (same grammars as prebuilt FSTs on
     kaldifst, 7 MB, and what the official frontend now imports): same text out, no FST building.
     """
+    served = sys.modules.get("tn")
+    if served is not None:  # imported already, or served by an earlier load in this process (a rebuild)
+        return "wetext" in (served.__doc__ or "")  # our stand-in has no __spec__: find_spec would raise
     if importlib.util.find_spec("tn") or importlib.util.find_spec("ttsfrd") or not importlib.util.find_spec("wetext"):
         return False
     import types
