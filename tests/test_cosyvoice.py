@@ -116,6 +116,18 @@ def test_close_drops_the_model(model_dir):
         loaded.gpu_memory_mb("peak")
 
 
+def test_close_on_a_gpu_frees_the_cublas_workspaces_before_emptying_the_cache(model_dir, monkeypatch):
+    import torch
+
+    loaded = CosyVoiceBackend(make_config(model_dir))
+    loaded.uses_cuda = True  # as in a worker on a GPU; only the release calls below differ
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("workspaces"), raising=False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("cache"))
+    loaded.close()
+    assert calls == ["workspaces", "cache"]
+
+
 def test_unknown_speakers_are_refused_with_the_valid_names(model_dir, backend):
     config = make_config(model_dir, voices=("英文女", "Joanna"))
     with pytest.raises(ConfigError, match="Joanna") as excinfo:
