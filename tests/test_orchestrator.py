@@ -1,0 +1,135 @@
+"""run_all.sh as a process owner: MPS started and stopped on every exit path, SIGTERM stops only its own children.
+
+A stand-in nvidia-cuda-mps-control on PATH records what run_all.sh asks of it (no GPU here); the
+slots, workers and Piper voice are the real ones.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_complete, run_all, script_env
+from test_resume import spoken_so_far, wait_for, worker_pids
+
+FAKE_MPS = """#!/bin/sh
+# Records each request: -d starts the daemon; other requests come on stdin (get_server_list, quit).
+if [ "$1" = "-d" ]; then
+  echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "$MPS_TEST_LOG"
+  exit "${MPS_TEST_START_EXIT:-0}"
+fi
+read request
+echo "$request" >> "$MPS_TEST_LOG"
+"""
+
+
+@pytest.fixture
+def mps_env(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "nvidia-cuda-mps-control"
+    tool.write_text(FAKE_MPS)
+    tool.chmod(0o755)
+    record = tmp_path / "mps.log"
+    env = script_env(MPS_TEST_LOG=record)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return env, record
+
+
+def requests(record: Path) -> list[str]:
+    return [line.split()[0] for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def test_mps_starts_before_the_slots_and_stops_after_success(tmp_path, small_input, mps_env):
+    env, record = mps_env
+    log = tmp_path / "log"
+    result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "2",
+                     "--log-dir", log, env=env)
+    assert result.returncode == 0, result.stderr
+    assert requests(record) == ["start", "get_server_list", "quit"]
+    start = record.read_text().splitlines()[0]
+    run_dir = next(log.rglob("slot-0.log")).parent
+    assert f"log={run_dir}/mps/log" in start  # private folders under the run's log folder
+    assert_complete(tmp_path / "out")
+
+
+def test_mps_stops_after_failures_and_is_skipped_when_off(tmp_path, mps_env):
+    env, record = mps_env
+    from conftest import llava_conversations, write_input
+
+    records = llava_conversations(1)
+    records[0]["conversations"][1]["value"] = "The zebra is grazing. " + records[0]["conversations"][1]["value"]
+    source = write_input(tmp_path / "in.json", records)
+    failing = dict(env, CONVTTS_TEST_FAIL_WORD="zebra")
+    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "1",
+                     "--set", "tts.backend=flaky_backend:FlakyPiper", "--set", "workers.max_attempts=1", env=failing)
+    assert result.returncode == 1, result.stderr
+    assert requests(record) == ["start", "get_server_list", "quit"]
+
+    record.unlink()
+    off = run_all("--input", source, "--output-dir", tmp_path / "out2", "--gpus", "0", "--mps", "off", env=env)
+    assert off.returncode == 0, off.stderr
+    assert requests(record) == []
+
+
+def test_mps_that_cannot_start_is_reported_and_the_run_goes_on(tmp_path, small_input, mps_env):
+    env, record = mps_env
+    env["MPS_TEST_START_EXIT"] = "1"
+    result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "2", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "running without MPS" in result.stderr
+    assert requests(record) == ["start"]  # nothing to stop: it never ran
+
+
+def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, small_input, mps_env):
+    env, record = mps_env
+    out, log = tmp_path / "out", tmp_path / "log"
+    # A bystander in the same process group, as under cron or a shell script: it must survive.
+    bystander = subprocess.Popen(["sleep", "300"], process_group=0)
+    run = subprocess.Popen(
+        ["bash", str(REPO / "run_all.sh"), "--input", str(small_input), "--output-dir", str(out), "--gpus", "0",
+         "--workers", "2", "--log-dir", str(log), "--set", "shards.segments_per_shard=8"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: os.setpgid(0, bystander.pid),
+    )
+    try:
+        wait_for(lambda: (out / "work").is_dir() and len(spoken_so_far(out)) >= 4)
+        workers = worker_pids_in_group(bystander.pid)
+        assert workers, "no worker processes found"
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+        assert run.returncode == 143, stderr.decode()
+        assert "TERM received" in stderr.decode()
+        wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=30)
+        assert bystander.poll() is None, "run_all.sh killed a process it did not start"
+        assert requests(record) == ["start", "get_server_list", "quit"]
+    finally:
+        bystander.kill()
+        run.kill()
+
+    again = run_all("--input", small_input, "--output-dir", out, "--gpus", "0", "--workers", "2", "--log-dir", log,
+                    "--set", "shards.segments_per_shard=8", env=env)
+    assert again.returncode == 0, again.stderr
+    assert_complete(out)
+
+
+def worker_pids_in_group(group: int) -> list[int]:
+    class Group:  # test_resume.worker_pids finds workers by the process group of a Popen
+        pid = group
+
+    return worker_pids(Group())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
