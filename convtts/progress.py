@@ -77,25 +77,36 @@ class SlotProgress:
         self.write_status(finished=True)
 
 
-def _bar(total: int, label: str, position: int = 0):
+def _bar(total: int, label: str, position: int = 0, started: float | None = None):
+    import shutil
+
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="utt", position=position, dynamic_ncols=True, leave=True)
+    # A terminal that reports no size (a detached pty) would get empty or hidden bars: assume 100x20.
+    size = shutil.get_terminal_size((100, 20))
+    bar = tqdm(total=total, desc=label, unit="utt", position=position, ncols=size.columns, nrows=size.lines, leave=True)
+    if started is not None:
+        bar.start_t = started  # rate and ETA from the slot's own start, not from when the bar appeared
+    return bar
 
 
 def monitor(out_dir: str, slots: int, started: float) -> None:
     """Bars for every slot of a run, fed from their status files (run_all starts this on a terminal)."""
     layout = Layout(out_dir)
     bars: dict[int, object] = {}
+    finished: set[int] = set()
     while True:
-        for rank in range(slots):
+        for rank in set(range(slots)) - finished:
             status = read_json(layout.slot_status(rank))
             if not status or status.get("started", 0) < started:
                 continue  # nothing yet from this run
-            bar = bars.get(rank) or bars.setdefault(rank, _bar(status["total"], f"slot {rank}", rank))
+            bar = bars.get(rank) or bars.setdefault(rank, _bar(status["total"], f"slot {rank}", rank, status["started"]))
+            end = status["updated"] if status.get("finished") else time.time()
             bar.n = status["done"] + status["failed"]
-            bar.set_postfix_str(f"{status['audio_seconds'] / max(time.time() - status['started'], 1e-6):.2f} audio s/s, "
+            bar.set_postfix_str(f"{status['audio_seconds'] / max(end - status['started'], 1e-6):.2f} audio s/s, "
                                 f"{status['failed']} failed")
+            if status.get("finished"):
+                finished.add(rank)  # its figures are final: stop its clock
         time.sleep(1.0)
 
 
