@@ -111,9 +111,13 @@ def describe(plan: dict) -> str:
     return (
         f"Plan: {plan['conversations']:,} conversations ({plan['skipped_records']:,} unusable records skipped), "
         f"{plan['turns']:,} turns to speak ({plan['skipped_turns']:,} skipped, see plan/skipped.jsonl), "
-        f"{plan['segments']:,} segments, {plan['words']:,} words, about {plan['estimated_hours']:,.1f} hours "
+        f"{plan['segments']:,} segments, {plan['words']:,} words, about {audio_length(plan['estimated_hours'])} "
         f"of audio, in {len(shards):,} shards ({shards[0]} .. {shards[-1]})."
     )
+
+
+def audio_length(hours: float) -> str:
+    return f"{hours:,.1f} hours" if hours >= 1 else f"{hours * 60:.0f} minutes"
 
 
 if __name__ == "__main__":
