@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, assert_complete, read_jsonl, run_all, script_env
 
 ARGS = ("--gpus", "cpu:2", "--set", "shards.segments_per_shard=8")
@@ -64,7 +66,8 @@ def worker_pids(run: subprocess.Popen) -> list[int]:
     return pids
 
 
-def test_sigkill_whole_run_then_rerun(tmp_path, small_input):
+@pytest.mark.parametrize("rerun_slots", ["cpu:2", "cpu:1"], ids=["same-slots", "fewer-slots"])
+def test_sigkill_whole_run_then_rerun(tmp_path, small_input, rerun_slots):
     out, log = tmp_path / "out", tmp_path / "log"
     run = start_run(small_input, out, log)
     wait_for(lambda: (out / "work").is_dir() and len(spoken_so_far(out)) >= 12)
@@ -75,7 +78,8 @@ def test_sigkill_whole_run_then_rerun(tmp_path, small_input):
     stamps = {i: (out / r["audio"]).stat().st_mtime_ns for i, r in before.items()}
     assert 12 <= len(before) < len(read_jsonl_all_plan(out))
 
-    again = run_all("--input", small_input, "--output-dir", out, "--log-dir", log, *ARGS)
+    # Completion is keyed on shards and ids, not on slot ranks: a rerun on fewer slots skips the same work.
+    again = run_all("--input", small_input, "--output-dir", out, "--log-dir", log, *ARGS, "--gpus", rerun_slots)
     assert again.returncode == 0, again.stderr
     rows = {r["id"]: r for r in assert_complete(out)}
     for uid, row in before.items():  # finished work was kept, not redone
