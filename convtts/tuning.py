@@ -10,6 +10,9 @@ log = logging.getLogger(__name__)
 # The per-worker GPU memory figure comes from workers.gpu_mb_per_worker (default 2600 MiB: one
 # CosyVoice-300M worker peaked near 2 GiB on an H200, plus headroom).
 MAX_WORKERS_PER_GPU = 16  # past this, MPS gave no more throughput in our sweeps
+# Cores left to the slot processes and the system on a GPU node: on a 16-core H200 node, 14 CosyVoice
+# workers kept 83% of the cores busy (about 0.95 core each), so 16 would starve them.
+GPU_NODE_SPARE_CORES = 2
 
 
 def cpu_cores() -> int:
@@ -24,16 +27,19 @@ def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_w
     if requested > 0:
         log.info("workers: %d (set by config or --workers)", requested)
         return requested
-    by_cpu = max(1, cpu_cores() // max(1, slots_on_node))
+    slots = max(1, slots_on_node)
     if device == "cpu":
+        by_cpu = max(1, cpu_cores() // slots)
         log.info("workers: %d (%d cores shared by %d CPU slots)", by_cpu, cpu_cores(), slots_on_node)
         return by_cpu
+    by_cpu = max(1, (cpu_cores() - GPU_NODE_SPARE_CORES) // slots)
     free_mb = free_gpu_mb()
     by_memory = max(1, int(free_mb * 0.9 // gpu_mb_per_worker)) if free_mb else 1
     count = min(by_cpu, by_memory, MAX_WORKERS_PER_GPU)
     log.info(
-        "workers: %d = min(cores %d / %d slots = %d, 90%% of %d MiB free / %d MiB per worker = %d, cap %d)",
-        count, cpu_cores(), slots_on_node, by_cpu, free_mb, gpu_mb_per_worker, by_memory, MAX_WORKERS_PER_GPU,
+        "workers: %d = min((cores %d - %d spare) / %d slots = %d, 90%% of %d MiB free / %d MiB per worker = %d, cap %d)",
+        count, cpu_cores(), GPU_NODE_SPARE_CORES, slots_on_node, by_cpu, free_mb, gpu_mb_per_worker, by_memory,
+        MAX_WORKERS_PER_GPU,
     )
     return count
 

@@ -42,7 +42,9 @@ def test_gpu_count_is_bounded_by_free_memory(free_gpu, caplog, monkeypatch):
     assert "10000 MiB free" in caplog.text and "3000 MiB per worker" in caplog.text
     free_gpu(140_000)
     assert choose_workers(0, "cuda", 1, 2600) == MAX_WORKERS_PER_GPU
-    assert choose_workers(0, "cuda", 16, 2600) == 4  # 64 cores shared by 16 slots
+    assert choose_workers(0, "cuda", 8, 2600) == 7  # (64 cores - 2 spare) shared by 8 slots
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
+    assert choose_workers(0, "cuda", 1, 2600) == 14  # one H200 on a 16-core node: the measured setting
 
 
 def test_unreadable_gpu_memory_means_one_worker(tmp_path, monkeypatch, caplog):
