@@ -21,6 +21,8 @@ from pathlib import Path
 
 import orjson
 
+from throughput import steady_state  # bench/ is this script's own folder on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "llava_gpt4_qa_30x3.jsonl"
 
@@ -33,15 +35,6 @@ def write_input(text_file: Path, images: int, path: Path) -> None:
         record = by_image.setdefault(row["id"], {"id": row["id"], "conversations": []})
         record["conversations"] += [{"from": "human", "value": row["instruction"]}, {"from": "gpt", "value": row["output"]}]
     path.write_bytes(orjson.dumps(list(by_image.values())[:images]))
-
-
-def steady_rate(rows: list[dict]) -> float | None:
-    rows = sorted(rows, key=lambda r: r["finished"])
-    cut = len(rows) // 10
-    if len(rows) - 2 * cut < 2 or cut == 0:
-        return None
-    span = rows[-cut - 1]["finished"] - rows[cut - 1]["finished"]
-    return sum(r["duration"] for r in rows[cut : len(rows) - cut]) / span if span > 0 else None
 
 
 def run_setting(spec: str, source: Path, work: Path) -> dict:
@@ -57,7 +50,7 @@ def run_setting(spec: str, source: Path, work: Path) -> dict:
     summary = orjson.loads((out / "summary.json").read_bytes()) if (out / "summary.json").exists() else {}
     rows = [orjson.loads(x) for x in (out / "manifest.jsonl").read_bytes().splitlines()] if (out / "manifest.jsonl").exists() else []
     audio = sum(r["duration"] for r in rows)
-    steady = steady_rate(rows)
+    steady = steady_state(rows)["audio_seconds_per_second"]
     result = {
         "setting": spec, "slots": int(slots), "workers_per_slot": int(workers), "exit_code": done.returncode,
         "utterances": len(rows), "audio_seconds": round(audio, 1), "wall_seconds": round(wall, 1),

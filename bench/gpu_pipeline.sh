@@ -22,7 +22,7 @@ text="${TEXT:-.carry/llava.jsonl}"
 [[ -f "$text" ]] || text="../shared/data/llava_gpt4_qa_30x3.jsonl"
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
-WHEELS="${WHEELS:-.whl}" MODEL_SIZE="${MODEL_SIZE:-full}" bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$model"
+MODEL_SIZE="${MODEL_SIZE:-full}" bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$model"
 echo "setup done at $((SECONDS - started)) s"
 
 python3 bench/throughput.py --model-dir "$model" --text "$text" --work /tmp/convtts-bench \

@@ -98,7 +98,7 @@ def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, smal
     )
     try:
         wait_for(lambda: (out / "work").is_dir() and len(spoken_so_far(out)) >= 4)
-        workers = worker_pids_in_group(bystander.pid)
+        workers = worker_pids(bystander.pid)  # run_all.sh joined the bystander's group
         assert workers, "no worker processes found"
         run.send_signal(signal.SIGTERM)
         _, stderr = run.communicate(timeout=60)
@@ -115,13 +115,6 @@ def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, smal
                     "--set", "shards.segments_per_shard=8", env=env)
     assert again.returncode == 0, again.stderr
     assert_complete(out)
-
-
-def worker_pids_in_group(group: int) -> list[int]:
-    class Group:  # test_resume.worker_pids finds workers by the process group of a Popen
-        pid = group
-
-    return worker_pids(Group())
 
 
 def _alive(pid: int) -> bool:

@@ -50,15 +50,15 @@ def wait_for(predicate, timeout: float = 180.0) -> None:
     raise AssertionError("timed out waiting")
 
 
-def worker_pids(run: subprocess.Popen) -> list[int]:
-    """Spawned workers of this run: processes in its group started by multiprocessing's spawn."""
+def worker_pids(group: int) -> list[int]:
+    """Spawned workers in this process group: processes started by multiprocessing's spawn."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes()
-            same_group = os.getpgid(int(proc.name)) == run.pid
+            same_group = os.getpgid(int(proc.name)) == group
         except (OSError, ProcessLookupError):
             continue
         if same_group and b"multiprocessing.spawn" in cmdline:
@@ -73,7 +73,7 @@ def test_sigkill_whole_run_then_rerun(tmp_path, small_input, rerun_slots):
     wait_for(lambda: (out / "work").is_dir() and len(spoken_so_far(out)) >= 12)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
-    wait_for(lambda: not worker_pids(run), timeout=30)  # workers die with their slot
+    wait_for(lambda: not worker_pids(run.pid), timeout=30)  # workers die with their slot
     before = {r["id"]: r for r in spoken_so_far(out)}
     stamps = {i: (out / r["audio"]).stat().st_mtime_ns for i, r in before.items()}
     assert 12 <= len(before) < len(read_jsonl_all_plan(out))
@@ -92,7 +92,7 @@ def test_sigkill_one_worker_mid_run(tmp_path, small_input):
     out, log = tmp_path / "out", tmp_path / "log"
     run = start_run(small_input, out, log)
     wait_for(lambda: (out / "work").is_dir() and len(spoken_so_far(out)) >= 6)
-    victims = worker_pids(run)
+    victims = worker_pids(run.pid)
     assert victims, "no worker process found"
     os.kill(victims[0], signal.SIGKILL)
     _, stderr = run.communicate(timeout=300)
