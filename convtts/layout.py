@@ -11,8 +11,9 @@ class Layout:
     plan/skipped.jsonl                     turns with nothing speakable, and why
     plan/shards/shard-00042.jsonl          segments to speak, one JSON object a line
     plan/shards/shard-00042.conversations.jsonl   the input records of that shard
-    work/shard-00042.manifest.jsonl        spoken segments, appended by one worker at a time
-    work/shard-00042.failures.jsonl        failed attempts (the latest per id counts)
+    work/shard-00042.w3.manifest.jsonl     spoken segments, appended by worker 3 of the slot alone
+    work/shard-00042.w3.failures.jsonl     its failed attempts (the latest per id, by time, counts)
+    work/shard-00042.manifest.jsonl        (older outputs: one writer per shard; still read)
     work/shard-00042.crashes.jsonl         worker deaths, written by the slot
     work/shard-00042.stats.json            written last: the shard's done marker
     audio/shard-00042/<id>.wav             the audio
@@ -43,11 +44,21 @@ class Layout:
     def shard_conversations(self, shard: str) -> Path:
         return self.shards_dir / f"{shard}.conversations.jsonl"
 
-    def manifest(self, shard: str) -> Path:
-        return self.work_dir / f"{shard}.manifest.jsonl"
+    # Several workers speak pieces of one shard at once, each into files of its own: an append
+    # from two processes to one file is not atomic on NFS or Lustre, and a writer killed mid-line
+    # would leave a fragment the next writer's line is glued to. A file's only writer cuts its
+    # torn tail before appending; readers take every file of the shard.
+    def manifest(self, shard: str, writer: str | None = None) -> Path:
+        return self.work_dir / (f"{shard}.{writer}.manifest.jsonl" if writer else f"{shard}.manifest.jsonl")
 
-    def failures(self, shard: str) -> Path:
-        return self.work_dir / f"{shard}.failures.jsonl"
+    def manifests(self, shard: str) -> list[Path]:
+        return _existing(self.manifest(shard), self.work_dir.glob(f"{shard}.*.manifest.jsonl"))
+
+    def failures(self, shard: str, writer: str | None = None) -> Path:
+        return self.work_dir / (f"{shard}.{writer}.failures.jsonl" if writer else f"{shard}.failures.jsonl")
+
+    def failure_files(self, shard: str) -> list[Path]:
+        return _existing(self.failures(shard), self.work_dir.glob(f"{shard}.*.failures.jsonl"))
 
     def crashes(self, shard: str) -> Path:
         return self.work_dir / f"{shard}.crashes.jsonl"
@@ -60,6 +71,10 @@ class Layout:
 
     def slot_status(self, rank: int) -> Path:
         return self.slots_dir / f"slot-{rank}.json"
+
+
+def _existing(legacy: Path, writers) -> list[Path]:
+    return ([legacy] if legacy.is_file() else []) + sorted(writers)
 
 
 def shard_name(index: int) -> str:

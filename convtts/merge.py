@@ -11,7 +11,7 @@ import orjson
 
 from convtts import EXIT_FAILURES, EXIT_OK
 from convtts.layout import Layout
-from convtts.shardio import load_done, read_json, read_jsonl, write_json_atomic
+from convtts.shardio import load_done, load_failures, read_json, read_jsonl, write_json_atomic
 
 
 @dataclass
@@ -71,7 +71,7 @@ def merge(layout: Layout, run_id: str | None = None, started: float | None = Non
 def merge_shard(layout, shard, run_id, totals: Totals, manifest, failures) -> dict:
     """Write one shard's rows in plan order; return {conversation: {turn: [audio paths]}}."""
     done = load_done(layout, shard)
-    failed = {r["id"]: r for r in read_jsonl(layout.failures(shard))}
+    failed = load_failures(layout, shard)
     audio_by_turn: dict = {}
     for segment in read_jsonl(layout.shard_file(shard)):
         uid = segment["id"]
