@@ -1,30 +1,29 @@
-"""Shared helpers for the tests: realistic input from ../shared/data, running the real scripts."""
+"""Shared helpers for the tests: the sample conversations in tests/data, running the real scripts."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import orjson
 import pytest
-import soundfile as sf
+
+from convtts.verify import check_complete
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data" / "llava_gpt4_qa_30x3.jsonl"
+DATA = REPO / "tests" / "data"
 
 
 def llava_conversations(images: int | None = None) -> list[dict]:
-    """Real LLaVA-Instruct text (GPT-4 answers about COCO images) as conversation records."""
-    by_image: OrderedDict[str, dict] = OrderedDict()
-    for line in SHARED_DATA.read_bytes().splitlines():
-        row = orjson.loads(line)
-        record = by_image.setdefault(row["id"], {"id": row["id"], "image": row["image"], "conversations": []})
-        question = row["instruction"] if record["conversations"] else f"<image>\n{row['instruction']}"
-        record["conversations"] += [{"from": "human", "value": question}, {"from": "gpt", "value": row["output"]}]
-    records = list(by_image.values())
+    """The LLaVA-Instruct style sample: 30 image conversations, two or three questions each, long answers."""
+    records = orjson.loads((DATA / "llava_style.json").read_bytes())
     return records[:images] if images else records
+
+
+def sharegpt_conversations() -> list[dict]:
+    """The ShareGPT style sample: odd ids, several languages, code, links, empty turns, one-letter answers."""
+    return read_jsonl(DATA / "sharegpt_style.jsonl")
 
 
 def write_input(path: Path, records: list[dict], jsonl: bool = False) -> Path:
@@ -63,23 +62,12 @@ def plan_ids(out: Path) -> list[str]:
 
 def assert_complete(out: Path) -> list[dict]:
     """Every planned id exactly once in the manifest; every audio file decodes and matches its row."""
-    rows = read_jsonl(out / "manifest.jsonl")
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)), "an id appears twice in the manifest"
-    assert sorted(ids) == sorted(plan_ids(out))
-    for row in rows:
-        info = sf.info(out / row["audio"])
-        assert info.frames == row["num_samples"] > 0
-        assert info.samplerate == row["sample_rate"]
-        assert abs(info.duration - row["duration"]) < 1e-3
-        data, _ = sf.read(out / row["audio"])
-        assert len(data) == info.frames
-    on_disk = {str(p.relative_to(out)) for p in (out / "audio").rglob("*") if p.is_file()}
-    assert on_disk == {r["audio"] for r in rows}, "stray or missing audio files"
-    return rows
+    problems = check_complete(out)
+    assert not problems, "\n".join(problems[:20])
+    return read_jsonl(out / "manifest.jsonl")
 
 
 @pytest.fixture
 def small_input(tmp_path) -> Path:
-    """Four real conversations: about fifty segments at 30 words."""
+    """Four sample conversations: fifty segments at 30 words."""
     return write_input(tmp_path / "convs.json", llava_conversations(4))
