@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Throughput of the whole pipeline on CPU slots (the default Piper voice): audio seconds per wall second.
 
-Runs run_all.sh on real LLaVA-Instruct text into a fresh output directory per setting and reads
+Runs run_all.sh on the repository's LLaVA-style sample conversations (or --text) into a fresh output directory per setting and reads
 two rates: end to end (summary.json: planning, model loads and the tail included) and steady state
 (from the manifest's finish times, first and last 10% of utterances left out).
 
@@ -16,25 +16,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 import orjson
 
-from throughput import steady_state  # bench/ is this script's own folder on sys.path
+from sample_text import DEFAULT_TEXT, read_conversations  # bench/ is this script's own folder on sys.path
+from throughput import steady_state
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data" / "llava_gpt4_qa_30x3.jsonl"
 
 
 def write_input(text_file: Path, images: int, path: Path) -> None:
-    """Conversations from the LLaVA question-answer pairs, grouped by image as LLaVA-Instruct does."""
-    by_image: OrderedDict[str, dict] = OrderedDict()
-    for line in text_file.read_bytes().splitlines():
-        row = orjson.loads(line)
-        record = by_image.setdefault(row["id"], {"id": row["id"], "conversations": []})
-        record["conversations"] += [{"from": "human", "value": row["instruction"]}, {"from": "gpt", "value": row["output"]}]
-    path.write_bytes(orjson.dumps(list(by_image.values())[:images]))
+    """The first `images` conversations of the text file, as a JSON array."""
+    path.write_bytes(orjson.dumps(read_conversations(text_file)[:images]))
 
 
 def run_setting(spec: str, source: Path, work: Path) -> dict:
@@ -66,8 +60,8 @@ def run_setting(spec: str, source: Path, work: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", nargs="+", default=["cpu:1x1", "cpu:2x1"], help="cpu:SLOTSxWORKERS")
-    p.add_argument("--images", type=int, default=12, help="LLaVA conversations to speak (at most 30)")
-    p.add_argument("--text", default=str(SHARED_DATA))
+    p.add_argument("--images", type=int, default=12, help="conversations to speak (the sample has 30)")
+    p.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations to speak, in any input format of preprocess.py")
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="convtts-cpu-bench-"))

@@ -9,7 +9,8 @@
 #   bash bench/gpu_pipeline.sh            # figures land in $OUT (or bench/results)
 #
 # Environment knobs (defaults in brackets): WORKERS [14], SECONDS_WINDOW [200], REBUILD_EVERY [20],
-# MAX_WORDS [10], UTTERANCES [1500], MODEL_SIZE [full], WHEELS [.whl], TEXT [.carry/llava.jsonl],
+# MAX_WORDS [10], UTTERANCES [1500], MODEL_SIZE [full], WHEELS [.whl], TEXT [tests/data/llava_style.json:
+# the conversations to speak, in any input format of preprocess.py],
 # PRECISION [fp32], PROFILE_DEADLINE [330] and SEED_DEADLINE [380]: seconds since the start after
 # which the profile and the seed-recipe comparison are skipped.
 set -euo pipefail
@@ -18,8 +19,7 @@ started=$SECONDS
 out="${OUT:-bench/results}"
 mkdir -p "$out"
 model="/tmp/cv300m-${MODEL_SIZE:-full}"
-text="${TEXT:-.carry/llava.jsonl}"
-[[ -f "$text" ]] || text="../shared/data/llava_gpt4_qa_30x3.jsonl"
+text="${TEXT:-tests/data/llava_style.json}"
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
 MODEL_SIZE="${MODEL_SIZE:-full}" bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$model"

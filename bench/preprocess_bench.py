@@ -17,18 +17,18 @@ from pathlib import Path
 
 import orjson
 
+from sample_text import ANSWERS, DEFAULT_TEXT, QUESTIONS, read_conversations, turn_texts  # bench/ is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data" / "llava_gpt4_qa_30x3.jsonl"
 
 
-def sentence_pool() -> tuple[list[str], list[str]]:
-    """Questions and answer sentences of the real LLaVA-Instruct pairs, read at run time."""
-    questions, sentences = [], []
-    for line in SHARED_DATA.read_bytes().splitlines():
-        row = orjson.loads(line)
-        questions.append(row["instruction"])
-        for paragraph in row["output"].split("\n"):
-            # '1. Efficiently organizing ...' list items stay whole; prose is cut into sentences.
+def sentence_pool(text_file: Path) -> tuple[list[str], list[str]]:
+    """Questions and answer sentences of a conversations file (the repository's LLaVA-style sample by default)."""
+    records = read_conversations(text_file)
+    questions, sentences = turn_texts(records, QUESTIONS), []
+    for answer in turn_texts(records, ANSWERS):
+        for paragraph in answer.split("\n"):
+            # A numbered item such as '1. **Pick a sunny spot.** ...' stays whole; prose is cut into sentences.
             sentences += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", paragraph.strip()) if s]
     return questions, sentences
 
@@ -54,8 +54,8 @@ def conversation(index: int, rng: random.Random, questions: list[str], sentences
     return {"id": f"{index:012d}", "image": f"COCO_train2014_{index:012d}.jpg", "conversations": turns}
 
 
-def generate(path: Path, count: int, jsonl: bool, seed: int) -> None:
-    questions, sentences = sentence_pool()
+def generate(path: Path, count: int, jsonl: bool, seed: int, text_file: Path) -> None:
+    questions, sentences = sentence_pool(text_file)
     rng = random.Random(seed)
     with open(path, "wb", buffering=1 << 22) as fh:
         fh.write(b"" if jsonl else b"[")
@@ -137,6 +137,7 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=1_000_000)
     parser.add_argument("--format", choices=("array", "jsonl", "both"), default="array")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations whose sentences the generated file reuses")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="passed on to preprocess.py")
     parser.add_argument("--out", help="write the figures here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -148,7 +149,7 @@ def main() -> int:
         for fmt in (("array", "jsonl") if args.format == "both" else (args.format,)):
             source = root / f"conversations.{'jsonl' if fmt == 'jsonl' else 'json'}"
             started = time.perf_counter()
-            generate(source, args.conversations, fmt == "jsonl", args.seed)
+            generate(source, args.conversations, fmt == "jsonl", args.seed, Path(args.text))
             generated = time.perf_counter() - started
             extra = [a for o in args.overrides for a in ("--set", o)]
             result = {"format": fmt, "input_bytes": source.stat().st_size, "generate_s": round(generated, 1),

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import orjson
 
+from sample_text import ANSWERS, DEFAULT_TEXT, read_conversations, turn_texts  # bench/ is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -57,12 +59,14 @@ class StageTimer:
 
 
 def sentences(path: Path, count: int) -> list[str]:
-    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    """Answers as the pipeline speaks them: cleaned, in segments of 8 to 24 words."""
+    from convtts.textclean import clean, split_segments
+
     out = []
-    for row in rows:
-        for sentence in row["output"].replace("\n", " ").split(". "):
-            if 8 <= len(sentence.split()) <= 24:
-                out.append(sentence.strip().rstrip(".") + ".")
+    for answer in turn_texts(read_conversations(path), ANSWERS):
+        text, problem = clean(answer)
+        if problem is None:
+            out += [piece for piece in split_segments(text, 24) if len(piece.split()) >= 8]
     return out[:count]
 
 
@@ -71,7 +75,7 @@ def main() -> int:
     p.add_argument("--model-dir", required=True)
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--utterances", type=int, default=20)
-    p.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "llava_gpt4_qa_30x3.jsonl"))
+    p.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations whose answers are spoken, in any input format of preprocess.py")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import orjson
 
+from sample_text import DEFAULT_TEXT, read_conversations, words  # bench/ is this script's own folder on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TEXT = REPO.parent / "shared" / "data" / "llava_gpt4_qa_30x3.jsonl"
 
 
 @dataclass
@@ -43,17 +44,18 @@ class Setting:
 
 
 def make_input(text_file: Path, utterances: int, max_words: int, path: Path) -> None:
-    """Conversations from the LLaVA text, repeated under new ids until about `utterances` segments."""
-    rows = [orjson.loads(line) for line in text_file.read_bytes().splitlines() if line.strip()]
-    records, words = [], 0
+    """The conversations of `text_file`, repeated under new ids until about `utterances` segments."""
+    source = read_conversations(text_file)
+    if not sum(map(words, source)):
+        raise SystemExit(f"{text_file}: no turn has any text to speak")
+    records, total = [], 0
     budget = utterances * max_words * 0.75  # segments come out at about three quarters full
     copy = 0
-    while words < budget:
-        for row in rows:
-            records.append({"id": f"{row['id']}-{row['type']}-{copy}", "conversations": [
-                {"from": "human", "value": row["instruction"]}, {"from": "gpt", "value": row["output"]}]})
-            words += len(row["instruction"].split()) + len(row["output"].split())
-            if words >= budget:
+    while total < budget:
+        for number, record in enumerate(source):
+            records.append({**record, "id": f"{record.get('id', number)}-{copy}"})
+            total += words(record)
+            if total >= budget:
                 break
         copy += 1
     path.write_bytes(orjson.dumps(records))
@@ -225,7 +227,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
-    p.add_argument("--text", default=str(DEFAULT_TEXT))
+    p.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations to speak, in any input format of preprocess.py")
     p.add_argument("--gpu", default="0")
     p.add_argument("--settings", nargs="*", default=[], help="name:workers:mps(on|off):precision(fp16|fp32)")
     p.add_argument("--sweep", default="", help="worker counts to run with and without MPS, fp16")
