@@ -115,6 +115,8 @@ class CosyVoiceConfig:
     load_vllm: bool = False
     speed: float = 1.0
     text_frontend: bool = True
+    # Utterances a worker decodes at once (v1 models; 1 is upstream's own one-at-a-time path).
+    batch_size: int = 1
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
 
 
@@ -132,6 +134,8 @@ class TTSConfig:
             raise ConfigError(f"tts.backend must be one of {BACKENDS} or module:Class, got {self.backend!r}")
         if self.backend == "cosyvoice" and not self.cosyvoice.model_dir:
             raise ConfigError("tts.cosyvoice.model_dir is required for the cosyvoice backend")
+        if not 1 <= self.cosyvoice.batch_size <= 256:
+            raise ConfigError(f"tts.cosyvoice.batch_size must be between 1 and 256, got {self.cosyvoice.batch_size}")
 
 
 @dataclass(frozen=True)

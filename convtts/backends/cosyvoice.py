@@ -153,6 +153,7 @@ class CosyVoiceBackend:
         self.sample_rate = int(self.model.sample_rate)
         self.uses_cuda = torch.cuda.is_available()
         self.builtin = set(self.model.list_available_spks())
+        self.engine = self._engine()
         self.prompts: dict[str, tuple[str, object]] = {}
         for voice in config.speakers.voices:
             if voice in self.cosy.prompts:
@@ -162,6 +163,83 @@ class CosyVoiceBackend:
                     f"speaker {voice!r} is neither a speaker of {self.cosy.model_dir} "
                     f"({sorted(self.builtin) or 'none'}) nor defined in tts.cosyvoice.prompts"
                 )
+
+    def _engine(self):
+        """The batched engine when batch_size asks for one and the model suits it; else None."""
+        from convtts.backends.cosyvoice_batch import BatchEngine, supports
+
+        if self.cosy.batch_size <= 1:
+            return None
+        if not supports(self.model):
+            log.warning("batch_size %d ignored: batching runs v1 models in fp32 without TensorRT; "
+                        "speaking one utterance at a time", self.cosy.batch_size)
+            return None
+        return BatchEngine(self.model, self.cosy.batch_size)
+
+    @property
+    def batch_rows(self) -> int:
+        """How many utterances synthesize_many decodes at once (1: no batched path)."""
+        return self.engine.max_rows if self.engine is not None else 1
+
+    def shrink_batch(self) -> int:
+        """Halve the rows after a CUDA out-of-memory; returns the new count."""
+        self.engine.max_rows = max(1, self.engine.max_rows // 2)
+        if self.uses_cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+        return self.engine.max_rows
+
+    def synthesize_many(self, items):
+        """Speak (key, text, speaker, seed) items through the batched engine.
+
+        Reads `items` lazily, as rows free up; yields (key, audio) or (key, exception) per item as
+        soon as it is final. A CUDA out-of-memory raises OutOfMemory: items handed over and not yet
+        yielded are the caller's to retry.
+        """
+        from convtts.backends.cosyvoice_batch import Request, is_out_of_memory
+
+        keys = {}
+
+        def requests():
+            for index, (key, text, speaker, seed) in enumerate(items):
+                keys[index] = key
+                request = Request(index, [], seed)
+                try:
+                    request.chunks = self._chunks(text, speaker)
+                except Exception as exc:  # the frontend refused this text: this utterance only
+                    request.error = exc
+                yield request
+
+        try:
+            for request in self.engine.speak(requests(), speed=self.cosy.speed):
+                yield keys.pop(request.index), self._result(request)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise OutOfMemory(f"CUDA out of memory: {exc}") from exc
+            raise
+
+    def _chunks(self, text: str, speaker: str) -> list[dict]:
+        """The frontend inputs of each text chunk, built as inference_sft / inference_zero_shot do."""
+        frontend, tf = self.model.frontend, self.cosy.text_frontend
+        if speaker in self.prompts:
+            prompt_text, audio = self.prompts[speaker]
+            prompt_text = frontend.text_normalize(prompt_text, split=False, text_frontend=tf)
+            return [frontend.frontend_zero_shot(part, prompt_text, audio, self.sample_rate, speaker)
+                    for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
+        if speaker in self.builtin:
+            return [frontend.frontend_sft(part, speaker) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {sorted(self.builtin | set(self.prompts))}")
+
+    @staticmethod
+    def _result(request):
+        if request.error is not None:
+            error = request.error
+            return error if isinstance(error, SynthesisError) else SynthesisError(f"{type(error).__name__}: {error}")
+        audio = np.concatenate(request.audio) if request.audio else np.zeros(0, np.float32)
+        if audio.size == 0:
+            return SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
+        return audio.astype(np.float32, copy=False)
 
     def _register(self, voice: str) -> tuple[str, object]:
         """Register a named zero-shot voice once per load; returns (prompt text, audio argument)."""
@@ -231,6 +309,7 @@ class CosyVoiceBackend:
 
     def close(self) -> None:
         self.model = None
+        self.engine = None
         self.prompts = {}
         self.builtin = set()
         gc.collect()  # the model holds reference cycles; free it now, not at some later collection
