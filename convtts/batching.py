@@ -1,0 +1,105 @@
+"""A worker's batched path: utterances handed to the backend's synthesize_many, results written as each finishes.
+
+Each utterance keeps what the one-at-a-time path gives it: its own seed, manifest row, attempt
+count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
+a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
+killed a worker before is spoken alone, so it cannot take a batch down with it again.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Attempt:
+    segment: dict
+    attempt: int  # the number of the attempt under way
+    errors: list[str] = field(default_factory=list)
+    started: float = 0.0
+
+
+def can_batch(backend) -> bool:
+    return getattr(backend, "batch_rows", 1) > 1 and hasattr(backend, "synthesize_many")
+
+
+def speak_batched(worker, shard: str, segments: list[dict], crashes: dict[str, int]) -> None:
+    """Speak `segments` of `shard`; rebuilds (every N, memory limits) happen between batches."""
+    alone = [s for s in segments if crashes.get(s["id"], 0)]
+    queue = deque(Attempt(s, 1) for s in segments if not crashes.get(s["id"], 0))
+    for segment in alone:
+        worker.speak(shard, segment, crashes[segment["id"]])
+    while queue:
+        reason = worker.rebuild_reason()
+        if reason:
+            worker.build(reason)
+        if not can_batch(worker.backend):  # a rebuild can land on a backend without batching
+            while queue:
+                worker.speak(shard, queue.popleft().segment, 0)
+            return
+        run_batch(worker, shard, queue)
+
+
+def run_batch(worker, shard: str, queue: deque) -> None:
+    """Feed the backend from `queue` until it is empty or a rebuild is due; write every result."""
+    from convtts.backends.cosyvoice import OutOfMemory
+    from convtts.worker import utterance_seed
+
+    seed_base = worker.config.workers.seed
+    in_flight: dict[str, Attempt] = {}
+
+    def feed():
+        while queue and not worker.rebuild_reason():
+            item = queue.popleft()
+            uid = item.segment["id"]
+            in_flight[uid] = item
+            item.started = time.time()
+            worker.send("start", uid)
+            yield uid, item.segment["text"], item.segment["speaker"], utterance_seed(seed_base, uid)
+
+    try:
+        for uid, result in worker.backend.synthesize_many(feed()):
+            finish(worker, shard, in_flight.pop(uid), result, queue)
+    except OutOfMemory as exc:
+        rows = worker.backend.shrink_batch()
+        log.warning("CUDA out of memory with %d utterances in flight; now %d rows", len(in_flight), rows)
+        for item in in_flight.values():
+            retry_or_fail(worker, shard, item, exc, queue)
+
+
+def finish(worker, shard: str, item: Attempt, result, queue: deque) -> None:
+    from convtts.utterance import check_audio, manifest_row, write_audio
+    from convtts.worker import utterance_seed
+
+    if isinstance(result, BaseException):
+        retry_or_fail(worker, shard, item, result, queue)
+        return
+    try:
+        check_audio(result)
+    except Exception as exc:
+        retry_or_fail(worker, shard, item, exc, queue)
+        return
+    segment, backend = item.segment, worker.backend
+    rel = write_audio(worker.layout, shard, segment["id"], result, backend.sample_rate, worker.config.output)
+    seed = utterance_seed(worker.config.workers.seed, segment["id"])
+    row = manifest_row(segment, worker, rel, result, item.attempt, seed, time.time() - item.started)
+    worker.record(shard, segment["id"], row, None)
+
+
+def retry_or_fail(worker, shard: str, item: Attempt, exc: BaseException, queue: deque) -> None:
+    """Another attempt in a later batch, or the failure row once attempts run out."""
+    from convtts.utterance import failure_row
+
+    uid = item.segment["id"]
+    limit = worker.config.workers.max_attempts
+    item.errors.append(f"{type(exc).__name__}: {exc}")
+    log.warning("%s attempt %d/%d failed: %s", uid, item.attempt, limit, item.errors[-1])
+    if item.attempt < limit:
+        item.attempt += 1
+        queue.append(item)
+        return
+    worker.record(shard, uid, None, failure_row(item.segment, worker, item.errors, limit))
