@@ -417,8 +417,9 @@ def main() -> int:
     p.add_argument("--work-dir", type=Path, help="keep the output and logs here (default: a temporary folder, removed)")
     p.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = p.parse_args()
-    options = SoakOptions(args.kills, args.seed, args.input, args.repeat, tuple(args.window), args.slots, args.workers,
-                          args.segments_per_shard, args.work_dir)
+    options = SoakOptions(kills=args.kills, seed=args.seed, input=args.input, repeat=args.repeat, window=tuple(args.window),
+                          slots=args.slots, workers=args.workers, segments_per_shard=args.segments_per_shard,
+                          work_dir=args.work_dir)
     figures = soak(options)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
