@@ -37,6 +37,13 @@ class SlotProgress:
             self.bar.update(1)
             self.bar.set_postfix_str(self.rate_text(), refresh=False)
 
+    def retotal(self, total: int) -> None:
+        """The slot's total was a line-count estimate until each shard was opened."""
+        if total != self.total:
+            self.total = total
+            if self.bar is not None:
+                self.bar.total = total
+
     def rebuild(self, reason: str, seconds: float, rss_mb: float, gpu_mb: float) -> None:
         if reason != "start":
             self.rebuilds += 1

@@ -1,19 +1,19 @@
-"""One device slot: hands shards to K spawned workers, restarts the ones that die, reports progress."""
+"""One device slot: hands pieces of shards to K spawned workers, restarts the ones that die, reports progress."""
 from __future__ import annotations
 
 import logging
 import os
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from convtts import EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
 from convtts.layout import Layout
+from convtts.pieces import Piece, WorkQueue, preview_cuts
 from convtts.progress import SlotProgress
-from convtts.shardio import append_line, shard_complete
+from convtts.shardio import shard_complete
 from convtts.worker import WorkerArgs, worker_main
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class Handle:
     proc: object
     conn: object
     ready: bool = False
-    shard: str | None = None
+    piece: Piece | None = None
     uid: str | None = None
     spoke: bool = False  # finished at least one utterance since it started
 
@@ -53,17 +53,21 @@ class Slot:
     shards: list[str]
     options: SlotOptions
     handles: dict[int, Handle] = field(default_factory=dict)
-    queue: deque = field(default_factory=deque)
     barren_deaths: int = 0
 
     def run(self) -> int:
-        self.queue.extend(s for s in self.shards if not shard_complete(self.layout, s))
-        if not self.queue:
+        todo = [s for s in self.shards if not shard_complete(self.layout, s)]
+        if not todo:
             log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
             return EXIT_OK
-        self.progress = SlotProgress(self.layout, self.options.rank, self.pending_utterances(), self.config.workers)
-        count = min(self.options.workers, len(self.queue))
-        log.info("slot %d: %d shards to do, %d workers", self.options.rank, len(self.queue), count)
+        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers)
+        if not self.work.total:
+            self.work.open_until_pending()  # every id has a row: the shards may need only their stats
+        # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
+        count = min(self.options.workers, self.work.total)
+        self.work.workers = max(count, 1)
+        log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
+        self.progress = SlotProgress(self.layout, self.options.rank, self.work.total, self.config.workers)
         self.ctx = _spawn_context()
         _install_stop_handlers()
         try:
@@ -75,11 +79,14 @@ class Slot:
             self.progress.close()
         return self.exit_code()
 
-    def pending_utterances(self) -> int:
-        total = 0
-        for shard in self.queue:
-            total += _count_lines(self.layout.shard_file(shard)) - _count_lines(self.layout.manifest(shard))
-        return max(total, 0)
+    def plan_text(self, todo: list[str], count: int) -> str:
+        """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; starting 14 workers'."""
+        sizes = preview_cuts(self.work.pending_counts(), count) or [0]
+        text = (f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
+                f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; starting {count} workers")
+        if count < self.options.workers:
+            text += f", not {self.options.workers}: no more than utterances to do"
+        return text
 
     def start_worker(self, wid: int) -> None:
         parent_conn, child_conn = self.ctx.Pipe()
@@ -99,6 +106,7 @@ class Slot:
                 if handle.wid in self.handles and not handle.proc.is_alive():
                     self.on_death(handle)
             self.assign()
+            self.progress.retotal(self.work.total)  # exact once a shard is opened
             self.progress.tick(alive=len(self.handles))
 
     def drain(self, handle: Handle) -> None:
@@ -114,42 +122,45 @@ class Slot:
             handle.ready = True
         elif kind == "start":
             handle.uid = message[1]
+            handle.piece.started.add(message[1])
         elif kind in ("done", "failed"):
+            seconds = message[2] if kind == "done" else 0.0
+            self.work.reported(handle.piece, message[1], ok=kind == "done", audio_seconds=seconds)
             handle.uid, handle.spoke = None, True
             self.barren_deaths = 0
-            self.progress.utterance(ok=kind == "done", seconds=message[2] if kind == "done" else 0.0)
+            self.progress.utterance(ok=kind == "done", seconds=seconds)
         elif kind == "built":
             self.progress.rebuild(*message[1:])
-        elif kind == "shard_done":
-            log.info("slot %d: %s finished: %s", self.options.rank, message[1], message[2])
-            handle.shard = None
+        elif kind == "piece_done":
+            self.work.piece_done(handle.piece)  # the shard's stats, when it was its last piece out
+            handle.piece = None
 
     def assign(self) -> None:
         for handle in self.handles.values():
-            if handle.ready and handle.shard is None:
-                if self.queue:
-                    handle.shard = self.queue.popleft()
-                    handle.conn.send(("shard", handle.shard))
+            if handle.ready and handle.piece is None:
+                piece = self.work.next_piece()
+                if piece is not None:
+                    handle.piece = piece
+                    handle.conn.send(("piece", piece.shard, piece.ids, piece.crashes))
                 else:
                     handle.conn.send(("stop",))
                     handle.ready = False
 
     def on_death(self, handle: Handle) -> None:
+        self.drain(handle)  # what it reported before dying still counts
         handle.proc.join(timeout=5)
         code = handle.proc.exitcode
         del self.handles[handle.wid]
-        if handle.shard is None and not handle.ready and code == 0:
+        if handle.piece is None and not handle.ready and code == 0:
             return  # told to stop, and it did
-        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, handle.shard, handle.uid)
-        if handle.uid is not None:
-            append_line(self.layout.crashes(handle.shard), {"id": handle.uid, "run": self.options.run_id, "exitcode": code, "time": time.time()})
-        if handle.shard is not None:
-            self.queue.appendleft(handle.shard)
+        charged = self.work.worker_died(handle.piece, code, handle.proc.pid) if handle.piece else []
+        shard = handle.piece.shard if handle.piece else None
+        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, shard, charged or None)
         self.barren_deaths = 0 if handle.spoke else self.barren_deaths + 1
         if self.barren_deaths >= MAX_BARREN_DEATHS:
             log.error("slot %d: workers died %d times in a row without speaking; giving up", self.options.rank, self.barren_deaths)
             return
-        if self.queue:
+        if self.work.has_work():
             self.start_worker(handle.wid)
 
     def stop_workers(self) -> None:
@@ -175,14 +186,6 @@ def _spawn_context():
     import torch.multiprocessing as tmp
 
     return tmp.get_context("spawn")
-
-
-def _count_lines(path) -> int:
-    try:
-        with open(path, "rb") as fh:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
 
 
 def _install_stop_handlers() -> None:

@@ -1,4 +1,4 @@
-"""One synthesis worker process: takes shards from its slot, speaks them utterance by utterance."""
+"""One synthesis worker process: takes pieces of shards from its slot, speaks them utterance by utterance."""
 from __future__ import annotations
 
 import ctypes
@@ -8,14 +8,14 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.layout import Layout
 from convtts.shardio import (
-    append_line, crash_counts, drop_torn_tail, load_done, read_jsonl, write_json_atomic,
+    append_line, drop_torn_tail, read_jsonl,
 )
 
 log = logging.getLogger(__name__)
@@ -32,15 +32,6 @@ class WorkerArgs:
     log_file: str | None = None
 
 
-@dataclass
-class ShardTally:
-    done: int = 0
-    failed: int = 0
-    skipped_done: int = 0  # already in the manifest when the shard was opened
-    audio_seconds: float = 0.0
-    started: float = field(default_factory=time.time)
-
-
 def utterance_seed(base: int, uid: str) -> int:
     """A seed from the id alone, so an utterance sounds the same whichever worker speaks it."""
     digest = hashlib.blake2b(f"{base}:{uid}".encode(), digest_size=4).digest()
@@ -48,7 +39,7 @@ def utterance_seed(base: int, uid: str) -> int:
 
 
 def worker_main(args: WorkerArgs, conn) -> None:
-    """Spawn entry point. Messages in: ("shard", name) or ("stop",). Out: see Worker.send."""
+    """Spawn entry point. Messages in: ("piece", shard, ids, crashes) or ("stop",). Out: see Worker.send."""
     _die_with_parent(args.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the slot, which stops us
     setup_logging(args.log_file)
@@ -67,6 +58,9 @@ class Worker:
         self.layout = Layout(args.out_dir)
         self.backend = None
         self.since_build = 0
+        self.writer = f"w{args.wid}"  # names this worker's own manifest and failures files
+        self.trimmed: set[str] = set()  # shards whose own files this process has cut back to whole lines
+        self.shard_rows: tuple[str, dict] = ("", {})  # the last shard's segments by id
 
     def send(self, *message) -> None:
         self.conn.send(message)
@@ -78,7 +72,7 @@ class Worker:
             message = self.conn.recv()
             if message[0] == "stop":
                 return
-            self.run_shard(message[1])
+            self.run_piece(*message[1:])
 
     # -- the model -------------------------------------------------------------------------
     def build(self, reason: str) -> None:
@@ -111,62 +105,55 @@ class Worker:
             return f"gpu {self.gpu_mb():.0f} MiB over {w.max_gpu_mb}"
         return None
 
-    # -- a shard ---------------------------------------------------------------------------
-    def run_shard(self, shard: str) -> None:
-        layout = self.layout
-        layout.stats(shard).unlink(missing_ok=True)
-        audio_dir = layout.audio_dir(shard)
-        audio_dir.mkdir(parents=True, exist_ok=True)
-        for tmp in audio_dir.glob(".*.tmp*"):
-            tmp.unlink(missing_ok=True)  # left by a worker killed mid-write
-        done = self.open_manifest(shard)
-        crashes = crash_counts(layout, shard, self.args.run_id)
-        tally = ShardTally(skipped_done=len(done))
-        segments = read_jsonl(layout.shard_file(shard))
-        for segment in segments:
-            if segment["id"] in done:
-                tally.audio_seconds += done[segment["id"]]["duration"]
-                continue
-            self.speak(shard, segment, crashes.get(segment["id"], 0), tally)
-        stats = {
-            "shard": shard, "segments": len(segments), "done": tally.done + tally.skipped_done,
-            "failed": tally.failed, "pending": 0, "new": tally.done, "audio_seconds": round(tally.audio_seconds, 3),
-            "seconds": round(time.time() - tally.started, 3), "run": self.args.run_id,
-        }
-        write_json_atomic(layout.stats(shard), stats)  # last: the shard's done marker
-        self.send("shard_done", shard, stats)
+    # -- a piece of a shard ----------------------------------------------------------------
+    def run_piece(self, shard: str, ids: list[str], crashes: dict[str, int]) -> None:
+        """Speak the ids the slot handed out, in plan order; the slot writes the shard's stats.
 
-    def open_manifest(self, shard: str) -> dict[str, dict]:
-        """Resume point: ids already spoken. Rows whose audio vanished are dropped from the file."""
-        path = self.layout.manifest(shard)
-        drop_torn_tail(path)
-        done = load_done(self.layout, shard)
-        rows = read_jsonl(path)
-        if len(rows) != len(done):
-            tmp = path.with_name(path.name + ".rewrite")
-            tmp.write_bytes(b"".join(_line(r) for r in done.values()))
-            os.replace(tmp, path)
-        return done
+        `crashes` counts deaths of a worker on an id during this run: each was an attempt.
+        """
+        self.own_files(shard)
+        by_id = self.segments(shard)
+        pending = [by_id[uid] for uid in ids]
+        for segment in pending:
+            self.speak(shard, segment, crashes.get(segment["id"], 0))
+        self.send("piece_done", shard, len(pending))
 
-    def speak(self, shard: str, segment: dict, crashes: int, tally: ShardTally) -> None:
+    def segments(self, shard: str) -> dict[str, dict]:
+        if self.shard_rows[0] != shard:
+            self.shard_rows = (shard, {row["id"]: row for row in read_jsonl(self.layout.shard_file(shard))})
+        return self.shard_rows[1]
+
+    def own_files(self, shard: str) -> None:
+        """Cut a torn last line off this worker's files of the shard before its first append.
+
+        A worker of the same number killed mid-line left it; that one is dead (the slot joined it,
+        or a previous run ended), so this process is the files' only writer.
+        """
+        if shard not in self.trimmed:
+            drop_torn_tail(self.layout.manifest(shard, self.writer))
+            drop_torn_tail(self.layout.failures(shard, self.writer))
+            self.trimmed.add(shard)
+
+    def speak(self, shard: str, segment: dict, crashes: int) -> None:
         from convtts.utterance import synthesize_with_retries
 
         uid = segment["id"]
         self.send("start", uid)
         row, error = synthesize_with_retries(self, shard, segment, crashes)
-        if row is not None:
-            append_line(self.layout.manifest(shard), row)
-            tally.done += 1
-            tally.audio_seconds += row["duration"]
-            self.send("done", uid, row["duration"])
-        else:
-            append_line(self.layout.failures(shard), error)
-            tally.failed += 1
-            self.send("failed", uid, error["reason"])
-        self.since_build += 1
+        self.record(shard, uid, row, error)
         reason = self.rebuild_reason()
         if reason:
             self.build(reason)
+
+    def record(self, shard: str, uid: str, row: dict | None, error: dict | None) -> None:
+        """Append an utterance's manifest row (or failure row) to this worker's files; tell the slot."""
+        if row is not None:
+            append_line(self.layout.manifest(shard, self.writer), row)
+            self.send("done", uid, row["duration"])
+        else:
+            append_line(self.layout.failures(shard, self.writer), error)
+            self.send("failed", uid, error["reason"])
+        self.since_build += 1
 
 
 def release_backend(backend) -> None:
@@ -182,12 +169,6 @@ def release_backend(backend) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
-
-
-def _line(row: dict) -> bytes:
-    import orjson
-
-    return orjson.dumps(row) + b"\n"
 
 
 def rss_mb() -> float:

@@ -1,0 +1,131 @@
+"""Work comes in pieces of shards: a one-shard job keeps every worker busy to the end, and a kill mid-piece loses nothing.
+
+The voice here is tests/paced_backend.py: a fixed wait per utterance and a real tone, so four
+workers can overlap on a 2-core machine the way GPU workers do (Piper would need a core each).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import REPO, assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
+from test_resume import read_jsonl_tolerant, wait_for
+
+PACED = ("--set", "tts.backend=paced_backend:PacedTone", "--set", "shards.segments_per_shard=200")
+UTTERANCE_SECONDS = 0.3
+
+
+@pytest.fixture(scope="module")
+def hundred_segments(tmp_path_factory) -> Path:
+    """Nine real conversations: about a hundred segments, one shard of capacity 200."""
+    return write_input(tmp_path_factory.mktemp("input") / "convs.json", llava_conversations(9))
+
+
+def paced_run(source: Path, out: Path, log: Path, workers: int) -> subprocess.CompletedProcess:
+    return run_all("--input", source, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1",
+                   "--workers", workers, *PACED, env=script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS))
+
+
+def busy_intervals(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per worker: from the start of its first utterance to the end of its last, from manifest rows."""
+    spans: dict[str, list[float]] = {}
+    for row in rows:
+        start, end = row["finished"] - row["synthesis_seconds"], row["finished"]
+        span = spans.setdefault(row["worker"], [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    return {worker: (a, b) for worker, (a, b) in spans.items()}
+
+
+def slot_log(log: Path) -> str:
+    return "\n".join(p.read_text() for p in log.rglob("slot-0.log"))
+
+
+def test_one_shard_keeps_four_workers_busy(tmp_path, hundred_segments):
+    four, one = tmp_path / "four", tmp_path / "one"
+    result = paced_run(hundred_segments, four, tmp_path / "log4", workers=4)
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(four)
+    assert 80 <= len(rows) <= 130 and len(list((four / "plan" / "shards").glob("shard-?????.jsonl"))) == 1
+    started = re.search(r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*starting (\d+) workers",
+                        slot_log(tmp_path / "log4"))
+    assert started and int(started[1]) == len(rows) and int(started[2]) >= 8 and int(started[3]) == 4
+
+    # Each of the four spoke a fair share, they worked at the same time, and all were still at it
+    # near the end: the last pieces are small, so nobody finishes long before the others.
+    shares = Counter(r["worker"] for r in rows)
+    assert len(shares) == 4, shares
+    assert all(0.10 * len(rows) <= n <= 0.40 * len(rows) for n in shares.values()), shares
+    intervals = busy_intervals(rows)
+    first_end, last_start = min(b for _, b in intervals.values()), max(a for a, _ in intervals.values())
+    assert last_start < first_end, "some worker started only after another had finished"
+    begin, end = min(a for a, _ in intervals.values()), max(b for _, b in intervals.values())
+    assert all(b >= begin + 0.75 * (end - begin) for _, b in intervals.values()), "a worker went idle early"
+    stats = orjson.loads((four / "work" / "shard-00000.stats.json").read_bytes())
+    assert stats["done"] == len(rows) and stats["failed"] == 0 and stats["pieces"] >= 8
+
+    # The same job on one worker: four take well under half its time (a quarter, less start-up,
+    # on an idle machine). The span is measured from the rows, so start-up and merge do not count.
+    result = paced_run(hundred_segments, one, tmp_path / "log1", workers=1)
+    assert result.returncode == 0, result.stderr
+    alone = busy_intervals(assert_complete(one))
+    assert list(alone) == ["slot0-w0"]
+    assert end - begin < 0.5 * (alone["slot0-w0"][1] - alone["slot0-w0"][0])
+
+
+def test_few_utterances_start_no_idle_workers(tmp_path):
+    records = llava_conversations(1)
+    records[0]["conversations"] = records[0]["conversations"][:2]
+    records[0]["conversations"][1]["value"] = "Two zebras graze."
+    source = write_input(tmp_path / "in.json", records)
+    result = paced_run(source, tmp_path / "out", tmp_path / "log", workers=4)
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(tmp_path / "out")
+    assert 2 <= len(rows) < 4
+    assert f"starting {len(rows)} workers, not 4" in slot_log(tmp_path / "log")
+
+
+def test_sigkill_slot_mid_piece_then_rerun_with_other_worker_count(tmp_path, hundred_segments):
+    out, log = tmp_path / "out", tmp_path / "log"
+    run = subprocess.Popen(
+        ["bash", str(REPO / "run_all.sh"), "--input", str(hundred_segments), "--output-dir", str(out),
+         "--log-dir", str(log), "--gpus", "cpu:1", "--workers", "4", *PACED],
+        env=script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    manifests = lambda: list((out / "work").glob("shard-00000.w*.manifest.jsonl"))  # noqa: E731
+    spoken = lambda: [r for p in manifests() for r in read_jsonl_tolerant(p)]  # noqa: E731
+    wait_for(lambda: (out / "work").is_dir() and len(manifests()) == 4 and len(spoken()) >= 30)
+    os.kill(slot_pid(run.pid), signal.SIGKILL)
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 1, stderr.decode()  # a slot died: not everything was spoken
+    assert not (out / "work" / "shard-00000.stats.json").exists(), "a half-done shard was marked done"
+    before = {r["id"]: r for r in spoken()}
+    stamps = {uid: (out / r["audio"]).stat().st_mtime_ns for uid, r in before.items()}
+    assert 30 <= len(before) < len(read_jsonl(out / "plan" / "shards" / "shard-00000.jsonl"))
+
+    again = paced_run(hundred_segments, out, log, workers=3)
+    assert again.returncode == 0, again.stderr
+    rows = {r["id"]: r for r in assert_complete(out)}
+    for uid, row in before.items():  # finished work was kept, not redone
+        assert rows[uid]["run"] == row["run"] and (out / row["audio"]).stat().st_mtime_ns == stamps[uid]
+    redone = Counter(r["worker"] for r in rows.values() if r["run"] != next(iter(before.values()))["run"])
+    assert len(redone) == 3, redone  # the rerun's three workers shared the rest of the one shard
+
+
+def slot_pid(group: int) -> int:
+    """The parallel_cosyvoice.py process of a run started in its own process group."""
+    for proc in Path("/proc").iterdir():
+        try:
+            same_group = proc.name.isdigit() and os.getpgid(int(proc.name)) == group
+            if same_group and b"parallel_cosyvoice.py" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except (OSError, ProcessLookupError):
+            continue
+    raise AssertionError("no slot process found")
