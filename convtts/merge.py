@@ -45,6 +45,7 @@ class AtomicWriter:
 
 
 def merge(layout: Layout, run_id: str | None = None, started: float | None = None) -> dict:
+    remove_stale_temporaries(layout)
     totals = Totals()
     manifest, failures = AtomicWriter(layout.manifest_file), AtomicWriter(layout.failures_file)
     conversations = AtomicWriter(layout.conversations_file)
@@ -66,6 +67,28 @@ def merge(layout: Layout, run_id: str | None = None, started: float | None = Non
     summary = make_summary(layout, totals, started)
     write_json_atomic(layout.summary_file, summary)
     return summary
+
+
+def remove_stale_temporaries(layout: Layout) -> None:
+    """Delete what a killed merge (or config write) left in the output root, e.g. .manifest.jsonl.tmp4242.
+
+    A SIGKILL before the rename leaves it for good, and nothing else looks there. The pid in the name
+    tells whether its writer is still at work (a merge started by hand beside this one).
+    """
+    for path in layout.root.glob(".*.tmp*"):
+        pid = path.name.rpartition(".tmp")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def merge_shard(layout, shard, run_id, totals: Totals, manifest, failures) -> dict:

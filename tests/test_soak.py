@@ -5,9 +5,12 @@ repository's LLaVA-style sample with two CPU slots of two workers and the defaul
 """
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, llava_conversations, run_all, script_env, write_input
+from convtts.verify import check_complete, temporary_files
 
 sys.path.insert(0, str(REPO / "bench"))
 from soak import SoakOptions, soak, summary_lines  # noqa: E402 - bench/ is not a package
@@ -26,3 +29,25 @@ def test_eight_random_kills_then_a_rerun_leave_every_utterance_once(tmp_path):
     assert figures["duplicates"] == 0
     # a killed whole run was started again (or the final rerun followed), not given up on
     assert figures["restarts"] >= kills["run"]
+
+
+def test_a_merge_killed_before_its_renames_leaves_nothing_behind_after_the_rerun(tmp_path):
+    """Found by the soak: a SIGKILL during the merge left .manifest.jsonl.tmpPID (and two more) for good."""
+    source, out = write_input(tmp_path / "in.json", llava_conversations(1)), tmp_path / "out"
+    args = ("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1", "--log-dir", tmp_path / "log")
+    assert run_all(*args).returncode == 0
+    for _ in range(50):  # a merge of one conversation takes milliseconds: watch for its files, kill at once
+        merge = subprocess.Popen([sys.executable, "-m", "convtts.merge", str(out)], env=script_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while merge.poll() is None and not temporary_files(out):
+            pass
+        merge.send_signal(signal.SIGKILL)
+        merge.wait()
+        if temporary_files(out):
+            break
+    assert any(name.startswith(".manifest.jsonl.tmp") for name in temporary_files(out)), "no merge was caught mid-write"
+
+    again = run_all(*args)
+    assert again.returncode == 0, again.stderr
+    assert temporary_files(out) == []
+    assert check_complete(out) == []
