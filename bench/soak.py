@@ -409,6 +409,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input", "--text", type=Path, default=DEFAULT_INPUT, help="conversations (JSON array or JSON lines)")
     p.add_argument("--repeat", type=int, default=0, help="copies of the whole input (default: as much as --kills needs)")
+    p.add_argument("--segments-per-kill", type=int, default=SEGMENTS_PER_KILL, help="input size without --repeat")
     p.add_argument("--window", type=float, nargs=2, default=(2.0, 12.0), metavar=("MIN", "MAX"),
                    help="seconds between kills, drawn uniformly")
     p.add_argument("--slots", type=int, default=2)
@@ -417,7 +418,8 @@ def main() -> int:
     p.add_argument("--work-dir", type=Path, help="keep the output and logs here (default: a temporary folder, removed)")
     p.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = p.parse_args()
-    options = SoakOptions(kills=args.kills, seed=args.seed, input=args.input, repeat=args.repeat, window=tuple(args.window),
+    options = SoakOptions(kills=args.kills, seed=args.seed, input=args.input, repeat=args.repeat,
+                          segments_per_kill=args.segments_per_kill, window=tuple(args.window),
                           slots=args.slots, workers=args.workers, segments_per_shard=args.segments_per_shard,
                           work_dir=args.work_dir)
     figures = soak(options)
