@@ -7,11 +7,12 @@ import os
 import sys
 import time
 
-from convtts import EXIT_FAILURES
+from convtts import EXIT_DISK_FULL, EXIT_FAILURES
 from convtts.backends import check_backend
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError
 from convtts.layout import Layout
+from convtts.shardio import disk_full_text, is_disk_full
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,9 +60,12 @@ def main(argv=None) -> int:
     except SlotStopped as exc:
         print(f"slot {args.rank}: stopped by {exc}", file=sys.stderr)
         return 130 if str(exc) == "SIGINT" else 143
-    except Exception:  # noqa: BLE001 - logged, and the exit code tells cron
+    except Exception as exc:  # noqa: BLE001 - logged, and the exit code tells cron
         import logging
 
+        if is_disk_full(exc):  # outside the run loop, e.g. making the status folder before workers start
+            logging.getLogger("slot").error("slot %d: stopped: %s", args.rank, disk_full_text(exc))
+            return EXIT_DISK_FULL
         logging.getLogger("slot").exception("slot %d failed", args.rank)
         return EXIT_FAILURES
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 from pathlib import Path
 
-from convtts import EXIT_OK
+from convtts import EXIT_DISK_FULL, EXIT_OK
 from convtts.backends import check_backend
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
 from convtts.layout import Layout
-from convtts.plan import make_plan, plan_is_fresh
+from convtts.plan import make_plan, missing_plan_files, plan_is_fresh, plan_matches
 from convtts.reader import InputError
+from convtts.shardio import disk_full_text, is_disk_full, write_atomic
 
 log = logging.getLogger("preprocess")
 
@@ -64,18 +64,31 @@ def main(argv: list[str] | None = None) -> int:
         log.info("config and input look usable")
         return EXIT_OK
     layout = Layout(args.output_dir)
-    if plan_is_fresh(source, layout, config):
-        log.info("the plan in %s is up to date with %s and the plan settings", layout.plan_dir, source)
-    else:
-        plan = build(source, layout, config, args.force)
-        print(describe(plan))
-    write_config(layout, config)
+    try:
+        update_plan(source, layout, config, args.force)
+        write_config(layout, config)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        fail(f"{disk_full_text(exc)}; free space and run again", EXIT_DISK_FULL)
     return EXIT_OK
 
 
-def build(source: Path, layout: Layout, config, force: bool) -> dict:
+def update_plan(source: Path, layout: Layout, config, force: bool) -> None:
+    """Keep a plan that is up to date, remake one whose files went missing, or make a new one."""
+    if plan_is_fresh(source, layout, config):
+        log.info("the plan in %s is up to date with %s and the plan settings", layout.plan_dir, source)
+        return
+    missing = missing_plan_files(layout) if plan_matches(source, layout, config) else []
+    if missing:
+        log.warning("plan files missing: %s; remaking the plan from %s: the same input and settings give the "
+                    "same shards, so the work spoken for them is kept", ", ".join(p.name for p in missing), source)
+    print(describe(build(source, layout, config, force, same_plan=bool(missing))))
+
+
+def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = False) -> dict:
     """Make a new plan; refuse to orphan audio spoken from a different plan unless forced."""
-    stale_work = sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
+    stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
     if stale_work and not force:
         fail(f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
              "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
@@ -86,6 +99,8 @@ def build(source: Path, layout: Layout, config, force: bool) -> dict:
     except (InputError, OSError) as exc:
         if created:
             shutil.rmtree(layout.root, ignore_errors=True)
+        if is_disk_full(exc):
+            raise
         fail(f"bad input: {exc}" if isinstance(exc, InputError) else f"plan not made: {exc}")
 
 
@@ -101,9 +116,7 @@ def discard_work(layout: Layout) -> None:
 def write_config(layout: Layout, config) -> None:
     """The resolved config beside the output, written whole or not at all."""
     layout.root.mkdir(parents=True, exist_ok=True)
-    tmp = layout.config_file.with_name(f".{layout.config_file.name}.tmp{os.getpid()}")
-    tmp.write_text(dump_yaml(config))
-    os.replace(tmp, layout.config_file)
+    write_atomic(layout.config_file, dump_yaml(config).encode())
 
 
 def describe(plan: dict) -> str:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Node orchestrator: plan (if needed), one parallel_cosyvoice.py per GPU (or CPU slot), wait, merge.
-# Exit codes: 0 all done; 1 some utterances failed or unfinished (rerun retries them);
-#             2 bad input or config (nothing started); 3 another run holds the output's lock.
+# Exit codes: 0 all done; 1 some utterances failed or unfinished, or the disk filled (rerun
+#             retries them); 2 bad input or config (nothing started); 3 another run holds the lock.
+# Its steps exit 4 when the output's filesystem is full; that becomes one line and exit 1 here.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,13 +18,18 @@ usage: run_all.sh --input FILE [--output-dir DIR] [--config configs/X.yaml]
                   [--log-dir DIR] [--force-replan]
 Speaks every selected conversation turn into OUTPUT_DIR (default: output/). Run it again after
 any interruption: it finishes the work and redoes nothing that is done.
-Exit codes: 0 all done, 1 some utterances failed (rerun retries them), 2 bad input or config,
-3 another run holds the output directory's lock.
+Exit codes: 0 all done, 1 some utterances failed or the disk is full (rerun retries them),
+2 bad input or config, 3 another run holds the output directory's lock.
 EOF
 }
 
 bad_usage() { echo "run_all.sh: $*" >&2; echo "try: run_all.sh --help" >&2; exit 2; }
 say() { if [[ -t 1 ]]; then echo "$@"; fi; }  # chatter only on a terminal: cron gets the summary alone
+DISK_FULL_EXIT=4  # convtts.EXIT_DISK_FULL: preprocess, a slot or merge could not write for want of space
+disk_full() {
+  echo "run_all.sh: no space left on device in $OUT; free space and run the same command again" >&2
+  exit 1
+}
 
 INPUT="" OUT="$HERE/output" CONFIG="" GPUS="" WORKERS="" MPS="auto" LOG_ROOT="" FORCE=""
 PRE_ARGS=()
@@ -96,8 +102,11 @@ set +e
 rc=$?
 set -e
 if [[ $rc -ne 0 ]]; then
-  grep -E '^error:' "$LOG_DIR/preprocess.log" >&2 || tail -n 20 "$LOG_DIR/preprocess.log" >&2
+  if [[ $rc -ne $DISK_FULL_EXIT ]]; then
+    grep -E '^error:' "$LOG_DIR/preprocess.log" >&2 || tail -n 20 "$LOG_DIR/preprocess.log" >&2
+  fi
   if [[ -n "$CREATED_OUT" ]]; then rm -f "$OUT/.lock"; rmdir "$OUT" 2>/dev/null || true; fi
+  [[ $rc -eq $DISK_FULL_EXIT ]] && disk_full
   [[ $rc -eq 2 ]] && exit 2
   echo "run_all.sh: preprocessing failed unexpectedly (exit $rc); see $LOG_DIR/preprocess.log" >&2
   exit 1
@@ -140,11 +149,13 @@ if [[ -t 1 ]]; then
   MONITOR_PID=$!
 fi
 
-SLOT_FAILED=0
+SLOT_FAILED=0 SLOT_DISK_FULL=0
 for ((rank = 0; rank < WORLD; rank++)); do
   rc=0
   wait "${SLOT_PIDS[$rank]}" || rc=$?
-  if [[ $rc -ne 0 ]]; then
+  if [[ $rc -eq $DISK_FULL_EXIT ]]; then
+    SLOT_DISK_FULL=1  # its log names the file; the others stopped or will, on the same disk
+  elif [[ $rc -ne 0 ]]; then
     SLOT_FAILED=1
     echo "run_all.sh: slot $rank (${SLOT_DEVICES[$rank]}) exited $rc; see $LOG_DIR/slot-$rank.log" >&2
   fi
@@ -152,8 +163,11 @@ done
 if [[ -n "$MONITOR_PID" ]]; then kill "$MONITOR_PID" 2>/dev/null || true; wait "$MONITOR_PID" 2>/dev/null || true; MONITOR_PID=""; echo; fi
 
 # --- 5. merge and report ------------------------------------------------------------------
+# No merge on a full disk: it would rewrite manifest.jsonl beside the work files and fail too.
+[[ $SLOT_DISK_FULL -eq 1 ]] && disk_full
 rc=0
 "$PYTHON" -m convtts.merge "$OUT" --run-id "$RUN_ID" --started "$STARTED" || rc=$?
+[[ $rc -eq $DISK_FULL_EXIT ]] && disk_full
 if [[ $rc -ne 0 || $SLOT_FAILED -ne 0 ]]; then
   echo "run_all.sh: not everything was spoken; see $OUT/failures.jsonl. Run the same command again to retry." >&2
   exit 1

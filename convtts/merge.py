@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from convtts import EXIT_FAILURES, EXIT_OK
+from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.layout import Layout
-from convtts.shardio import load_done, load_failures, read_json, read_jsonl, write_json_atomic
+from convtts.shardio import disk_full_text, is_disk_full, load_done, load_failures, read_json, read_jsonl
 
 
 @dataclass
@@ -39,33 +39,38 @@ class AtomicWriter:
     def write(self, data: bytes) -> None:
         self.fh.write(data)
 
+    def close(self) -> None:
+        self.fh.close()  # flushes: a full disk shows here, before any real file is replaced
+
     def commit(self) -> None:
-        self.fh.close()
         os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        try:
+            self.fh.close()
+        except OSError:
+            pass  # the flush failed again (a full disk): the file goes anyway
+        self.tmp.unlink(missing_ok=True)
 
 
 def merge(layout: Layout, run_id: str | None = None, started: float | None = None) -> dict:
+    """Write the outputs whole or not at all: a failure (a full disk) leaves the previous ones as they were."""
     remove_stale_temporaries(layout)
-    totals = Totals()
-    manifest, failures = AtomicWriter(layout.manifest_file), AtomicWriter(layout.failures_file)
-    conversations = AtomicWriter(layout.conversations_file)
-    conversations.write(b"[")
-    first = True
-    for row in read_jsonl(layout.skipped_file):
-        failures.write(orjson.dumps(row) + b"\n")
-        totals.skipped_turns += 1
-    for shard in layout.shard_names():
-        audio_by_turn = merge_shard(layout, shard, run_id, totals, manifest, failures)
-        for item in read_jsonl(layout.shard_conversations(shard)):
-            record = with_audio(item, audio_by_turn.get(item["conversation_id"], {}))
-            conversations.write((b"" if first else b",") + b"\n" + orjson.dumps(record))
-            first = False
-            totals.conversations += 1
-    conversations.write(b"\n]\n")
-    for writer in (manifest, failures, conversations):
+    writers: list[AtomicWriter] = []
+    try:
+        for path in (layout.manifest_file, layout.failures_file, layout.conversations_file):
+            writers.append(AtomicWriter(path))
+        summary = make_summary(layout, write_outputs(layout, run_id, *writers), started)
+        writers.append(AtomicWriter(layout.summary_file))
+        writers[-1].write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        for writer in writers:
+            writer.close()
+    except BaseException:
+        for writer in writers:
+            writer.discard()
+        raise
+    for writer in writers:  # only renames are left: a full disk cannot stop them half way
         writer.commit()
-    summary = make_summary(layout, totals, started)
-    write_json_atomic(layout.summary_file, summary)
     return summary
 
 
@@ -89,6 +94,24 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process
         return True
     return True
+
+
+def write_outputs(layout: Layout, run_id, manifest, failures, conversations) -> Totals:
+    totals = Totals()
+    conversations.write(b"[")
+    first = True
+    for row in read_jsonl(layout.skipped_file):
+        failures.write(orjson.dumps(row) + b"\n")
+        totals.skipped_turns += 1
+    for shard in layout.shard_names():
+        audio_by_turn = merge_shard(layout, shard, run_id, totals, manifest, failures)
+        for item in read_jsonl(layout.shard_conversations(shard)):
+            record = with_audio(item, audio_by_turn.get(item["conversation_id"], {}))
+            conversations.write((b"" if first else b",") + b"\n" + orjson.dumps(record))
+            first = False
+            totals.conversations += 1
+    conversations.write(b"\n]\n")
+    return totals
 
 
 def merge_shard(layout, shard, run_id, totals: Totals, manifest, failures) -> dict:
@@ -177,7 +200,14 @@ def main(argv=None) -> int:
     if not layout.plan_file.is_file():
         print(f"error: no plan in {layout.plan_dir}", file=sys.stderr)
         return 2
-    summary = merge(layout, args.run_id, args.started)
+    try:
+        summary = merge(layout, args.run_id, args.started)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        print(f"error: {disk_full_text(exc)}; the previous results in {layout.root} are left as they were",
+              file=sys.stderr)
+        return EXIT_DISK_FULL
     print(summary_text(summary))
     return EXIT_OK if summary["complete"] else EXIT_FAILURES
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from convtts.layout import Layout
-from convtts.shardio import append_line, crash_counts, drop_torn_tail, load_done, read_jsonl, write_json_atomic
+from convtts.shardio import (
+    append_line, crash_counts, drop_torn_tail, load_done, read_jsonl, read_rows_checked, write_atomic,
+    write_json_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -191,19 +193,21 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
 
 
 def open_manifests(layout: Layout, shard: str) -> dict[str, dict]:
-    """Ids already spoken, by row. Each file loses its torn tail, and rows whose audio vanished or
-    that a later row of the same id replaced, so the files hold what a rerun may trust."""
+    """Ids already spoken, by row. Each file loses its torn tail (a kill), lines that are not rows,
+    rows whose audio is missing or not whole, and rows a later row of the same id replaced, so the
+    files hold what a rerun may trust. What was damaged is logged, naming the file."""
     paths = layout.manifests(shard)
     for path in paths:
         drop_torn_tail(path)
-    done = load_done(layout, shard)
+    problems: list[str] = []
+    done = load_done(layout, shard, problems)
+    for problem in problems:
+        log.warning("%s: %s", shard, problem)
     for path in paths:
-        rows = read_jsonl(path)
-        kept = [r for r in rows if done.get(r.get("id")) == r]
-        if len(kept) != len(rows):
-            tmp = path.with_name(path.name + ".rewrite")
-            tmp.write_bytes(b"".join(_line(r) for r in kept))
-            os.replace(tmp, path)
+        rows, bad = read_rows_checked(path)
+        kept = [r for r in rows if done.get(r["id"]) == r]
+        if bad or len(kept) != len(rows):
+            write_atomic(path, b"".join(_line(r) for r in kept))
     return done
 
 

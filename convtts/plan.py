@@ -288,13 +288,30 @@ def fingerprint(input_path: str | Path, config: Config, info: dict | None = None
 
 
 def plan_is_fresh(input_path: str | Path, layout: Layout, config: Config) -> bool:
+    return plan_matches(input_path, layout, config) and not missing_plan_files(layout)
+
+
+def plan_matches(input_path: str | Path, layout: Layout, config: Config) -> bool:
+    """plan.json was made from this input file with these plan settings (its files may be gone)."""
+    plan = _read_plan(layout)
+    try:
+        return plan.get("fingerprint") == fingerprint(input_path, config)
+    except InputError:
+        return False
+
+
+def missing_plan_files(layout: Layout) -> list[Path]:
+    """Shard files plan.json lists that are not there (deleted by hand, or lost with a disk)."""
+    shards = _read_plan(layout).get("shards", [])
+    return [p for s in shards for p in (layout.shard_file(s), layout.shard_conversations(s)) if not p.is_file()]
+
+
+def _read_plan(layout: Layout) -> dict:
     try:
         plan = orjson.loads(layout.plan_file.read_bytes())
-        current = fingerprint(input_path, config)
-    except (OSError, InputError, orjson.JSONDecodeError):
-        return False
-    return (isinstance(plan, dict) and plan.get("fingerprint") == current
-            and all(layout.shard_file(s).is_file() for s in plan.get("shards", [])))
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return plan if isinstance(plan, dict) else {}
 
 
 def make_plan(input_path: str | Path, layout: Layout, config: Config,

@@ -8,7 +8,7 @@ import time
 
 from convtts.config import WorkerConfig
 from convtts.layout import Layout
-from convtts.shardio import read_json, write_json_atomic
+from convtts.shardio import disk_full_text, is_disk_full, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,16 @@ class SlotProgress:
 
     def write_status(self, finished: bool) -> None:
         self.last_status = time.time()
-        write_json_atomic(self.layout.slot_status(self.rank), {
-            "rank": self.rank, "total": self.total, "done": self.done, "failed": self.failed,
-            "audio_seconds": round(self.audio_seconds, 3), "rebuilds": self.rebuilds, "workers": self.alive,
-            "started": self.started, "updated": self.last_status, "finished": finished,
-        })
+        try:
+            write_json_atomic(self.layout.slot_status(self.rank), {
+                "rank": self.rank, "total": self.total, "done": self.done, "failed": self.failed,
+                "audio_seconds": round(self.audio_seconds, 3), "rebuilds": self.rebuilds, "workers": self.alive,
+                "started": self.started, "updated": self.last_status, "finished": finished,
+            })
+        except OSError as exc:  # only the bars read it: a full disk must not stop the slot from stopping cleanly
+            if not is_disk_full(exc):
+                raise
+            log.warning("slot %d: status file not updated: %s", self.rank, disk_full_text(exc))
 
     def close(self) -> None:
         if self.bar is not None:

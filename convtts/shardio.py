@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections import Counter
 from pathlib import Path
 
 import orjson
+import soundfile as sf
 
 from convtts.layout import Layout
+
+log = logging.getLogger(__name__)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -26,6 +30,30 @@ def read_jsonl(path: Path) -> list[dict]:
         except orjson.JSONDecodeError:
             continue  # only a torn tail can be invalid: we write whole lines in one call
     return rows
+
+
+def read_rows_checked(path: Path) -> tuple[list[dict], list[int]]:
+    """The rows of a work file (JSON objects with an id), and the numbers of the lines that are not.
+
+    A kill leaves at most a torn last line; any other bad line is damage, which the caller reports.
+    """
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return [], []
+    rows, bad = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and "id" in row:
+            rows.append(row)
+        else:
+            bad.append(number)
+    return rows, bad
 
 
 def drop_torn_tail(path: Path) -> None:
@@ -52,7 +80,8 @@ def append_line(path: Path, row: dict) -> None:
             _write_all(fd, orjson.dumps(row) + b"\n")
         except OSError as exc:
             os.ftruncate(fd, start)  # frees space rather than needing it
-            raise _naming(exc, path)
+            _naming(exc, path)
+            raise
     finally:
         os.close(fd)
 
@@ -73,7 +102,9 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise _naming(exc, path) if isinstance(exc, OSError) else exc
+        if isinstance(exc, OSError):
+            _naming(exc, path)
+        raise
 
 
 def write_json_atomic(path: Path, value) -> None:
@@ -89,11 +120,16 @@ def disk_full_text(exc: OSError) -> str:
     return f"{exc.strerror or 'no space left on device'} writing {exc.filename or 'a file'}"
 
 
-def _naming(exc: OSError, path: Path) -> OSError:
+def remove_temporaries(layout: Layout, shard: str) -> None:
+    """Delete a shard's half-written files (write_atomic names) left by a worker that was killed."""
+    for tmp in [*layout.audio_dir(shard).glob(".*.tmp*"), *layout.work_dir.glob(f".{shard}.*.tmp*")]:
+        tmp.unlink(missing_ok=True)
+
+
+def _naming(exc: OSError, path: Path) -> None:
     """A failed os.write or buffered write does not say which file: name it for the log."""
     if exc.filename is None:
         exc.filename = str(path)
-    return exc
 
 
 def read_json(path: Path):
@@ -103,14 +139,49 @@ def read_json(path: Path):
         return None
 
 
-def load_done(layout: Layout, shard: str) -> dict[str, dict]:
-    """Manifest rows of a shard by id whose audio file is really there.
+def load_done(layout: Layout, shard: str, problems: list[str] | None = None) -> dict[str, dict]:
+    """Manifest rows of a shard by id whose audio is whole (audio_problem).
 
     The rows come from every writer's file; an id spoken twice (its worker died between the row and
     its report, and the id was spoken again) keeps its latest row, which matches the audio on disk.
+    Lines that are not rows, and rows whose audio is not whole, are left out and said in `problems`.
     """
-    done = latest_by_id(row for path in layout.manifests(shard) for row in read_jsonl(path))
-    return {i: r for i, r in done.items() if (layout.root / r["audio"]).is_file()}
+    rows = []
+    for path in layout.manifests(shard):
+        good, bad = read_rows_checked(path)
+        rows += good
+        if problems is not None:
+            problems += [f"{path} line {number} is not a manifest row; dropped" for number in bad]
+    done = {}
+    for uid, row in latest_by_id(rows).items():
+        problem = audio_problem(layout, row)
+        if problem is None:
+            done[uid] = row
+        elif problems is not None:
+            problems.append(f"{uid}: {problem}; its row is dropped and it is spoken again")
+    return done
+
+
+def audio_problem(layout: Layout, row: dict) -> str | None:
+    """Why a row's audio cannot count as spoken, or None when the file holds the frames the row says.
+
+    Reading the last frame too catches a truncated FLAC, whose header still gives the full count.
+    About 0.15 ms a file: every rerun checks every row of the shards it opens or finds marked done.
+    """
+    rel = row.get("audio")
+    path = layout.root / rel if isinstance(rel, str) else None
+    if path is None or not path.is_file():
+        return f"audio {rel} is missing"
+    try:
+        with sf.SoundFile(path) as audio:
+            if not audio.frames or audio.frames != row.get("num_samples"):
+                return f"audio {path} has {audio.frames} frames, the row says {row.get('num_samples')}"
+            audio.seek(audio.frames - 1)
+            if len(audio.read(1)) != 1:
+                return f"audio {path} ends before its last frame"
+    except (OSError, RuntimeError) as exc:  # soundfile's LibsndfileError is a RuntimeError
+        return f"audio {path} does not decode: {exc}"
+    return None
 
 
 def load_failures(layout: Layout, shard: str) -> dict[str, dict]:
@@ -140,4 +211,24 @@ def crash_counts(layout: Layout, shard: str, run_id: str) -> Counter:
 def shard_complete(layout: Layout, shard: str) -> bool:
     """A shard is finished when its stats file, written last, says nothing failed."""
     stats = read_json(layout.stats(shard))
-    return bool(stats) and stats.get("failed", 1) == 0 and stats.get("pending", 1) == 0
+    return isinstance(stats, dict) and stats.get("failed", 1) == 0 and stats.get("pending", 1) == 0
+
+
+def shard_complete_and_whole(layout: Layout, shard: str) -> bool:
+    """shard_complete, and nothing since damaged: every planned id has a row whose audio is whole,
+    and no manifest line is garbage. A rerun opens any shard that fails this; the log says why."""
+    stats = layout.stats(shard)
+    if stats.exists() and not isinstance(read_json(stats), dict):
+        log.warning("%s: stats file %s does not parse; opening the shard again", shard, stats)
+        return False
+    if not shard_complete(layout, shard):
+        return False
+    problems: list[str] = []
+    done = load_done(layout, shard, problems)
+    missing = [row["id"] for row in read_jsonl(layout.shard_file(shard)) if row["id"] not in done]
+    if missing or problems:
+        log.warning("%s was marked done, but %d of its utterances are not whole and %d problems were found "
+                    "(first: %s); opening it again", shard, len(missing), len(problems),
+                    problems[0] if problems else f"{missing[0]} has no manifest row")
+        return False
+    return True

@@ -8,12 +8,14 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from convtts import EXIT_FAILURES, EXIT_OK
+from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
 from convtts.layout import Layout
 from convtts.pieces import Piece, WorkQueue, preview_cuts
 from convtts.progress import SlotProgress
-from convtts.shardio import shard_complete
+from convtts.shardio import (
+    disk_full_text, is_disk_full, remove_temporaries, shard_complete, shard_complete_and_whole,
+)
 from convtts.worker import WorkerArgs, worker_main
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,10 @@ class Slot:
     options: SlotOptions
     handles: dict[int, Handle] = field(default_factory=dict)
     barren_deaths: int = 0
+    full_disk: str | None = None  # what could not be written: the run stops
 
     def run(self) -> int:
-        todo = [s for s in self.shards if not shard_complete(self.layout, s)]
+        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s)]  # logs any damage
         if not todo:
             log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
             return EXIT_OK
@@ -74,6 +77,10 @@ class Slot:
             for wid in range(count):
                 self.start_worker(wid)
             self.supervise()
+        except OSError as exc:  # the slot's own writes: a crash line
+            if not is_disk_full(exc):
+                raise
+            self.stop_for_full_disk(disk_full_text(exc))
         finally:
             self.stop_workers()
             self.progress.close()
@@ -98,7 +105,7 @@ class Slot:
         self.handles[wid] = Handle(wid, proc, parent_conn)
 
     def supervise(self) -> None:
-        while self.handles:
+        while self.handles and not self.full_disk:
             ready = wait([h.conn for h in self.handles.values()] + [h.proc.sentinel for h in self.handles.values()], timeout=1.0)
             for handle in list(self.handles.values()):
                 if handle.conn in ready:
@@ -131,6 +138,9 @@ class Slot:
             self.progress.utterance(ok=kind == "done", seconds=seconds)
         elif kind == "built":
             self.progress.rebuild(*message[1:])
+        elif kind == "disk_full":
+            handle.piece, handle.uid, handle.ready = None, None, False  # it stops by itself: no crash; its shard stays open
+            self.stop_for_full_disk(message[2])
         elif kind == "piece_done":
             self.work.piece_done(handle.piece)  # the shard's stats, when it was its last piece out
             handle.piece = None
@@ -138,7 +148,7 @@ class Slot:
     def assign(self) -> None:
         for handle in self.handles.values():
             if handle.ready and handle.piece is None:
-                piece = self.work.next_piece()
+                piece = None if self.full_disk else self.work.next_piece()
                 if piece is not None:
                     handle.piece = piece
                     handle.conn.send(("piece", piece.shard, piece.ids, piece.crashes))
@@ -160,10 +170,16 @@ class Slot:
         if self.barren_deaths >= MAX_BARREN_DEATHS:
             log.error("slot %d: workers died %d times in a row without speaking; giving up", self.options.rank, self.barren_deaths)
             return
-        if self.work.has_work():
+        if self.work.has_work() and not self.full_disk:
             self.start_worker(handle.wid)
 
+    def stop_for_full_disk(self, what: str) -> None:
+        """Hand out no more work; supervise returns and the other workers are stopped."""
+        log.error("slot %d: %s; stopping this slot's workers", self.options.rank, what)
+        self.full_disk = what  # assign hands out no more pieces
+
     def stop_workers(self) -> None:
+        busy = {h.piece.shard for h in self.handles.values() if h.piece is not None and h.proc.is_alive()}
         for handle in self.handles.values():
             if handle.proc.is_alive():
                 handle.proc.terminate()
@@ -173,8 +189,13 @@ class Slot:
             if handle.proc.is_alive():
                 handle.proc.kill()
                 handle.proc.join()
+        for shard in busy:  # a worker stopped mid-write leaves a temporary file: the disk may be full
+            remove_temporaries(self.layout, shard)
 
     def exit_code(self) -> int:
+        if self.full_disk:
+            log.error("slot %d: stopped: %s; free space and run the same command again", self.options.rank, self.full_disk)
+            return EXIT_DISK_FULL
         incomplete = [s for s in self.shards if not shard_complete(self.layout, s)]
         if incomplete:
             log.warning("slot %d: %d shards have failed or unfinished utterances", self.options.rank, len(incomplete))

@@ -1,6 +1,7 @@
 """One utterance: synthesise with bounded retries, write the audio atomically, build its manifest row."""
 from __future__ import annotations
 
+import io
 import logging
 import os
 import time
@@ -9,6 +10,7 @@ import numpy as np
 import soundfile as sf
 
 from convtts.backends.base import SynthesisError
+from convtts.shardio import is_disk_full, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,9 @@ def synthesize_with_retries(worker, shard: str, segment: dict, crashes: int):
             check_audio(audio)
             rel = write_audio(worker.layout, shard, uid, audio, worker.backend.sample_rate, config.output)
             return manifest_row(segment, worker, rel, audio, attempt, seed, time.time() - started), None
-        except Exception as exc:  # any error is this utterance's, never the shard's
+        except Exception as exc:  # any error is this utterance's, never the shard's...
+            if is_disk_full(exc):
+                raise  # ...except a full disk: no utterance is at fault, the run stops (worker.serve)
             errors.append(f"{type(exc).__name__}: {exc}")
             log.warning("%s attempt %d/%d failed: %s", uid, attempt, config.workers.max_attempts, errors[-1])
             if _is_out_of_memory(exc):
@@ -53,12 +57,16 @@ def check_audio(audio: np.ndarray) -> None:
 
 
 def write_audio(layout, shard: str, uid: str, audio: np.ndarray, rate: int, output) -> str:
-    """Write to a hidden temporary name, then rename into place: a kill never leaves half a file."""
+    """Encode in memory, then write atomically (shardio.write_atomic): a kill never leaves half a file.
+
+    Encoding first means the file is written by Python, whose OSError keeps its errno (ENOSPC),
+    where libsndfile would report a failed write as a generic error.
+    """
     ext = output.audio_format
     final = layout.audio_dir(shard) / f"{uid}.{ext}"
-    tmp = final.with_name(f".{uid}.tmp{os.getpid()}.{ext}")
-    sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype=output.subtype, format=ext.upper())
-    os.replace(tmp, final)
+    encoded = io.BytesIO()
+    sf.write(encoded, np.clip(audio, -1.0, 1.0), rate, subtype=output.subtype, format=ext.upper())
+    write_atomic(final, encoded.getbuffer())
     return str(final.relative_to(layout.root))
 
 

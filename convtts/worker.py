@@ -15,7 +15,7 @@ from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.layout import Layout
 from convtts.shardio import (
-    append_line, drop_torn_tail, read_jsonl,
+    append_line, disk_full_text, drop_torn_tail, is_disk_full, read_jsonl,
 )
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,22 @@ class Worker:
             message = self.conn.recv()
             if message[0] == "stop":
                 return
-            self.run_piece(*message[1:])
+            try:
+                self.run_piece(*message[1:])
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                self.stop_for_full_disk(message[1], exc)
+                return
+
+    def stop_for_full_disk(self, shard: str, exc: OSError) -> None:
+        """A full disk is no utterance's fault: record no failure, tell the slot, and stop.
+
+        The failed write cleaned up after itself (write_atomic, append_line), so what is on disk
+        is as it was before it.
+        """
+        log.error("%s: %s; stopping, nothing recorded as failed", shard, disk_full_text(exc))
+        self.send("disk_full", shard, disk_full_text(exc))
 
     # -- the model -------------------------------------------------------------------------
     def build(self, reason: str) -> None:
