@@ -36,11 +36,12 @@ class Setting:
     workers: int
     mps: str  # on | off
     precision: str  # fp16 | fp32
+    batch: int = 1  # tts.cosyvoice.batch_size: utterances each worker decodes at once
 
     @classmethod
     def parse(cls, spec: str) -> "Setting":
-        name, workers, mps, precision = spec.split(":")
-        return cls(name, int(workers), mps, precision)
+        name, workers, mps, precision, *batch = spec.split(":")
+        return cls(name, int(workers), mps, precision, int(batch[0]) if batch else 1)
 
 
 def make_input(text_file: Path, utterances: int, max_words: int, path: Path) -> None:
@@ -97,6 +98,7 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
            "--config", str(args.config), "--gpus", args.gpu, "--workers", str(setting.workers), "--mps", setting.mps,
            "--log-dir", str(logs), "--set", f"tts.cosyvoice.model_dir={args.model_dir}",
            "--set", f"tts.cosyvoice.fp16={'true' if setting.precision == 'fp16' else 'false'}",
+           "--set", f"tts.cosyvoice.batch_size={setting.batch}",
            "--set", f"text.max_words={args.max_words}", "--set", f"workers.rebuild_every={args.rebuild_every}",
            "--set", f"shards.segments_per_shard={args.segments_per_shard}"]
     sampler = Sampler(args.gpu)
@@ -229,7 +231,7 @@ def main() -> int:
     p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
     p.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations to speak, in any input format of preprocess.py")
     p.add_argument("--gpu", default="0")
-    p.add_argument("--settings", nargs="*", default=[], help="name:workers:mps(on|off):precision(fp16|fp32)")
+    p.add_argument("--settings", nargs="*", default=[], help="name:workers:mps(on|off):precision(fp16|fp32)[:batch size]")
     p.add_argument("--sweep", default="", help="worker counts to run with and without MPS, fp16")
     p.add_argument("--utterances", type=int, default=300)
     p.add_argument("--seconds", type=float, default=0, help="stop each setting this long after all its workers are up (0: run to the end)")
@@ -264,12 +266,12 @@ def gpu_name(gpu: str) -> str:
 
 
 def print_table(reports: list[dict]) -> None:
-    print("| setting | workers | MPS | precision | audio s/s | RTF | utt/hour | GPU MiB/worker (max) | CPU busy | exit |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| setting | workers | batch | MPS | precision | audio s/s | RTF | utt/hour | GPU MiB/worker (max) | CPU busy | exit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         s, mem = r["setting"], r["memory"]
         per_worker = max((w["gpu_mb_max"] for w in mem["workers"].values()), default=None)
-        print(f"| {s['name']} | {s['workers']} | {s['mps']} | {s['precision']} | {r.get('audio_seconds_per_second')} | "
+        print(f"| {s['name']} | {s['workers']} | {s.get('batch', 1)} | {s['mps']} | {s['precision']} | {r.get('audio_seconds_per_second')} | "
               f"{r.get('real_time_factor')} | {r.get('utterances_per_hour')} | {per_worker} | {mem['cpu_busy_mean']} | {r['exit_code']} |")
 
 

@@ -33,18 +33,23 @@ MAX_PIECE = 64
 PIECES_PER_WORKER = 2  # each cut takes 1/(this x workers) of the work left
 
 
-def cut_size(available: int, remaining: int, workers: int) -> int:
-    """How many of a shard's `available` ids the next piece takes, `remaining` ids being left in all."""
-    size = max(MIN_PIECE, min(MAX_PIECE, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
-    return available if available - size < MIN_PIECE else size  # no runt left behind in the shard
+def cut_size(available: int, remaining: int, workers: int, rows: int = 1) -> int:
+    """How many of a shard's `available` ids the next piece takes, `remaining` ids being left in all.
+
+    A batched worker decodes `rows` utterances at once: its pieces hold at least that many, and up
+    to four times that, so its rows stay full and drain only at a piece's end.
+    """
+    low, high = max(MIN_PIECE, rows), max(MAX_PIECE, 4 * rows)
+    size = max(low, min(high, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
+    return available if available - size < low else size  # no runt left behind in the shard
 
 
-def preview_cuts(counts: list[int], workers: int) -> list[int]:
+def preview_cuts(counts: list[int], workers: int, rows: int = 1) -> list[int]:
     """The piece sizes a run with these pending counts per shard is cut into, if no worker dies."""
     sizes, remaining = [], sum(counts)
     for available in counts:
         while available:
-            size = cut_size(available, remaining, workers)
+            size = cut_size(available, remaining, workers, rows)
             sizes.append(size)
             available -= size
             remaining -= size
@@ -98,6 +103,7 @@ class WorkQueue:
 
     def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int):
         self.layout, self.run_id, self.workers = layout, run_id, workers
+        self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
         self.waiting = deque(shards)
         self.estimates = {s: estimate_pending(layout, s) for s in shards}
         self.total = sum(self.estimates.values())  # utterances to speak in this run, exact once all are open
@@ -116,7 +122,7 @@ class WorkQueue:
         work = next((w for w in self.open.values() if w.pending), None) or self.open_until_pending()
         if work is None:
             return None
-        size = cut_size(len(work.pending), self.remaining(), self.workers)
+        size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows)
         ids = [work.pending.popleft() for _ in range(size)]
         work.out += 1
         work.pieces += 1

@@ -69,6 +69,7 @@ class Slot:
         # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
         count = min(self.options.workers, self.work.total)
         self.work.workers = max(count, 1)
+        self.work.rows = batch_rows(self.config)
         log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
         self.progress = SlotProgress(self.layout, self.options.rank, self.work.total, self.config.workers)
         self.ctx = _spawn_context()
@@ -88,9 +89,11 @@ class Slot:
 
     def plan_text(self, todo: list[str], count: int) -> str:
         """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; starting 14 workers'."""
-        sizes = preview_cuts(self.work.pending_counts(), count) or [0]
+        sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows) or [0]
         text = (f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
                 f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; starting {count} workers")
+        if self.work.rows > 1:
+            text += f" of {self.work.rows} rows each (tts.cosyvoice.batch_size)"
         if count < self.options.workers:
             text += f", not {self.options.workers}: no more than utterances to do"
         return text
@@ -201,6 +204,11 @@ class Slot:
             log.warning("slot %d: %d shards have failed or unfinished utterances", self.options.rank, len(incomplete))
             return EXIT_FAILURES
         return EXIT_OK
+
+
+def batch_rows(config: Config) -> int:
+    """Utterances one worker speaks at once: the CosyVoice batch size, else 1."""
+    return config.tts.cosyvoice.batch_size if config.tts.backend == "cosyvoice" else 1
 
 
 def _spawn_context():

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from convtts.batching import can_batch, speak_batched
 from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.layout import Layout
@@ -129,8 +130,11 @@ class Worker:
         self.own_files(shard)
         by_id = self.segments(shard)
         pending = [by_id[uid] for uid in ids]
-        for segment in pending:
-            self.speak(shard, segment, crashes.get(segment["id"], 0))
+        if can_batch(self.backend):
+            speak_batched(self, shard, pending, crashes)
+        else:
+            for segment in pending:
+                self.speak(shard, segment, crashes.get(segment["id"], 0))
         self.send("piece_done", shard, len(pending))
 
     def segments(self, shard: str) -> dict[str, dict]:
