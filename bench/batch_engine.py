@@ -107,14 +107,14 @@ def main() -> int:
     p.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml"))
     p.add_argument("--text", default=str(DEFAULT_TEXT))
     p.add_argument("--batch-sizes", default="1,16,32,64")
-    p.add_argument("--utterances", type=int, default=256, help="per batch size (batch size 1 speaks a quarter)")
+    p.add_argument("--utterances", type=int, default=256, help="per batch size (batch size 1 speaks a sixteenth)")
     p.add_argument("--max-words", type=int, default=10)
     p.add_argument("--no-stages", dest="stages", action="store_false")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     reports = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        count = args.utterances if batch > 1 else max(8, args.utterances // 4)
+        count = args.utterances if batch > 1 else max(8, args.utterances // 16)
         reports.append(measure(args, batch, segments(args.text, args.max_words, count)))
         Path(args.out).write_bytes(orjson.dumps({"max_words": args.max_words, "reports": reports}, option=orjson.OPT_INDENT_2))
     return 0
