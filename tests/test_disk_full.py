@@ -72,12 +72,14 @@ def temporaries(out: Path) -> list[str]:
     return sorted(str(p.relative_to(out)) for p in out.rglob(".*") if ".tmp" in p.name or p.name.startswith(".plan-"))
 
 
-def test_full_disk_stops_the_run_cleanly_and_the_same_command_finishes(tmp_path, small_input, small_disk):
+@pytest.mark.parametrize("workers", [1, 2])  # with 2, the slot also stops a worker that may be mid-write
+def test_full_disk_stops_the_run_cleanly_and_the_same_command_finishes(tmp_path, small_input, small_disk, workers):
     out, log, filler = small_disk / "out", tmp_path / "log", small_disk / "filler"
     plan(small_input, out)
     fill(filler, leave=1_000_000)  # room for a few utterances of the 28
 
-    stopped = run_all("--input", small_input, "--output-dir", out, "--log-dir", log, *RUN_ARGS, env=script_env(**ENV))
+    args = ("--input", small_input, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1", "--workers", workers, *PLAN_ARGS)
+    stopped = run_all(*args, env=script_env(**ENV))
     assert stopped.returncode == 1, stopped.stderr
     assert stopped.stderr.split("\n") == [disk_full_line(out), ""]
     spoken = work_rows(out, "manifest")
@@ -93,7 +95,7 @@ def test_full_disk_stops_the_run_cleanly_and_the_same_command_finishes(tmp_path,
 
     before = {row["id"]: (row["run"], (out / row["audio"]).stat().st_mtime_ns) for row in spoken}
     filler.unlink()
-    again = run_all("--input", small_input, "--output-dir", out, "--log-dir", log, *RUN_ARGS, env=script_env(**ENV))
+    again = run_all(*args, env=script_env(**ENV))
     assert again.returncode == 0, again.stderr
     rows = {row["id"]: row for row in assert_complete(out)}
     for uid, (run, stamp) in before.items():  # kept, not spoken again
