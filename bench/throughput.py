@@ -101,6 +101,8 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
            "--set", f"tts.cosyvoice.batch_size={setting.batch}",
            "--set", f"text.max_words={args.max_words}", "--set", f"workers.rebuild_every={args.rebuild_every}",
            "--set", f"shards.segments_per_shard={args.segments_per_shard}"]
+    for item in args.set:
+        cmd += ["--set", item]
     sampler = Sampler(args.gpu)
     sampler.start()
     started = time.time()
@@ -239,6 +241,7 @@ def main() -> int:
     p.add_argument("--rebuild-every", type=int, default=100)
     p.add_argument("--segments-per-shard", type=int, default=20)
     p.add_argument("--work", default="/tmp/convtts-bench")
+    p.add_argument("--set", action="append", default=[], help="group.key=value for every setting's run_all.sh")
     p.add_argument("--out", required=True, help="prefix for the .json and .png results")
     args = p.parse_args()
     settings = [Setting.parse(s) for s in args.settings]
