@@ -17,7 +17,7 @@ from soak import SoakOptions, soak, summary_lines  # noqa: E402 - bench/ is not 
 
 
 def test_eight_random_kills_then_a_rerun_leave_every_utterance_once(tmp_path):
-    figures = soak(SoakOptions(kills=8, seed=7, window=(2.0, 6.0), segments_per_kill=3, work_dir=tmp_path))
+    figures = soak(SoakOptions(kills=8, seed=7, window=(2.0, 6.0), segments_per_kill=8, work_dir=tmp_path))
     print("\n".join(summary_lines(figures)))  # shown when the test fails
 
     assert figures["problems"] == []
