@@ -94,11 +94,17 @@ class BatchEngine:
         self.kv: list[torch.Tensor] = []
         self.rows: list[Row] = []
         self.failed_early: list[Request] = []
+        self.decoded: list[Row] = []  # rows whose decode ended, waiting for the flow
         self.sampler = Sampler(self.llm)
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.min_ratio = float(bounds["min_token_text_ratio"].default)
         self.max_ratio = float(bounds["max_token_text_ratio"].default)
+
+    @property
+    def flow_rows(self) -> int:
+        """The flow runs once this many rows are decoded (or nothing else is left to decode)."""
+        return max(1, self.max_rows // 2)
 
     # -- the public call ---------------------------------------------------------------------
     def speak(self, requests, speed: float = 1.0):
@@ -116,20 +122,33 @@ class BatchEngine:
                 self._fill(waiting, source)
                 yield from self._take_failed()
                 if not waiting and not self.rows:
-                    break
+                    if not self.decoded:
+                        break
+                    yield from self._flush(waiting, speed)  # may queue the requests' next chunks
+                    continue
                 logp = self._admit(waiting, logp)
                 finished = self._sample(logp)
-                done = [row for row in self.rows if row in finished]
+                self.decoded += [row for row in self.rows if row in finished]
                 self._drop(finished)
                 logp = self._step() if self.rows else None
-                self._vocode([row for row in done if row.request.error is None and row.kept], speed)
-                for row in done:
-                    if not row.kept and row.request.error is None:
-                        row.request.error = RuntimeError("the LLM produced no speech tokens")
-                    if self._chain(row, waiting):
-                        yield row.request
+                if len(self.decoded) >= self.flow_rows:
+                    yield from self._flush(waiting, speed)
                 yield from self._take_failed()
-        self.kv, self.rows = [], []
+        self.kv, self.rows, self.decoded = [], [], []
+
+    def _flush(self, waiting: deque, speed: float):
+        """Flow and vocoder for the decoded rows together; yield the requests that are complete.
+
+        Rows finish their decode a few at a time; gathering them first lets one flow pass serve
+        many (on an H200 the flow of rows vocoded as they finished took 60% of the time).
+        """
+        rows, self.decoded = self.decoded, []
+        self._vocode([row for row in rows if row.request.error is None and row.kept], speed)
+        for row in rows:
+            if not row.kept and row.request.error is None:
+                row.request.error = RuntimeError("the LLM produced no speech tokens")
+            if self._chain(row, waiting):
+                yield row.request
 
     def _take_failed(self) -> list[Request]:
         failed, self.failed_early = self.failed_early, []
