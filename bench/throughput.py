@@ -75,7 +75,8 @@ class Sampler(threading.Thread):
             now = _cpu_times()
             busy = 1 - (now[1] - last[1]) / max(now[0] - last[0], 1)
             last = now
-            self.samples.append({"t": time.time(), "gpu_used_mb": _gpu_used_mb(self.gpu), "cpu_busy": round(busy, 3)})
+            used, util = _gpu_state(self.gpu)
+            self.samples.append({"t": time.time(), "gpu_used_mb": used, "gpu_busy": util, "cpu_busy": round(busy, 3)})
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -83,13 +84,15 @@ def _cpu_times() -> tuple[int, int]:
     return sum(fields), fields[3] + fields[4]
 
 
-def _gpu_used_mb(gpu: str) -> int | None:
+def _gpu_state(gpu: str) -> tuple[int | None, float | None]:
+    """Whole-GPU memory used (MiB) and the share of the last sample period a kernel ran (0-1)."""
     try:
-        out = subprocess.run(["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-        return int(out.strip())
+        out = subprocess.run(["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used,utilization.gpu",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        used, util = (x.strip() for x in out.strip().split(","))
+        return int(used), int(util) / 100
     except (OSError, ValueError, subprocess.SubprocessError):
-        return None
+        return None, None
 
 
 def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
@@ -186,9 +189,11 @@ def memory_report(rows: list[dict], samples: list[dict]) -> dict:
         }
     used = [s["gpu_used_mb"] for s in samples if s["gpu_used_mb"] is not None]
     cpu = [s["cpu_busy"] for s in samples]
+    busy = [s["gpu_busy"] for s in samples if s.get("gpu_busy") is not None]
     return {"workers": workers, "gpu_used_mb_max": max(used) if used else None,
             "gpu_used_mb_series": [[round(s["t"], 1), s["gpu_used_mb"]] for s in samples[::5]],
-            "cpu_busy_mean": round(sum(cpu) / len(cpu), 3) if cpu else None}
+            "cpu_busy_mean": round(sum(cpu) / len(cpu), 3) if cpu else None,
+            "gpu_busy_mean": round(sum(busy) / len(busy), 3) if busy else None}
 
 
 def slot_logs(logs: Path) -> list[Path]:
@@ -269,13 +274,13 @@ def gpu_name(gpu: str) -> str:
 
 
 def print_table(reports: list[dict]) -> None:
-    print("| setting | workers | batch | MPS | precision | audio s/s | RTF | utt/hour | GPU MiB/worker (max) | CPU busy | exit |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| setting | workers | batch | MPS | precision | audio s/s | RTF | utt/hour | GPU MiB/worker (max) | GPU busy | CPU busy | exit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         s, mem = r["setting"], r["memory"]
         per_worker = max((w["gpu_mb_max"] for w in mem["workers"].values()), default=None)
         print(f"| {s['name']} | {s['workers']} | {s.get('batch', 1)} | {s['mps']} | {s['precision']} | {r.get('audio_seconds_per_second')} | "
-              f"{r.get('real_time_factor')} | {r.get('utterances_per_hour')} | {per_worker} | {mem['cpu_busy_mean']} | {r['exit_code']} |")
+              f"{r.get('real_time_factor')} | {r.get('utterances_per_hour')} | {per_worker} | {mem.get('gpu_busy_mean')} | {mem['cpu_busy_mean']} | {r['exit_code']} |")
 
 
 if __name__ == "__main__":
