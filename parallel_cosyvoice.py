@@ -49,11 +49,12 @@ def main(argv=None) -> int:
         fail(f"unknown shards: {unknown[:5]}")
     prepare_environment(args.device)
 
-    from convtts.slot import Slot, SlotOptions, SlotStopped
-    from convtts.tuning import choose_workers
+    from convtts.slot import Slot, SlotOptions, SlotStopped, batch_rows
+    from convtts.tuning import choose_workers, worker_gpu_mb
 
     requested = args.workers or config.workers.per_slot
-    workers = choose_workers(requested, args.device, args.slots_on_node or args.world, config.workers.gpu_mb_per_worker)
+    per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, batch_rows(config))
+    workers = choose_workers(requested, args.device, args.slots_on_node or args.world, per_worker)
     slot = Slot(layout, config, shards, SlotOptions(args.rank, workers, args.run_id, args.log_dir))
     try:
         return slot.run()

@@ -142,6 +142,7 @@ class TTSConfig:
 class WorkerConfig:
     per_slot: int = 0  # worker processes per device slot; 0 chooses from cores and GPU memory
     gpu_mb_per_worker: int = 2600  # a worker's peak GPU memory, for that choice (measure yours)
+    gpu_mb_per_row: int = 500  # and each batch row past the first (tts.cosyvoice.batch_size)
     rebuild_every: int = 500  # rebuild the TTS model after this many utterances (0: never)
     max_rss_mb: int = 0  # rebuild when the worker's resident memory passes this (0: off)
     max_gpu_mb: int = 0  # rebuild when the worker's GPU memory passes this (0: off)
@@ -153,8 +154,8 @@ class WorkerConfig:
     def check(self) -> None:
         if self.per_slot < 0 or self.rebuild_every < 0 or self.max_rss_mb < 0 or self.max_gpu_mb < 0:
             raise ConfigError("workers.* counts and limits must not be negative")
-        if self.gpu_mb_per_worker < 1:
-            raise ConfigError("workers.gpu_mb_per_worker must be at least 1")
+        if self.gpu_mb_per_worker < 1 or self.gpu_mb_per_row < 0:
+            raise ConfigError("workers.gpu_mb_per_worker must be at least 1 and workers.gpu_mb_per_row not negative")
         if self.gpu_memory not in ("allocated", "reserved"):
             raise ConfigError(f"workers.gpu_memory must be allocated or reserved, got {self.gpu_memory!r}")
         if self.max_attempts < 1:

@@ -22,6 +22,14 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def worker_gpu_mb(base: int, per_row: int, rows: int) -> int:
+    """A worker's peak GPU memory: the model's, plus each batch row past the first (KV cache, flow)."""
+    peak = base + max(0, rows - 1) * per_row
+    if rows > 1:
+        log.info("a worker of %d rows needs about %d MiB of GPU memory (%d + %d rows x %d)", rows, peak, base, rows - 1, per_row)
+    return peak
+
+
 def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int) -> int:
     """The worker count for one slot, with its reasons logged. `requested` > 0 wins."""
     if requested > 0:

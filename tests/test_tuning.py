@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,19 @@ def test_unreadable_gpu_memory_means_one_worker(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         assert choose_workers(0, "cuda", 1, 2600) == 1
     assert "could not read free GPU memory" in caplog.text
+
+
+def test_a_batched_worker_counts_its_rows_and_the_log_says_so(caplog):
+    from convtts.tuning import worker_gpu_mb
+
+    caplog.set_level("INFO")
+    assert worker_gpu_mb(2600, 500, 1) == 2600 and "rows" not in caplog.text
+    assert worker_gpu_mb(2600, 500, 32) == 2600 + 31 * 500
+    assert "a worker of 32 rows needs about 18100 MiB" in caplog.text
+    # the shipped GPU config on an H200 (143,156 MiB free) gives the 7 workers its README run measured
+    from convtts.config import load_config
+    from convtts.slot import batch_rows
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml", ["tts.cosyvoice.model_dir=m"])
+    w = config.workers
+    assert int(143156 * 0.9 // worker_gpu_mb(w.gpu_mb_per_worker, w.gpu_mb_per_row, batch_rows(config))) == 7
