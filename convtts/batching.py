@@ -69,6 +69,14 @@ def run_batch(worker, shard: str, queue: deque) -> None:
         log.warning("CUDA out of memory with %d utterances in flight; now %d rows", len(in_flight), rows)
         for item in in_flight.values():
             retry_or_fail(worker, shard, item, exc, queue)
+    except Exception as exc:  # the batch as a whole broke: no single utterance is known to be at fault
+        from convtts.shardio import is_disk_full
+
+        if is_disk_full(exc):
+            raise
+        log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
+        for item in in_flight.values():
+            worker.speak(shard, item.segment, item.attempt)  # this attempt counts, as a crash would
 
 
 def finish(worker, shard: str, item: Attempt, result, queue: deque) -> None:

@@ -189,13 +189,17 @@ class Config:
     def check(self) -> None:
         for group in dataclasses.fields(self):
             getattr(self, group.name).check()
-        if self.tts.backend != "cosyvoice":  # piper, or a custom backend built on its voices
-            missing = [v for v in self.speakers.voices if v not in self.tts.piper.voices]
-            if missing:
-                raise ConfigError(
-                    f"speakers.voices {missing} are not defined in tts.piper.voices "
-                    f"(defined: {sorted(self.tts.piper.voices)})"
-                )
+        if self.tts.backend == "piper":  # a custom backend's own check() says which voices it has
+            check_piper_voices(self)
+
+
+def check_piper_voices(config: "Config") -> None:
+    missing = [v for v in config.speakers.voices if v not in config.tts.piper.voices]
+    if missing:
+        raise ConfigError(
+            f"speakers.voices {missing} are not defined in tts.piper.voices "
+            f"(defined: {sorted(config.tts.piper.voices)})"
+        )
 
 
 # Groups that decide the plan; changing any of them makes an existing plan stale.

@@ -85,6 +85,19 @@ def test_run_all_speaks_batched(tmp_path, model_dir):
         assert np.abs(audio.astype(int) - solo.astype(int)).max() <= 650, row["id"]  # 0.02 of full scale
 
 
+def test_a_broken_batch_is_spoken_one_at_a_time(tmp_path, model_dir):
+    source = write_input(tmp_path / "in.json", llava_conversations(1))
+    out, log = tmp_path / "out", tmp_path / "log"
+    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *cosyvoice_args(
+        model_dir, "--set", "tts.backend=broken_batch_backend:BrokenBatchCosyVoice", "--set", "tts.cosyvoice.batch_size=4",
+        "--workers", "1"))
+    assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
+    rows = assert_complete(out)
+    worker_log = "".join(p.read_text() for p in log.rglob("slot-*-worker-*.log"))
+    assert "a batch failed (RuntimeError: shared decode step broke (test)); speaking its" in worker_log
+    assert any(r["attempts"] == 2 for r in rows) and not (out / "failures.jsonl").read_text().strip()
+
+
 def as_written(samples) -> np.ndarray:
     """The int16 samples a WAV written by the pipeline holds for these float samples."""
     buffer = io.BytesIO()

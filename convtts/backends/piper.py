@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from convtts.backends.base import SynthesisError
-from convtts.config import Config, ConfigError, PiperConfig
+from convtts.config import Config, ConfigError, PiperConfig, check_piper_voices
 
 
 def voice_files(piper: PiperConfig) -> tuple[Path, Path]:
@@ -27,7 +27,8 @@ def voice_files(piper: PiperConfig) -> tuple[Path, Path]:
 
 
 def check(config: Config) -> None:
-    """Fail before any worker starts if the voice files or the piper package are missing."""
+    """Fail before any worker starts if a speaker, the voice files or the piper package are missing."""
+    check_piper_voices(config)  # for backends built on Piper's voices, which use this check too
     try:
         importlib.import_module("piper")
     except ImportError:

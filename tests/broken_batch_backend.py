@@ -1,0 +1,26 @@
+"""A test backend: the real CosyVoice backend whose first batched decode step in each process breaks.
+
+It stands for a fault no single utterance owns (a kernel error in the shared step): the worker
+must speak that batch's utterances one at a time and lose none of them.
+"""
+from convtts.backends import cosyvoice
+from convtts.backends.cosyvoice import CosyVoiceBackend, check  # noqa: F401  (check is picked up below)
+from convtts.backends.cosyvoice_batch import BatchEngine
+
+_broken = {"done": False}
+
+
+class BreaksOnce(BatchEngine):
+    def _step(self):
+        if not _broken["done"] and len(self.rows) > 1:
+            _broken["done"] = True
+            raise RuntimeError("shared decode step broke (test)")
+        return super()._step()
+
+
+class BrokenBatchCosyVoice(CosyVoiceBackend):
+    check = staticmethod(cosyvoice.check)
+
+    def _engine(self):
+        engine = super()._engine()
+        return BreaksOnce(self.model, engine.max_rows) if engine is not None else None
