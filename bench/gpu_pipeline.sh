@@ -8,7 +8,7 @@
 #
 #   bash bench/gpu_pipeline.sh            # figures land in $OUT (or bench/results)
 #
-# Environment knobs (defaults in brackets): WORKERS [14], SECONDS_WINDOW [200], REBUILD_EVERY [20],
+# Environment knobs (defaults in brackets): WORKERS [8], BATCH [32: tts.cosyvoice.batch_size], SECONDS_WINDOW [200], REBUILD_EVERY [100],
 # MAX_WORDS [10], UTTERANCES [1500], MODEL_SIZE [full], WHEELS [.whl], TEXT [tests/data/llava_style.json:
 # the conversations to speak, in any input format of preprocess.py],
 # PRECISION [fp32], PROFILE_DEADLINE [330] and SEED_DEADLINE [380]: seconds since the start after
@@ -26,8 +26,8 @@ MODEL_SIZE="${MODEL_SIZE:-full}" bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$mod
 echo "setup done at $((SECONDS - started)) s"
 
 python3 bench/throughput.py --model-dir "$model" --text "$text" --work /tmp/convtts-bench \
-  --settings "pipeline:${WORKERS:-14}:on:${PRECISION:-fp32}" --utterances "${UTTERANCES:-1500}" \
-  --max-words "${MAX_WORDS:-10}" --rebuild-every "${REBUILD_EVERY:-20}" --segments-per-shard 20 \
+  --settings "pipeline:${WORKERS:-8}:on:${PRECISION:-fp32}:${BATCH:-32}" --utterances "${UTTERANCES:-9000}" \
+  --max-words "${MAX_WORDS:-10}" --rebuild-every "${REBUILD_EVERY:-100}" --segments-per-shard 200 \
   --seconds "${SECONDS_WINDOW:-200}" --out "$out/pipeline"
 echo "pipeline done at $((SECONDS - started)) s"
 logs=(/tmp/convtts-bench/pipeline-log/*/*/slot-0.log)
