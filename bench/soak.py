@@ -38,9 +38,10 @@ from convtts.verify import check_complete, temporary_files  # noqa: E402
 
 DEFAULT_INPUT = REPO / "tests" / "data" / "llava_style.json"
 KINDS = ("run", "slot", "worker")
-# Planned segments per requested kill. On 2 cores a run speaks only a few between two kills (restarts
-# and dead slots included), so the kills come well before the end and the last runs still have work.
-SEGMENTS_PER_KILL = 6
+# Planned segments per requested kill. Since workers pull small pieces, 2 cores speak about 2.7
+# segments a second through the kills (restarts included): at 6 per kill, 100 kills ran out of work
+# after 27. At 30 the kills all land well before the end and the last runs still have work.
+SEGMENTS_PER_KILL = 30
 STRAY_TIMEOUT = 30.0  # seconds for a killed run's processes to be gone (workers die with their slot)
 
 
