@@ -12,6 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from convtts.shardio import is_disk_full
+
 log = logging.getLogger(__name__)
 
 
@@ -21,6 +23,7 @@ class Attempt:
     attempt: int  # the number of the attempt under way
     errors: list[str] = field(default_factory=list)
     started: float = 0.0
+    seed: int = 0
 
 
 def can_batch(backend) -> bool:
@@ -57,9 +60,9 @@ def run_batch(worker, shard: str, queue: deque) -> None:
             item = queue.popleft()
             uid = item.segment["id"]
             in_flight[uid] = item
-            item.started = time.time()
+            item.started, item.seed = time.time(), utterance_seed(seed_base, uid)
             worker.send("start", uid)
-            yield uid, item.segment["text"], item.segment["speaker"], utterance_seed(seed_base, uid)
+            yield uid, item.segment["text"], item.segment["speaker"], item.seed
 
     try:
         for uid, result in worker.backend.synthesize_many(feed()):
@@ -70,8 +73,6 @@ def run_batch(worker, shard: str, queue: deque) -> None:
         for item in in_flight.values():
             retry_or_fail(worker, shard, item, exc, queue)
     except Exception as exc:  # the batch as a whole broke: no single utterance is known to be at fault
-        from convtts.shardio import is_disk_full
-
         if is_disk_full(exc):
             raise
         log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
@@ -80,32 +81,28 @@ def run_batch(worker, shard: str, queue: deque) -> None:
 
 
 def finish(worker, shard: str, item: Attempt, result, queue: deque) -> None:
-    from convtts.utterance import check_audio, manifest_row, write_audio
-    from convtts.worker import utterance_seed
+    from convtts.utterance import keep_audio
 
     if isinstance(result, BaseException):
         retry_or_fail(worker, shard, item, result, queue)
         return
     try:
-        check_audio(result)
-    except Exception as exc:
+        row = keep_audio(worker, shard, item.segment, result, item.attempt, item.seed, item.started)
+    except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
+        if is_disk_full(exc):
+            raise
         retry_or_fail(worker, shard, item, exc, queue)
         return
-    segment, backend = item.segment, worker.backend
-    rel = write_audio(worker.layout, shard, segment["id"], result, backend.sample_rate, worker.config.output)
-    seed = utterance_seed(worker.config.workers.seed, segment["id"])
-    row = manifest_row(segment, worker, rel, result, item.attempt, seed, time.time() - item.started)
-    worker.record(shard, segment["id"], row, None)
+    worker.record(shard, item.segment["id"], row, None)
 
 
 def retry_or_fail(worker, shard: str, item: Attempt, exc: BaseException, queue: deque) -> None:
     """Another attempt in a later batch, or the failure row once attempts run out."""
-    from convtts.utterance import failure_row
+    from convtts.utterance import failure_row, note_error
 
     uid = item.segment["id"]
     limit = worker.config.workers.max_attempts
-    item.errors.append(f"{type(exc).__name__}: {exc}")
-    log.warning("%s attempt %d/%d failed: %s", uid, item.attempt, limit, item.errors[-1])
+    note_error(uid, item.attempt, limit, exc, item.errors)
     if item.attempt < limit:
         item.attempt += 1
         queue.append(item)

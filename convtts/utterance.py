@@ -32,17 +32,27 @@ def synthesize_with_retries(worker, shard: str, segment: dict, crashes: int):
         try:
             started = time.time()
             audio = worker.backend.synthesize(segment["text"], segment["speaker"], seed)
-            check_audio(audio)
-            rel = write_audio(worker.layout, shard, uid, audio, worker.backend.sample_rate, config.output)
-            return manifest_row(segment, worker, rel, audio, attempt, seed, time.time() - started), None
+            return keep_audio(worker, shard, segment, audio, attempt, seed, started), None
         except Exception as exc:  # any error is this utterance's, never the shard's...
             if is_disk_full(exc):
                 raise  # ...except a full disk: no utterance is at fault, the run stops (worker.serve)
-            errors.append(f"{type(exc).__name__}: {exc}")
-            log.warning("%s attempt %d/%d failed: %s", uid, attempt, config.workers.max_attempts, errors[-1])
+            note_error(uid, attempt, config.workers.max_attempts, exc, errors)
             if _is_out_of_memory(exc):
                 worker.build("out of GPU memory")
     return None, failure_row(segment, worker, errors, config.workers.max_attempts)
+
+
+def keep_audio(worker, shard: str, segment: dict, audio, attempt: int, seed: int, started: float) -> dict:
+    """Check the audio, write it atomically and return its manifest row; raises if the audio is bad."""
+    check_audio(audio)
+    rel = write_audio(worker.layout, shard, segment["id"], audio, worker.backend.sample_rate, worker.config.output)
+    return manifest_row(segment, worker, rel, audio, attempt, seed, time.time() - started)
+
+
+def note_error(uid: str, attempt: int, limit: int, exc: BaseException, errors: list[str]) -> None:
+    """Add a failed attempt's error to the utterance's list, and log it."""
+    errors.append(f"{type(exc).__name__}: {exc}")
+    log.warning("%s attempt %d/%d failed: %s", uid, attempt, limit, errors[-1])
 
 
 def _is_out_of_memory(exc: Exception) -> bool:

@@ -197,14 +197,11 @@ class CosyVoiceBackend:
         soon as it is final. A CUDA out-of-memory raises OutOfMemory: items handed over and not yet
         yielded are the caller's to retry.
         """
-        from convtts.backends.cosyvoice_batch import Request, is_out_of_memory
-
-        keys = {}
+        from convtts.backends.cosyvoice_batch import Request
 
         def requests():
-            for index, (key, text, speaker, seed) in enumerate(items):
-                keys[index] = key
-                request = Request(index, [], seed)
+            for key, text, speaker, seed in items:
+                request = Request(key, [], seed)
                 try:
                     request.chunks = self._chunks(text, speaker)
                 except Exception as exc:  # the frontend refused this text: this utterance only
@@ -213,7 +210,7 @@ class CosyVoiceBackend:
 
         try:
             for request in self.engine.speak(requests(), speed=self.cosy.speed):
-                yield keys.pop(request.index), self._result(request)
+                yield request.key, self._result(request)
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise OutOfMemory(f"CUDA out of memory: {exc}") from exc

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from convtts.backends.cosyvoice import is_out_of_memory
+
 log = logging.getLogger(__name__)
 
 SAMPLING_K = 25  # upstream's default `sampling` argument of TransformerLM.inference
@@ -32,8 +34,8 @@ MAX_SILENT = 5  # upstream keeps at most this many silent tokens in a row
 
 @dataclass(eq=False)
 class Request:
-    """One utterance: its frontend inputs (one dict per text chunk) and its seed."""
-    index: int
+    """One utterance: the caller's key for it, its frontend inputs (one dict per text chunk), its seed."""
+    key: object
     chunks: list[dict]
     seed: int
     generator: torch.Generator = None  # this utterance's own random stream (CPU)
@@ -435,10 +437,6 @@ def length_groups(rows: list[Row]) -> list[list[Row]]:
         else:
             groups.append([row])
     return groups
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
 def flow_batch(flow, rows: list[Row], device) -> list[torch.Tensor]:
