@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download, on a machine with PyPI, the wheels a bare GPU machine (Python 3.12, the image described in
 # docs/PERFORMANCE.md: torch, torchaudio, transformers, onnxruntime already there) lacks for the
-# CosyVoice path; bench/gpu_setup.sh installs them there. About 24 MiB. Checked on 2026-11-23 against
+# CosyVoice path (v1, v2 and v3); bench/gpu_setup.sh installs them there. About 24 MiB. Checked on 2026-11-23 against
 # an emulation of that image (torch/torchaudio 2.11.0, transformers 5.17.0, huggingface_hub 1.33.0).
 #   bash bench/fetch_wheels.sh [DIR]      (default .whl, ignored by git)
 set -euo pipefail
@@ -14,6 +14,7 @@ binary=(
   hydra-core==1.3.8 librosa==1.0.0 audioread==3.1.0 soxr==1.1.0 pooch==1.9.0 platformdirs==4.14.7
   decorator==5.3.1 wetext==0.1.8 kaldifst==1.8.3 contractions==0.1.73 textsearch==0.0.24 anyascii==0.3.3
   pyahocorasick==2.3.1 modelscope==1.34.0 gdown==6.5.1 beautifulsoup4==4.15.0 soupsieve==4.1.2
+  x-transformers==2.11.24 einx==0.4.3 loguru==0.7.3 frozendict==2.5.1  # CosyVoice3's DiT flow
 )
 # Published as source only: pure Python, built into wheels here.
 source_only=(antlr4-python3-runtime==4.9.3 openai-whisper==20250625 wget==3.2)

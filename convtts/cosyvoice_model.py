@@ -256,14 +256,16 @@ def campplus_graph(rng: np.random.Generator):
     return _model(graph)
 
 
-def speech_tokenizer_graph(rng: np.random.Generator):
+def speech_tokenizer_graph(rng: np.random.Generator, vocab: int = SPEECH_VOCAB, step: int = 2,
+                           name: str = "speech_tokenizer_v1"):
     """Stand-in tokenizer: whisper log-mel `feats` [1, 128, T] at 100 Hz, `feats_length` [1] ->
-    `indices` [1, ceil(T/2)] int32 codes at 50 Hz (every other frame, projected, argmax)."""
+    `indices` [1, ceil(T/step)] int32 codes (every step-th frame, projected, argmax): 50 Hz for
+    v1 (step 2), 25 Hz for v2 and v3 (step 4)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    weight = numpy_helper.from_array((rng.standard_normal((128, SPEECH_VOCAB)) * 0.1).astype(np.float32), "codebook")
+    weight = numpy_helper.from_array((rng.standard_normal((128, vocab)) * 0.1).astype(np.float32), "codebook")
     consts = [numpy_helper.from_array(np.array([v], dtype=np.int64), n)
-              for n, v in (("start", 0), ("end", 2**62), ("axis", 1), ("step", 2))]
+              for n, v in (("start", 0), ("end", 2**62), ("axis", 1), ("step", step))]
     nodes = [
         helper.make_node("Transpose", ["feats"], ["frames"], perm=[0, 2, 1]),
         helper.make_node("Slice", ["frames", "start", "end", "axis", "step"], ["half"]),
@@ -272,7 +274,7 @@ def speech_tokenizer_graph(rng: np.random.Generator):
         helper.make_node("Cast", ["codes"], ["indices"], to=TensorProto.INT32),
     ]
     graph = helper.make_graph(
-        nodes, "speech_tokenizer_v1_standin",
+        nodes, f"{name}_standin",
         [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
          helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
         [helper.make_tensor_value_info("indices", TensorProto.INT32, [1, "U"])],
@@ -320,20 +322,58 @@ def decode_settings(tokens_per_text_token: float | None, eos_bias: str | None) -
 def build_model_dir(
     out: str | Path, size: str = "tiny", speakers: Iterable[str] = SPEAKERS,
     tokens_per_text_token: float | None = None, eos_bias: str | None = None, seed: int = 0,
+    version: int = 1, runtime_root: str = "",
 ) -> Path:
     """Write the model directory and return its path; nothing is downloaded.
 
-    Default decoding: exactly 14 speech tokens per text token (see decode_settings).
+    Default decoding: exactly 14 speech tokens per text token for v1 (50 Hz), 7 for v2 and v3
+    (25 Hz); see decode_settings. v3 needs a checkout of the official runtime (`runtime_root` or
+    $COSYVOICE_ROOT): no installable package has its classes.
     """
-    import torch
-    from hyperpyyaml import load_hyperpyyaml
-
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    pin, shift, exact = decode_settings(tokens_per_text_token, eos_bias)
+    if version not in (1, 2, 3):
+        raise ValueError(f"version must be 1, 2 or 3, got {version!r}")
     speakers = list(dict.fromkeys(speakers))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    runtime = _import_runtime(runtime_root, version)
+    if version == 1:
+        pin, shift, exact = decode_settings(tokens_per_text_token, eos_bias)
+        built = _build_v1(out, size, speakers, pin, shift, seed)
+    else:
+        from convtts import cosyvoice_model_qwen as qwen
+
+        if eos_bias not in (None, "none"):
+            raise ValueError("eos_bias high/low is for v1 models; pin v2/v3 with tokens_per_text_token")
+        exact = None if eos_bias == "none" else float(tokens_per_text_token or qwen.DEFAULT_TOKENS_PER_TEXT_TOKEN)
+        built = qwen.build_qwen_model_dir(out, version, size, speakers, exact, seed)
+        shift = None
+    info = {
+        "generator": "convtts.cosyvoice_model", "version": 1, "model_version": version, "size": size,
+        "seed": seed, "speakers": speakers, "tokens_per_text_token": exact, "eos_bias": eos_bias,
+        "eos_logit_shift": shift, "runtime": runtime, **built,
+    }
+    (out / INFO_FILE).write_text(json.dumps(info, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
+def _import_runtime(runtime_root: str, version: int) -> str:
+    """Import the runtime the yaml's classes come from (a checkout for v3); returns where it is."""
+    from convtts.config import CosyVoiceConfig
+    from convtts.cosyvoice_runtime import _origin, import_runtime
+
+    module = import_runtime(CosyVoiceConfig(runtime_root=runtime_root))
+    if version == 3 and not hasattr(module, "CosyVoice3"):
+        raise ValueError(f"the CosyVoice runtime at {_origin(module)} has no CosyVoice3: "
+                         "give --runtime-root (or $COSYVOICE_ROOT) a checkout of the official repository")
+    return _origin(sys.modules["cosyvoice"])
+
+
+def _build_v1(out: Path, size: str, speakers: list[str], pin: float | None, shift: float, seed: int) -> dict:
+    import torch
+    from hyperpyyaml import load_hyperpyyaml
+
     # Built under our seed; the yaml written beside the weights keeps the released model's
     # seed lines (every load resets the global seeds to 1986, as upstream does).
     modules = load_hyperpyyaml(render_yaml(size, pin, seed=seed))
@@ -349,27 +389,26 @@ def build_model_dir(
     (out / "campplus.onnx").write_bytes(campplus_graph(rng).SerializeToString())
     (out / "speech_tokenizer_v1.onnx").write_bytes(speech_tokenizer_graph(rng).SerializeToString())
     (out / "cosyvoice.yaml").write_text(render_yaml(size, pin), encoding="utf-8")
-    info = {
-        "generator": "convtts.cosyvoice_model", "version": 1, "size": size, "seed": seed, "speakers": speakers,
-        "tokens_per_text_token": exact, "eos_bias": eos_bias, "eos_logit_shift": shift,
-        "parameters": {name: sum(p.numel() for p in modules[name].parameters()) for name in ("llm", "flow", "hift")},
-    }
-    (out / INFO_FILE).write_text(json.dumps(info, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    return out
+    return {"parameters": {name: sum(p.numel() for p in modules[name].parameters()) for name in ("llm", "flow", "hift")}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m convtts.cosyvoice_model", description=__doc__.split("\n\n")[0],
-        epilog="Audio length with a pin of N: per text chunk of T tokens, int(int(T*N) / 50 * 22050 / 256) * 256 samples.",
+        epilog="Audio length with a pin of N, per text chunk of T tokens: v1 int(int(T*N) / 50 * 22050 / 256) * 256 "
+               "samples at 22050 Hz; v2 and v3 int(T*N) * 960 samples at 24000 Hz.",
     )
     parser.add_argument("--out", required=True, help="directory to write (created; files overwritten)")
+    parser.add_argument("--version", type=int, choices=(1, 2, 3), default=1,
+                        help="1: CosyVoice-300M-SFT layout; 2: CosyVoice2-0.5B; 3: Fun-CosyVoice3-0.5B (needs a checkout)")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
-                        help="tiny: 32 wide, 1 block, loads in about a second; full: CosyVoice-300M shapes")
-    parser.add_argument("--speakers", default=",".join(SPEAKERS), help="comma-separated names for spk2info.pt")
+                        help="tiny: a few channels, 1 block, loads in seconds; full: the released shapes")
+    parser.add_argument("--speakers", default=None,
+                        help="comma-separated names for spk2info.pt (default: the SFT names for v1, none for v2/v3)")
+    parser.add_argument("--runtime-root", default="", help="a CosyVoice checkout (default $COSYVOICE_ROOT, else the installed package)")
     decode = parser.add_mutually_exclusive_group()
     decode.add_argument("--tokens-per-text-token", type=float, default=None, metavar="N",
-                        help=f"exactly N speech tokens per text token (default {DEFAULT_TOKENS_PER_TEXT_TOKEN})")
+                        help=f"exactly N speech tokens per text token (default {DEFAULT_TOKENS_PER_TEXT_TOKEN} for v1, 7 for v2/v3)")
     decode.add_argument("--eos-bias", choices=("high", "low", "none"), default=None,
                         help="upstream's bounds instead: high stops at the minimum (2 per text token), "
                              "low runs to the maximum (20), none lets the random model stop where it does")
@@ -377,10 +416,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tokens_per_text_token is not None and args.tokens_per_text_token <= 0:
         parser.error("--tokens-per-text-token must be positive")
-    speakers = [s.strip() for s in args.speakers.split(",") if s.strip()]
-    if not speakers:
+    if args.speakers is None:
+        speakers = list(SPEAKERS) if args.version == 1 else []
+    else:
+        speakers = [s.strip() for s in args.speakers.split(",") if s.strip()]
+    if args.version == 1 and not speakers:
         parser.error("--speakers names no speaker")
-    out = build_model_dir(args.out, args.size, speakers, args.tokens_per_text_token, args.eos_bias, args.seed)
+    try:
+        out = build_model_dir(args.out, args.size, speakers, args.tokens_per_text_token, args.eos_bias,
+                              args.seed, args.version, args.runtime_root)
+    except ValueError as exc:
+        parser.error(str(exc))
     print(json.dumps(model_info(out), ensure_ascii=False))
     return 0
 

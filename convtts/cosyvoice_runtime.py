@@ -215,8 +215,71 @@ def load_model(cosy: CosyVoiceConfig):
     module.snapshot_download = _refuse_download
     _quiet_progress(module)
     _share_text_normalizers()
+    if version >= 2:
+        _load_backbone_in_fp32()
+        _read_prompts_with_soundfile()
     model_dir = str(Path(cosy.model_dir).resolve())
-    return cls(model_dir, **constructor_kwargs(cls, cosy))
+    model = cls(model_dir, **constructor_kwargs(cls, cosy))
+    log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
+    return model
+
+
+def _load_backbone_in_fp32() -> None:
+    """Load the Qwen2 backbone (CosyVoice-BlankEN) in fp32, as transformers 4 did.
+
+    transformers 5 loads a checkpoint in the dtype it was saved in: bf16 for the released
+    CosyVoice-BlankEN. upstream then copies llm.pt into those bf16 parameters (rounding them) and
+    runs them beside fp32 modules, which fails ("mat1 and mat2 must have the same dtype").
+    upstream's own fp16 option still casts the llm after this.
+    """
+    import torch
+    import transformers
+
+    llm_module = importlib.import_module("cosyvoice.llm.llm")
+    qwen = getattr(llm_module, "Qwen2ForCausalLM", None)
+    if qwen is None or getattr(qwen, "convtts_fp32", False):
+        return
+    keyword = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+
+    class Qwen2ForCausalLMInFp32(qwen):
+        convtts_fp32 = True
+
+        @classmethod
+        def from_pretrained(cls, *args, **kwargs):
+            if "dtype" not in kwargs and "torch_dtype" not in kwargs:
+                kwargs[keyword] = torch.float32
+            return qwen.from_pretrained(*args, **kwargs)
+
+    llm_module.Qwen2ForCausalLM = Qwen2ForCausalLMInFp32
+
+
+def _read_prompts_with_soundfile() -> None:
+    """Read prompt recordings with soundfile where upstream's torchaudio.load cannot.
+
+    The official frontend reads a zero-shot prompt through torchaudio.load, which torchaudio 2.9
+    and later route through torchcodec, absent on the GPU machines we know. Same result: the
+    channels averaged, resampled to the rate asked for.
+    """
+    frontend = sys.modules.get("cosyvoice.cli.frontend")
+    upstream = getattr(frontend, "load_wav", None)
+    if upstream is None or getattr(upstream, "convtts_soundfile", False):
+        return
+
+    def load_wav(wav, target_sr, min_sr=16000):
+        import soundfile
+        import torch
+        import torchaudio.functional
+
+        samples, rate = soundfile.read(wav, dtype="float32", always_2d=True)
+        speech = torch.from_numpy(samples.mean(axis=1)).unsqueeze(0)
+        if rate != target_sr:
+            if rate < min_sr:
+                raise ValueError(f"{wav}: sample rate {rate} is below {min_sr}")
+            speech = torchaudio.functional.resample(speech, rate, target_sr)
+        return speech
+
+    load_wav.convtts_soundfile = True
+    frontend.load_wav = load_wav
 
 
 def _quiet_progress(module) -> None:

@@ -13,6 +13,10 @@ from convtts.verify import check_complete
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
+# A checkout of the official CosyVoice runtime, for the tests that ask for it by name
+# (tests/test_cosyvoice_v2_v3.py); every other test, and every run they start, uses the installed
+# package whatever the environment says.
+COSYVOICE_CHECKOUT = os.environ.pop("COSYVOICE_ROOT", "")
 
 
 def llava_conversations(images: int | None = None) -> list[dict]:

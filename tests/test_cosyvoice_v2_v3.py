@@ -1,0 +1,149 @@
+"""CosyVoice2 and CosyVoice3 through the real runtime: random models of the released layout, zero-shot voices.
+
+v2 runs through the installed package (cosyvoice2-eu) and through a checkout of the official
+repository; v3 only through a checkout, since no package bundles it. The checkout is the one
+$COSYVOICE_ROOT names (CI points it at ../shared/runtime/CosyVoice when that is there).
+"""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from conftest import COSYVOICE_CHECKOUT as CHECKOUT
+from conftest import REPO, assert_complete, run_all, script_env, write_input
+from convtts.cosyvoice_model_qwen import SAMPLE_RATE, expected_samples
+
+RATIO = 3  # speech tokens per text token: short audio keeps the test fast
+NO_CHECKOUT = ("needs a checkout of the official CosyVoice repository (with third_party/Matcha-TTS): "
+               "COSYVOICE_ROOT=/path/to/CosyVoice make test")
+PROMPT_TEXT = "Hello, this is a short prompt for a new voice."
+INSTRUCTION = "You are a helpful assistant.<|endofprompt|>"  # CosyVoice3 asks for it in every prompt
+CONVERSATION = {"id": "dog", "conversations": [
+    {"from": "human", "value": "Describe the picture in a few words."},
+    {"from": "gpt", "value": "A brown dog runs across a green field. A small child follows it with a red ball."},
+    {"from": "human", "value": "What colour is the ball?"},
+]}
+
+
+def runtime_env(runtime: str) -> dict:
+    env = script_env()
+    if runtime == "checkout":
+        if not CHECKOUT:
+            pytest.skip(NO_CHECKOUT)
+        env["COSYVOICE_ROOT"] = CHECKOUT
+    return env
+
+
+def write_model(path, version: int, runtime: str):
+    env = runtime_env(runtime)
+    done = subprocess.run(
+        [sys.executable, "-m", "convtts.cosyvoice_model", "--version", str(version), "--size", "tiny",
+         "--out", str(path), "--tokens-per-text-token", str(RATIO)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return path
+
+
+@pytest.fixture(scope="module")
+def v2_model(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("cv2") / "CosyVoice2-tiny", 2, "installed")
+
+
+@pytest.fixture(scope="module")
+def v3_model(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("cv3") / "CosyVoice3-tiny", 3, "checkout")
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    """Two prompt recordings spoken by the default Piper voice (22050 Hz, as a user's file would be)."""
+    from convtts.backends.piper import PiperBackend
+    from convtts.config import load_config
+
+    folder = tmp_path_factory.mktemp("prompts")
+    piper = PiperBackend(load_config(None))
+    for name, speaker in (("anna", "joe"), ("ben", "joe-slow")):
+        sf.write(folder / f"{name}.wav", piper.synthesize(PROMPT_TEXT, speaker, 0), piper.sample_rate)
+    piper.close()
+    return folder
+
+
+def overrides(model, prompts, version: int) -> list[str]:
+    text = (INSTRUCTION if version == 3 else "") + PROMPT_TEXT
+    return [f"tts.cosyvoice.model_dir={model}", "text.max_words=12", "workers.rebuild_every=2",
+            *(f'tts.cosyvoice.prompts.{name}={{audio: "{prompts / (name + ".wav")}", text: "{text}"}}'
+              for name in ("anna", "ben"))]
+
+
+@pytest.mark.parametrize("version, runtime", [(2, "installed"), (2, "checkout"), (3, "checkout")],
+                         ids=["v2-installed", "v2-checkout", "v3-checkout"])
+def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, runtime):
+    env = runtime_env(runtime)
+    model = request.getfixturevalue(f"v{version}_model")
+    config = REPO / "configs" / f"cosyvoice{version}.yaml"
+    settings = overrides(model, prompts, version)
+    source = write_input(tmp_path / "in.json", [CONVERSATION])
+    out, log = tmp_path / "out", tmp_path / "log"
+    args = [arg for item in settings for arg in ("--set", item)]
+    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, "--config", config,
+                     "--gpus", "cpu:1", "--workers", "1", *args, env=env, timeout=900)
+    logs = "".join(p.read_text() for p in log.rglob("*.log"))
+    assert result.returncode == 0, result.stderr + logs[-5000:]
+    rows = assert_complete(out)
+    assert len(rows) == 4 and {r["sample_rate"] for r in rows} == {SAMPLE_RATE}
+    assert {r["speaker"] for r in rows} == {"anna", "ben"}  # one prompted voice per side
+
+    # the runtime asked for is the one the workers loaded
+    where = CHECKOUT if runtime == "checkout" else "site-packages"
+    loads = [line for line in logs.splitlines() if f"loaded CosyVoice{version} " in line]
+    assert len(loads) >= 2 and all(where in line for line in loads), loads
+
+    # rebuilds every 2 utterances land mid-shard (4 utterances, one shard)
+    assert sum("(every 2 utterances)" in line for line in logs.splitlines()) >= 1
+    assert sorted(r["since_build"] for r in rows) == [0, 0, 1, 1]
+
+    # Spoken again in a fresh process by a model never rebuilt: same seed, same audio; lengths as
+    # pinned (RATIO speech tokens per text token, 960 samples per speech token).
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (tmp_path / "settings.json").write_text(json.dumps({"config": str(config), "overrides": settings}))
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "cosyvoice_probe.py"), str(tmp_path / "settings.json"),
+                           str(tmp_path / "rows.json"), str(probe)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((probe / "report.json").read_text())
+    assert where in report["runtime"]
+    assert report["endofprompt_id"] == 151646  # the id CosyVoice3 checks for, as in the released tokenizer
+    for row in rows:
+        tokens = report["rows"][row["id"]]
+        assert row["num_samples"] == sum(expected_samples(int(t * RATIO)) for t in tokens), (row["id"], tokens)
+        written, _ = sf.read(out / row["audio"], dtype="int16")
+        assert np.array_equal(written, as_written(np.load(probe / f"{row['id']}.npy"))), row["id"]
+
+
+def test_v2_directory_has_the_released_layout(v2_model):
+    names = {p.name for p in v2_model.iterdir()}
+    assert {"cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx",
+            "CosyVoice-BlankEN", "convtts_model.json"} <= names
+    blank = {p.name for p in (v2_model / "CosyVoice-BlankEN").iterdir()}
+    assert {"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json"} <= blank
+    config = json.loads((v2_model / "CosyVoice-BlankEN" / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["vocab_size"] == 151936
+    assert (config.get("dtype") or config.get("torch_dtype")) == "bfloat16"  # as released
+    info = json.loads((v2_model / "convtts_model.json").read_text())
+    assert info["model_version"] == 2 and info["tokens_per_text_token"] == RATIO
+
+
+def as_written(samples) -> np.ndarray:
+    """The int16 samples a WAV written by the pipeline holds for these float samples."""
+    buffer = io.BytesIO()
+    sf.write(buffer, np.clip(samples, -1.0, 1.0), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    buffer.seek(0)
+    return sf.read(buffer, dtype="int16")[0]
