@@ -123,7 +123,7 @@ def merge_shard(layout, shard, run_id, totals: Totals, manifest, failures) -> di
         uid = segment["id"]
         totals.segments += 1
         if uid in done:
-            row = done[uid]
+            row = with_source_text(done[uid], segment)
             manifest.write(orjson.dumps(row) + b"\n")
             totals.done += 1
             totals.audio_seconds += row["duration"]
@@ -142,6 +142,13 @@ def merge_shard(layout, shard, run_id, totals: Totals, manifest, failures) -> di
             failures.write(orjson.dumps(pending) + b"\n")
             totals.pending += 1
     return audio_by_turn
+
+
+def with_source_text(row: dict, segment: dict) -> dict:
+    """The turn's source text on its first segment's row alone, as the plan holds it (rows spoken
+    under plan version 1 carry it on every segment)."""
+    source = segment.get("source_text")
+    return row if row.get("source_text") == source else {**row, "source_text": source}
 
 
 def with_audio(item: dict, turns: dict) -> dict:
