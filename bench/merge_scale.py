@@ -150,8 +150,10 @@ def main() -> int:
                   "merges": [timed_merge(layout.root, "--no-audio-check")]}
         if args.audio == "distinct":
             result["merges"].append(timed_merge(layout.root))
-            extra = result["merges"][1]["wall_s"] - result["merges"][0]["wall_s"]
-            result["audio_check_ms_per_file"] = round(extra / rows * 1000, 4)
+            unchecked, checked = result["merges"]
+            cpu = (checked["user_s"] + checked["sys_s"]) - (unchecked["user_s"] + unchecked["sys_s"])
+            result["audio_check_ms_per_file"] = round((checked["wall_s"] - unchecked["wall_s"]) / rows * 1000, 4)
+            result["audio_check_cpu_ms_per_file"] = round(cpu / rows * 1000, 4)
         result.update(sizes(layout), old_glob=old_glob_seconds(layout), cpu_count=os.cpu_count(),
                       load_average=os.getloadavg())
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import soundfile as sf
 
-from convtts.layout import Layout
+from convtts.layout import Layout, WorkListing
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +217,10 @@ def shard_complete(layout: Layout, shard: str) -> bool:
     return isinstance(stats, dict) and stats.get("failed", 1) == 0 and stats.get("pending", 1) == 0
 
 
-def shard_complete_and_whole(layout: Layout, shard: str) -> bool:
+def shard_complete_and_whole(layout: Layout, shard: str, listing: WorkListing | None = None) -> bool:
     """shard_complete, and nothing since damaged: every planned id has a row whose audio is whole,
-    and no manifest line is garbage. A rerun opens any shard that fails this; the log says why."""
+    and no manifest line is garbage. A rerun opens any shard that fails this; the log says why.
+    `listing`: work/ listed once for all the shards a caller checks (a glob each is quadratic)."""
     stats = layout.stats(shard)
     if stats.exists() and not isinstance(read_json(stats), dict):
         log.warning("%s: stats file %s does not parse; opening the shard again", shard, stats)
@@ -227,7 +228,7 @@ def shard_complete_and_whole(layout: Layout, shard: str) -> bool:
     if not shard_complete(layout, shard):
         return False
     problems: list[str] = []
-    done = load_done(layout, shard, problems)
+    done = load_done(layout, shard, problems, paths=listing.manifests(shard) if listing else None)
     missing = [row["id"] for row in read_jsonl(layout.shard_file(shard)) if row["id"] not in done]
     if missing or problems:
         log.warning("%s was marked done, but %d of its utterances are not whole and %d problems were found "
