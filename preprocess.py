@@ -13,7 +13,9 @@ from convtts.backends import check_backend
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
 from convtts.layout import Layout
-from convtts.plan import make_plan, missing_plan_files, plan_is_fresh, plan_matches
+from convtts.plan import (
+    PLAN_VERSION, earlier_version_with_same_ids, make_plan, missing_plan_files, plan_is_fresh, plan_matches,
+)
 from convtts.reader import InputError
 from convtts.shardio import disk_full_text, is_disk_full, write_atomic
 
@@ -83,7 +85,12 @@ def update_plan(source: Path, layout: Layout, config, force: bool) -> None:
     if missing:
         log.warning("plan files missing: %s; remaking the plan from %s: the same input and settings give the "
                     "same shards, so the work spoken for them is kept", ", ".join(p.name for p in missing), source)
-    print(describe(build(source, layout, config, force, same_plan=bool(missing))))
+    older = earlier_version_with_same_ids(source, layout, config)
+    if older is not None:
+        log.warning("the plan in %s is in the format of plan version %d; remaking it in version %d from %s: "
+                    "the ids are the same, so the work spoken for them is kept", layout.plan_dir, older,
+                    PLAN_VERSION, source)
+    print(describe(build(source, layout, config, force, same_plan=bool(missing) or older is not None)))
 
 
 def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = False) -> dict:

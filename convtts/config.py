@@ -120,7 +120,12 @@ class CosyVoiceConfig:
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
 
 
-BACKENDS = ("piper", "cosyvoice")
+@dataclass(frozen=True)
+class SilenceConfig:
+    sample_rate: int = 22050  # the benchmarking backend's rate; its lengths follow text.words_per_minute
+
+
+BACKENDS = ("piper", "cosyvoice", "silence")
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class TTSConfig:
     backend: str = "piper"
     piper: PiperConfig = field(default_factory=PiperConfig)
     cosyvoice: CosyVoiceConfig = field(default_factory=CosyVoiceConfig)
+    silence: SilenceConfig = field(default_factory=SilenceConfig)
 
     def check(self) -> None:
         if self.backend not in BACKENDS and ":" not in self.backend:

@@ -1,6 +1,7 @@
 """Where everything lives inside an output directory: the one place that names its files."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -71,6 +72,36 @@ class Layout:
 
     def slot_status(self, rank: int) -> Path:
         return self.slots_dir / f"slot-{rank}.json"
+
+
+class WorkListing:
+    """work/ listed once, by shard, for a reader of every shard (merge): a glob per shard lists the
+    whole directory each time, which is quadratic (a million conversations make 64,670 shards and
+    twice as many work files or more). The same answers as Layout.manifests and failure_files."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.names: dict[str, list[str]] = {}
+        try:
+            entries = [e.name for e in os.scandir(layout.work_dir)]
+        except FileNotFoundError:
+            entries = []
+        for name in entries:
+            if name.startswith("shard-"):  # hidden temporaries start with a dot, as glob skips them
+                self.names.setdefault(name.partition(".")[0], []).append(name)
+
+    def manifests(self, shard: str) -> list[Path]:
+        return self._files(shard, self.layout.manifest(shard), ".manifest.jsonl")
+
+    def failure_files(self, shard: str) -> list[Path]:
+        return self._files(shard, self.layout.failures(shard), ".failures.jsonl")
+
+    def _files(self, shard: str, legacy: Path, suffix: str) -> list[Path]:
+        # writers' files are {shard}.{writer}{suffix}; the legacy one is {shard}{suffix}
+        names = self.names.get(shard, [])
+        writers = [self.layout.work_dir / n for n in names if n.endswith(suffix) and n != legacy.name
+                   and len(n) >= len(shard) + 1 + len(suffix)]
+        return _existing(legacy, writers) if legacy.name in names else sorted(writers)
 
 
 def _existing(legacy: Path, writers) -> list[Path]:

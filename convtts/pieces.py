@@ -18,7 +18,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from convtts.layout import Layout
+from convtts.layout import Layout, WorkListing
 from convtts.shardio import (
     append_line, crash_counts, drop_torn_tail, load_done, read_jsonl, read_rows_checked, write_atomic,
     write_json_atomic,
@@ -101,11 +101,11 @@ class ShardWork:
 class WorkQueue:
     """The pending shards of one slot, opened as workers need work, and the pieces handed out."""
 
-    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int):
+    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int, listing: WorkListing | None = None):
         self.layout, self.run_id, self.workers = layout, run_id, workers
         self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
         self.waiting = deque(shards)
-        self.estimates = {s: estimate_pending(layout, s) for s in shards}
+        self.estimates = {s: estimate_pending(layout, s, listing) for s in shards}
         self.total = sum(self.estimates.values())  # utterances to speak in this run, exact once all are open
         self.open: dict[str, ShardWork] = {}
 
@@ -217,9 +217,9 @@ def open_manifests(layout: Layout, shard: str) -> dict[str, dict]:
     return done
 
 
-def estimate_pending(layout: Layout, shard: str) -> int:
+def estimate_pending(layout: Layout, shard: str, listing: WorkListing | None = None) -> int:
     """Ids of a shard not yet in a manifest, by counting lines (opening the shard gives the exact figure)."""
-    spoken = sum(_count_lines(path) for path in layout.manifests(shard))
+    spoken = sum(_count_lines(path) for path in (listing or layout).manifests(shard))
     return max(_count_lines(layout.shard_file(shard)) - spoken, 0)
 
 

@@ -24,7 +24,11 @@ from convtts.textclean import clean, split_segments
 
 log = logging.getLogger(__name__)
 
-PLAN_VERSION = 1  # bump when cleaning or splitting changes, so that old plans read as stale
+PLAN_VERSION = 2  # bump when the plan's files or the cleaning and splitting change: old plans read as stale
+# Plans from this version on give the same ids for the same input and settings, so remaking one of
+# them keeps the spoken work (2: source_text only on a turn's first segment). Raise it to
+# PLAN_VERSION when a change gives different ids or texts.
+SAME_IDS_SINCE = 1
 PROGRESS_EVERY = 100_000
 MAX_ID_CHARS = 96  # room for '-000-00.flac' and a duplicate suffix within any file-name limit
 ROLES = {
@@ -162,11 +166,14 @@ def plan_conversation(cid: str, record: dict, config: Config) -> tuple[list[dict
             continue
         speaker = turn_voice(cid, turn, side, voices, config.speakers)
         for number, piece in enumerate(split_segments(text, config.text.max_words)):
-            segments.append({
+            segment = {
                 "id": f"{cid}-{turn:03d}-{number:02d}", "conversation_id": cid, "source_id": record.get("id"),
                 "turn": turn, "segment": number, "role": role, "side": side, "speaker": speaker,
                 "text": piece, "source_text": source, "words": len(piece.split()),
-            })
+            }
+            if number:  # the turn's text once, on its first segment: the plan grows with the text
+                del segment["source_text"]
+            segments.append(segment)
     return segments, skipped
 
 
@@ -279,10 +286,10 @@ def input_info(path: str | Path) -> dict:
     return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def fingerprint(input_path: str | Path, config: Config, info: dict | None = None) -> str:
+def fingerprint(input_path: str | Path, config: Config, info: dict | None = None, version: int = PLAN_VERSION) -> str:
     """What the plan depends on: the input file's identity and the config groups in PLAN_GROUPS."""
     groups = to_dict(config)
-    data = {"version": PLAN_VERSION, "input": info or input_info(input_path),
+    data = {"version": version, "input": info or input_info(input_path),
             "config": {g: groups[g] for g in PLAN_GROUPS}}
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -298,6 +305,19 @@ def plan_matches(input_path: str | Path, layout: Layout, config: Config) -> bool
         return plan.get("fingerprint") == fingerprint(input_path, config)
     except InputError:
         return False
+
+
+def earlier_version_with_same_ids(input_path: str | Path, layout: Layout, config: Config) -> int | None:
+    """The version of a plan made from this input and settings by an earlier convtts whose ids and
+    texts are ours (SAME_IDS_SINCE), or None: remaking such a plan keeps the spoken work."""
+    plan = _read_plan(layout)
+    version = plan.get("version")
+    if not isinstance(version, int) or not SAME_IDS_SINCE <= version < PLAN_VERSION:
+        return None
+    try:
+        return version if plan.get("fingerprint") == fingerprint(input_path, config, version=version) else None
+    except InputError:
+        return None
 
 
 def missing_plan_files(layout: Layout) -> list[Path]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import soundfile as sf
 
-from convtts.layout import Layout
+from convtts.layout import Layout, WorkListing
 
 log = logging.getLogger(__name__)
 
@@ -139,22 +139,24 @@ def read_json(path: Path):
         return None
 
 
-def load_done(layout: Layout, shard: str, problems: list[str] | None = None) -> dict[str, dict]:
+def load_done(layout: Layout, shard: str, problems: list[str] | None = None, paths: list[Path] | None = None,
+              check_audio: bool = True) -> dict[str, dict]:
     """Manifest rows of a shard by id whose audio is whole (audio_problem).
 
-    The rows come from every writer's file; an id spoken twice (its worker died between the row and
-    its report, and the id was spoken again) keeps its latest row, which matches the audio on disk.
-    Lines that are not rows, and rows whose audio is not whole, are left out and said in `problems`.
+    The rows come from every writer's file (`paths`, else listed here); an id spoken twice (its
+    worker died between the row and its report, and the id was spoken again) keeps its latest row,
+    which matches the audio on disk. Lines that are not rows, and rows whose audio is not whole, are
+    left out and said in `problems`. `check_audio` False trusts the rows (merge --no-audio-check).
     """
     rows = []
-    for path in layout.manifests(shard):
+    for path in layout.manifests(shard) if paths is None else paths:
         good, bad = read_rows_checked(path)
         rows += good
         if problems is not None:
             problems += [f"{path} line {number} is not a manifest row; dropped" for number in bad]
     done = {}
     for uid, row in latest_by_id(rows).items():
-        problem = audio_problem(layout, row)
+        problem = audio_problem(layout, row) if check_audio else None
         if problem is None:
             done[uid] = row
         elif problems is not None:
@@ -184,9 +186,10 @@ def audio_problem(layout: Layout, row: dict) -> str | None:
     return None
 
 
-def load_failures(layout: Layout, shard: str) -> dict[str, dict]:
-    """The latest failure row per id, from every writer's failures file of the shard."""
-    return latest_by_id(row for path in layout.failure_files(shard) for row in read_jsonl(path))
+def load_failures(layout: Layout, shard: str, paths: list[Path] | None = None) -> dict[str, dict]:
+    """The latest failure row per id, from every writer's failures file of the shard (`paths`, else listed here)."""
+    paths = layout.failure_files(shard) if paths is None else paths
+    return latest_by_id(row for path in paths for row in read_jsonl(path))
 
 
 def latest_by_id(rows) -> dict[str, dict]:
@@ -214,9 +217,10 @@ def shard_complete(layout: Layout, shard: str) -> bool:
     return isinstance(stats, dict) and stats.get("failed", 1) == 0 and stats.get("pending", 1) == 0
 
 
-def shard_complete_and_whole(layout: Layout, shard: str) -> bool:
+def shard_complete_and_whole(layout: Layout, shard: str, listing: WorkListing | None = None) -> bool:
     """shard_complete, and nothing since damaged: every planned id has a row whose audio is whole,
-    and no manifest line is garbage. A rerun opens any shard that fails this; the log says why."""
+    and no manifest line is garbage. A rerun opens any shard that fails this; the log says why.
+    `listing`: work/ listed once for all the shards a caller checks (a glob each is quadratic)."""
     stats = layout.stats(shard)
     if stats.exists() and not isinstance(read_json(stats), dict):
         log.warning("%s: stats file %s does not parse; opening the shard again", shard, stats)
@@ -224,7 +228,7 @@ def shard_complete_and_whole(layout: Layout, shard: str) -> bool:
     if not shard_complete(layout, shard):
         return False
     problems: list[str] = []
-    done = load_done(layout, shard, problems)
+    done = load_done(layout, shard, problems, paths=listing.manifests(shard) if listing else None)
     missing = [row["id"] for row in read_jsonl(layout.shard_file(shard)) if row["id"] not in done]
     if missing or problems:
         log.warning("%s was marked done, but %d of its utterances are not whole and %d problems were found "

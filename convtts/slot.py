@@ -10,7 +10,7 @@ from multiprocessing.connection import wait
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
-from convtts.layout import Layout
+from convtts.layout import Layout, WorkListing
 from convtts.pieces import Piece, WorkQueue, preview_cuts
 from convtts.progress import SlotProgress
 from convtts.shardio import (
@@ -59,11 +59,13 @@ class Slot:
     full_disk: str | None = None  # what could not be written: the run stops
 
     def run(self) -> int:
-        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s)]  # logs any damage
+        # work/ listed once: a glob per shard is quadratic, and nothing writes to these shards yet
+        listing = WorkListing(self.layout)
+        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing)]  # logs any damage
         if not todo:
             log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
             return EXIT_OK
-        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers)
+        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing)
         if not self.work.total:
             self.work.open_until_pending()  # every id has a row: the shards may need only their stats
         # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.

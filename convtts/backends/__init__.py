@@ -1,6 +1,7 @@
 """TTS backends behind one interface; `check_backend` runs before any worker, `build_backend` inside each.
 
-`tts.backend` is `piper`, `cosyvoice`, or `package.module:Class` for a backend of your own: a class
+`tts.backend` is `piper`, `cosyvoice`, `silence` (benchmarking: silence of the planned length), or
+`package.module:Class` for a backend of your own: a class
 taking the Config, with the Backend attributes and methods, and optionally a `check(config)` static
 method that raises ConfigError before any worker starts.
 """
@@ -16,6 +17,7 @@ __all__ = ["Backend", "SynthesisError", "build_backend", "check_backend"]
 BUILT_IN = {
     "piper": ("convtts.backends.piper", "PiperBackend"),
     "cosyvoice": ("convtts.backends.cosyvoice", "CosyVoiceBackend"),
+    "silence": ("convtts.backends.silence", "SilenceBackend"),
 }
 
 

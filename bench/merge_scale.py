@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""The final merge at scale: a real plan of N generated LLaVA-like conversations, synthetic work files
+shaped like the workers' (every field of a manifest row, one writer file and a stats file per shard),
+then `python -m convtts.merge` under /usr/bin/time -v: wall time, peak RSS, output sizes.
+
+Audio: `--audio shared` points every row at one of four real WAV files (12M real files do not fit
+a small disk), and merge runs with --no-audio-check, so the figure is the row handling alone;
+`--audio distinct` writes one real short WAV per row and merges twice, with and without the check,
+which gives the check's cost per file. The glob per shard that merge used to do is timed on the
+finished work/ directory, for the old figure.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import soundfile as sf
+
+from preprocess_bench import generate  # bench/ is on sys.path
+from sample_text import DEFAULT_TEXT
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from convtts.layout import Layout  # noqa: E402
+from convtts.utterance import MANIFEST_FIELDS  # noqa: E402
+
+RATE = 22050
+SHARED_SECONDS = (2.0, 5.0, 9.0, 14.0)  # the shared files' lengths; rows take them in turn
+
+
+def make_plan(root: Path, conversations: int) -> Path:
+    source, out = root / "conversations.json", root / "out"
+    generate(source, conversations, False, 0, DEFAULT_TEXT)
+    subprocess.run([sys.executable, str(REPO / "preprocess.py"), "--input", str(source), "--output-dir", str(out),
+                    "--set", "tts.backend=silence"], check=True, stdout=subprocess.DEVNULL)
+    source.unlink()  # merge never reads the input; the disk needs the room
+    return out
+
+
+def shared_audio(layout: Layout) -> list[tuple[str, int]]:
+    folder = layout.audio_root / "shared"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for n, seconds in enumerate(SHARED_SECONDS):
+        path = folder / f"{n}.wav"
+        sf.write(path, np.zeros(int(seconds * RATE), np.float32), RATE, subtype="PCM_16")
+        files.append((str(path.relative_to(layout.root)), int(seconds * RATE)))
+    return files
+
+
+def row(segment: dict, audio: str, samples: int, number: int) -> bytes:
+    """A manifest row with the fields and value shapes utterance.manifest_row writes."""
+    out = {k: segment.get(k) for k in MANIFEST_FIELDS}
+    out.update(audio=audio, duration=round(samples / RATE, 4), num_samples=samples, sample_rate=RATE,
+               backend="silence", status="ok", attempts=1, seed=1234567890 + number, synthesis_seconds=0.0123,
+               run="20261123T130000-12345", worker="slot0-w0", pid=12345, finished=1795000000.0 + number / 1000,
+               rss_mb=412.3, gpu_mb=0.0, since_build=number % 500)
+    return orjson.dumps(out) + b"\n"
+
+
+def write_work(layout: Layout, distinct: bool) -> int:
+    """Work files for every planned segment; returns the rows written."""
+    layout.work_dir.mkdir(parents=True, exist_ok=True)
+    shared = None if distinct else shared_audio(layout)
+    silence = np.zeros(int(0.5 * RATE), np.float32)
+    total = 0
+    for shard in layout.shard_names():
+        lines = []
+        for number, segment in enumerate(map(orjson.loads, layout.shard_file(shard).read_bytes().splitlines())):
+            if shared:
+                audio, samples = shared[total % len(shared)]
+            else:
+                folder = layout.audio_dir(shard)
+                folder.mkdir(parents=True, exist_ok=True)
+                sf.write(folder / f"{segment['id']}.wav", silence, RATE, subtype="PCM_16")
+                audio, samples = f"audio/{shard}/{segment['id']}.wav", len(silence)
+            lines.append(row(segment, audio, samples, total))
+            total += 1
+        layout.manifest(shard, "w0").write_bytes(b"".join(lines))
+        layout.stats(shard).write_bytes(orjson.dumps({"shard": shard, "segments": len(lines), "done": len(lines),
+                                                      "failed": 0, "pending": 0}))
+    return total
+
+
+def timed_merge(out: Path, *flags: str) -> dict:
+    """/usr/bin/time -v of the real merge: wall seconds, peak RSS, CPU."""
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "convtts.merge", str(out), *flags]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    report = result.stderr
+
+    def field(name: str) -> str:
+        match = re.search(rf"{re.escape(name)}: (.+)", report)
+        return match.group(1).strip() if match else ""
+
+    minutes, _, seconds = field("Elapsed (wall clock) time (h:mm:ss or m:ss)").rpartition(":")
+    wall = float(seconds) + sum(float(p) * 60 ** (i + 1) for i, p in enumerate(reversed(minutes.split(":"))) if p)
+    return {"flags": list(flags), "rc": result.returncode, "wall_s": round(wall, 1),
+            "peak_rss_mb": round(int(field("Maximum resident set size (kbytes)") or 0) / 1024, 1),
+            "user_s": float(field("User time (seconds)") or 0), "sys_s": float(field("System time (seconds)") or 0),
+            "stdout": result.stdout.strip()}
+
+
+def old_glob_seconds(layout: Layout, samples: int = 50) -> dict:
+    """What the glob per shard (twice a shard) that merge did before WorkListing costs on this work/."""
+    shards = layout.shard_names()
+    picked = shards[:: max(len(shards) // samples, 1)][:samples]
+    started = time.perf_counter()
+    for shard in picked:
+        glob.glob(str(layout.work_dir / f"{shard}.*.manifest.jsonl"))
+        glob.glob(str(layout.work_dir / f"{shard}.*.failures.jsonl"))
+    per_shard = (time.perf_counter() - started) / len(picked)
+    return {"work_files": len(os.listdir(layout.work_dir)), "per_shard_s": round(per_shard, 4),
+            "all_shards_s": round(per_shard * len(shards), 1)}
+
+
+def sizes(layout: Layout) -> dict:
+    def total(path: Path) -> int:
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    return {"plan_bytes": total(layout.plan_dir), "work_bytes": total(layout.work_dir),
+            "manifest_bytes": total(layout.manifest_file), "conversations_bytes": total(layout.conversations_file),
+            "failures_bytes": total(layout.failures_file)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=1_000_000)
+    parser.add_argument("--audio", choices=("shared", "distinct"), default="shared")
+    parser.add_argument("--workdir", default="/tmp")
+    parser.add_argument("--out", help="write the figures here as JSON")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="convtts-merge-", dir=args.workdir))
+    try:
+        started = time.perf_counter()
+        layout = Layout(make_plan(root, args.conversations))
+        plan = orjson.loads(layout.plan_file.read_bytes())
+        rows = write_work(layout, args.audio == "distinct")
+        result = {"conversations": args.conversations, "segments": plan["segments"], "shards": len(plan["shards"]),
+                  "rows": rows, "audio": args.audio, "setup_s": round(time.perf_counter() - started, 1),
+                  "merges": [timed_merge(layout.root, "--no-audio-check")]}
+        if args.audio == "distinct":
+            result["merges"].append(timed_merge(layout.root))
+            unchecked, checked = result["merges"]
+            cpu = (checked["user_s"] + checked["sys_s"]) - (unchecked["user_s"] + unchecked["sys_s"])
+            result["audio_check_ms_per_file"] = round((checked["wall_s"] - unchecked["wall_s"]) / rows * 1000, 4)
+            result["audio_check_cpu_ms_per_file"] = round(cpu / rows * 1000, 4)
+        result.update(sizes(layout), old_glob=old_glob_seconds(layout), cpu_count=os.cpu_count(),
+                      load_average=os.getloadavg())
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+        if args.out:
+            Path(args.out).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        return 0 if all(m["rc"] == 0 for m in result["merges"]) else 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

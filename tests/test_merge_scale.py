@@ -1,0 +1,58 @@
+"""Merge lists work/ once for all shards (the same files as a glob per shard) and can skip the audio check."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import orjson
+
+from conftest import llava_conversations, read_jsonl, run_all, script_env, write_input
+from convtts.layout import Layout, WorkListing
+
+
+def silence_run(tmp_path):
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    out = tmp_path / "out"
+    result = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "2",
+                     "--set", "tts.backend=silence", "--set", "shards.segments_per_shard=8",
+                     "--log-dir", tmp_path / "log")
+    assert result.returncode == 0, result.stderr
+    return Layout(out)
+
+
+def merge(out, *flags):
+    return subprocess.run([sys.executable, "-m", "convtts.merge", str(out), *flags], env=script_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_one_listing_finds_what_a_glob_per_shard_finds(tmp_path):
+    layout = silence_run(tmp_path)
+    shards = layout.shard_names()
+    work = layout.work_dir
+    # an older output's single-writer files, another writer's files, and what must not count
+    shutil.copy(next(iter(layout.manifests(shards[0]))), layout.manifest(shards[0]))
+    (work / f"{shards[1]}.w7.failures.jsonl").write_bytes(b"")
+    (work / f"{shards[1]}.failures.jsonl").write_bytes(b"")
+    (work / f".{shards[1]}.w0.manifest.jsonl.tmp999").write_bytes(b"")
+    (work / f"{shards[2]}.w0.manifest.jsonl.rewrite").write_bytes(b"")
+    listing = WorkListing(layout)
+    assert len(layout.manifests(shards[0])) >= 2 and len(layout.failure_files(shards[1])) == 2
+    for shard in [*shards, "shard-99999"]:
+        assert listing.manifests(shard) == layout.manifests(shard)
+        assert listing.failure_files(shard) == layout.failure_files(shard)
+
+
+def test_no_audio_check_counts_rows_without_opening_their_audio(tmp_path):
+    layout = silence_run(tmp_path)
+    rows = read_jsonl(layout.manifest_file)
+    (layout.root / rows[0]["audio"]).unlink()
+
+    checked = merge(layout.root)
+    assert checked.returncode == 1  # the row without audio is pending again
+    summary = orjson.loads(layout.summary_file.read_bytes())
+    assert summary["done"] == len(rows) - 1 and summary["pending"] == 1
+
+    trusted = merge(layout.root, "--no-audio-check")
+    assert trusted.returncode == 0, trusted.stderr
+    assert read_jsonl(layout.manifest_file) == rows

@@ -1,0 +1,84 @@
+"""The plan and manifest grow with the text (a turn's source text once), and outputs of plan version 1 resume."""
+from __future__ import annotations
+
+import orjson
+
+from conftest import assert_complete, llava_conversations, read_jsonl, run_all, write_input
+from convtts.config import load_config
+from convtts.layout import Layout
+from convtts.plan import PLAN_VERSION, fingerprint, make_plan
+
+SETTINGS = ("tts.backend=silence", "shards.segments_per_shard=8")
+
+
+def test_a_long_turn_is_stored_once_in_the_plan(tmp_path):
+    # One answer of 3000 words: 100 segments of 30. Repeating it on each would make the plan 50x the input.
+    answer = " ".join(f"Sentence number {i} says something plain about the picture." for i in range(300))
+    record = {"id": "long", "conversations": [{"from": "human", "value": "Describe it."},
+                                              {"from": "gpt", "value": answer}]}
+    source = write_input(tmp_path / "in.jsonl", [record], jsonl=True)
+    layout = Layout(tmp_path / "out")
+    plan = make_plan(source, layout, load_config(None))
+    rows = [row for shard in plan["shards"] for row in read_jsonl(layout.shard_file(shard))]
+    assert len(rows) > 90
+    assert [r["source_text"] for r in rows if "source_text" in r] == ["Describe it.", answer]
+    assert all(r["segment"] == 0 for r in rows if "source_text" in r)
+    plan_bytes = sum(p.stat().st_size for p in layout.shards_dir.iterdir())
+    assert plan_bytes < 4 * source.stat().st_size  # the record, its segments' text, the turn once
+
+
+def as_version_1(out, source):
+    """Rewrite an output the way convtts wrote it under plan version 1: every segment, in the plan and
+    in the work manifests, repeats its turn's source text; plan.json says version 1."""
+    layout = Layout(out)
+    turns = {}
+    for shard in layout.shard_names():
+        for item in read_jsonl(layout.shard_conversations(shard)):
+            for number, turn in enumerate(item["record"]["conversations"]):
+                turns[item["conversation_id"], number] = turn["value"]
+    files = [layout.shard_file(s) for s in layout.shard_names()] + sorted(layout.work_dir.glob("*.manifest.jsonl"))
+    for path in files:
+        rows = read_jsonl(path)
+        for row in rows:
+            row["source_text"] = turns[row["conversation_id"], row["turn"]]
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    plan = orjson.loads(layout.plan_file.read_bytes())
+    config = load_config(None, [f"{s}" for s in SETTINGS])
+    plan.update(version=1, fingerprint=fingerprint(source, config, version=1))
+    layout.plan_file.write_bytes(orjson.dumps(plan))
+    return turns
+
+
+def test_an_output_of_plan_version_1_finishes_without_redoing_spoken_work(tmp_path):
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    out = tmp_path / "out"
+    args = ["--input", source, "--output-dir", out, "--gpus", "cpu:1", "--log-dir", tmp_path / "log"]
+    for setting in SETTINGS:
+        args += ["--set", setting]
+    assert run_all(*args).returncode == 0
+    first = assert_complete(out)
+    # Half the work undone, as if the old version had been stopped midway: its rows and audio go.
+    layout = Layout(out)
+    kept = {r["id"] for r in first[::2]}
+    for path in layout.work_dir.glob("*.manifest.jsonl"):
+        rows = [r for r in read_jsonl(path) if r["id"] in kept]
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    for row in first:
+        if row["id"] not in kept:
+            (out / row["audio"]).unlink()
+    for stats in layout.work_dir.glob("*.stats.json"):
+        stats.unlink()
+    turns = as_version_1(out, source)
+    before = {p: p.stat().st_mtime_ns for p in layout.audio_root.rglob("*.wav")}
+
+    again = run_all(*args)
+    assert again.returncode == 0, again.stderr
+    rows = assert_complete(out)
+    assert orjson.loads(layout.plan_file.read_bytes())["version"] == PLAN_VERSION
+    assert {p: p.stat().st_mtime_ns for p in before} == before  # the kept audio was not spoken again
+    assert sorted(r["id"] for r in rows if r["run"] != first[0]["run"]) == sorted({r["id"] for r in first} - kept)
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["this_run"]["utterances"] == len(first) - len(kept)
+    for row in rows:  # old and new rows alike: the turn's text on its first segment only
+        expected = turns[row["conversation_id"], row["turn"]] if row["segment"] == 0 else None
+        assert row["source_text"] == expected, row["id"]
