@@ -34,6 +34,22 @@ SIZES = {
                  est_head_dim=16, est_blocks=1, est_mid_blocks=1, est_heads=2, hift=32),
 }
 
+# The flow's conditional flow matching, as every released model configures it (v2/v3: the causal class).
+CFM = """\
+    decoder: !new:cosyvoice.flow.flow_matching.{cfm_class}
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1.0e-06
+                solver: euler
+                t_scheduler: cosine
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: l1
+"""
+
 YAML = """\
 # A CosyVoice v1 (CosyVoice-300M-SFT layout) model with random weights, written by convtts.cosyvoice_model.
 # Like the released model, loading it resets the global seeds.
@@ -117,19 +133,7 @@ flow: !new:cosyvoice.flow.flow.MaskedDiffWithXvec
     length_regulator: !new:cosyvoice.flow.length_regulator.InterpolateRegulator
         channels: 80
         sampling_ratios: [1, 1, 1, 1]
-    decoder: !new:cosyvoice.flow.flow_matching.ConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1.0e-06
-                solver: euler
-                t_scheduler: cosine
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: l1
-        estimator: !new:cosyvoice.flow.decoder.ConditionalDecoder
+{cfm}        estimator: !new:cosyvoice.flow.decoder.ConditionalDecoder
             in_channels: 320
             out_channels: 80
             channels: {est_channels}
@@ -182,15 +186,15 @@ feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     center: False
 """
 
-# TransformerLM.inference takes its decode bounds as keyword defaults (2 and 20 speech tokens per
-# text token) that no config reaches; this entry replaces the bound method on the built llm by one
+# The llm's inference (TransformerLM; Qwen2LM for v2/v3) takes its decode bounds as keyword defaults
+# (2 and 20 speech tokens per text token) that no config reaches; this entry replaces the bound method on the built llm by one
 # with both bounds set to N, so every chunk decodes exactly int(text_tokens * N) speech tokens.
 PIN = """
 __pin_decode_length: !apply:setattr
     - !ref <llm>
     - inference
     - !new:functools.partial
-        - !name:cosyvoice.llm.llm.TransformerLM.inference
+        - !name:cosyvoice.llm.llm.{llm_class}.inference
             min_token_text_ratio: {ratio}
             max_token_text_ratio: {ratio}
         - !ref <llm>
@@ -199,9 +203,9 @@ __pin_decode_length: !apply:setattr
 
 def render_yaml(size: str, tokens_per_text_token: float | None, seed: int = 1986) -> str:
     """The model's cosyvoice.yaml; `tokens_per_text_token` None leaves upstream's 2..20 bounds."""
-    pin = "" if tokens_per_text_token is None else PIN.format(ratio=float(tokens_per_text_token))
+    pin = "" if tokens_per_text_token is None else PIN.format(llm_class="TransformerLM", ratio=float(tokens_per_text_token))
     return YAML.format(
-        seed=seed, sample_rate=SAMPLE_RATE, text_vocab=TEXT_VOCAB, speech_vocab=SPEECH_VOCAB,
+        seed=seed, sample_rate=SAMPLE_RATE, cfm=CFM.format(cfm_class="ConditionalCFM"), text_vocab=TEXT_VOCAB, speech_vocab=SPEECH_VOCAB,
         token_rate=TOKEN_RATE, hop=HOP, pin=pin, **SIZES[size],
     )
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from convtts.cosyvoice_model import CFM, PIN  # PIN: both decode bounds set to N, as for v1
+
 SAMPLE_RATE = 24000
 TOKEN_RATE = 25  # v2/v3 speech tokens per second
 MEL_PER_TOKEN = 2  # token_mel_ratio
@@ -79,24 +81,8 @@ llm: !new:cosyvoice.llm.llm.{llm_class}
 {pin}
 """
 
-CFM = """\
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1.0e-06
-                solver: euler
-                t_scheduler: cosine
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: l1
-"""
-
-FLOW_V2 = """\
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: 512
+# Keys both flows share (v2: CausalMaskedDiffWithXvec, v3: CausalMaskedDiffWithDiT).
+FLOW_HEAD = """\
     output_size: 80
     spk_embed_dim: !ref <spk_embed_dim>
     output_type: mel
@@ -105,6 +91,12 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
     only_mask_loss: True
     token_mel_ratio: !ref <token_mel_ratio>
     pre_lookahead_len: 3
+"""
+
+FLOW_V2 = """\
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: 512
+{head}\
     encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: 512
         attention_heads: {enc_heads}
@@ -139,14 +131,7 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
 FLOW_V3 = """\
 flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
     input_size: 80
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: mel
-    vocab_size: {speech_vocab}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
+{head}\
     pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
         in_channels: 80
         channels: {lookahead}
@@ -208,19 +193,6 @@ feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     center: False
 """
 
-# Qwen2LM.inference takes its decode bounds as keyword defaults (2 and 20 speech tokens per text
-# token); as for v1, the built llm's method is replaced by one with both bounds set to N.
-PIN = """
-__pin_decode_length: !apply:setattr
-    - !ref <llm>
-    - inference
-    - !new:functools.partial
-        - !name:cosyvoice.llm.llm.{llm_class}.inference
-            min_token_text_ratio: {ratio}
-            max_token_text_ratio: {ratio}
-        - !ref <llm>
-"""
-
 VERSIONS = {
     2: dict(llm_class="Qwen2LM", flow=FLOW_V2, hift_class="HiFTGenerator", f0_class="ConvRNNF0Predictor",
             hift_extra="", tokenizer_extra="", fmax=8000),
@@ -237,7 +209,8 @@ def render_yaml(version: int, size: str, ratio: float | None, seed: int = 1986) 
     head = HEAD.format(version=version, seed=seed, sample_rate=SAMPLE_RATE, hidden=QWEN[size]["hidden_size"],
                        token_rate=TOKEN_RATE, mel_per_token=MEL_PER_TOKEN, llm_class=parts["llm_class"],
                        speech_vocab=SPEECH_VOCAB, pin=pin)
-    flow = parts["flow"].format(cfm=CFM, speech_vocab=SPEECH_VOCAB, **FLOW[size])
+    flow = parts["flow"].format(head=FLOW_HEAD.format(speech_vocab=SPEECH_VOCAB),
+                                cfm=CFM.format(cfm_class="CausalConditionalCFM"), **FLOW[size])
     hift = HIFT.format(hop=HOP, **{k: v for k, v in parts.items() if k not in ("llm_class", "flow")}, **FLOW[size])
     return head + flow + hift
 
