@@ -1,4 +1,4 @@
-"""NeMo: a JSON-lines manifest (audio_filepath, duration, text, and the other fields as extra keys).
+"""NeMo: a JSON-lines manifest (audio_filepath, duration, text, orig_sample_rate; the other fields as extra keys).
 
 The audio stays where the output has it; audio_filepath is absolute, so the manifest works from any
 directory. Parts are parts/manifest-<unit>-<part>.json; manifest.json is all of them, made last.
@@ -27,7 +27,8 @@ class NeMo(Format):
 
 
 def nemo_line(fields: dict, audio: Path) -> list[bytes]:
-    row = {"audio_filepath": str(audio.resolve()), "duration": fields["duration"], "text": fields["text"]}
+    row = {"audio_filepath": str(audio.resolve()), "duration": fields["duration"], "text": fields["text"],
+           "orig_sample_rate": fields["sample_rate"]}  # NeMo's own key for the file's rate
     row.update((key, value) for key, value in fields.items() if key not in row and key != "audio")
     return [orjson.dumps(row) + b"\n"]
 
