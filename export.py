@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from convtts import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED, EXIT_OK
+from convtts import EXIT_DISK_FULL, EXIT_LOCKED, EXIT_OK
 from convtts.cli import fail, setup_logging
-from convtts.export.formats import FORMATS
+from convtts.export.formats import FORMATS, MissingLibrary
 from convtts.export.runner import ExportLocked, ExportOptions, export
 from convtts.export.source import SourceError
 from convtts.layout import Layout
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         result = export(layout, options)
     except SourceError as exc:
         fail(f"cannot export {layout.root}: {exc}")
+    except MissingLibrary as exc:
+        fail(str(exc))
     except ExportLocked as exc:
         fail(str(exc), EXIT_LOCKED)
     except OSError as exc:
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exported {result.rows} rows to {dest} ({args.format}): {result.files} files, "
           f"{result.written_units} units written, {result.skipped_units} already up to date; "
           f"{result.seconds:.1f} s, {rate:.0f} rows/s")
+    if result.not_spoken:
+        print(f"note: {result.not_spoken} segments of the output are failed or pending (see failures.jsonl) and "
+              "are not in the export; after run_all.sh speaks them, the same command exports them")
     return EXIT_OK
 
 

@@ -1,6 +1,7 @@
 """What every export format provides, and the table of formats by name."""
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -37,6 +38,15 @@ class Part:
             os.replace(tmp, final)
         return self.names
 
+    def discard(self) -> None:
+        """A failed write (a full disk): leave no temporary file behind."""
+        try:
+            self.close()
+        except Exception:
+            pass  # the close failed the same way; the files go anyway
+        for tmp in self.tmps:
+            tmp.unlink(missing_ok=True)
+
 
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -61,13 +71,24 @@ class Format:
         """After all units: whole-dataset files made from the parts (lhotse, NeMo)."""
 
 
-def _formats() -> dict[str, Format]:
-    from convtts.export.hf import HuggingFace
-    from convtts.export.lhotse_format import Lhotse
-    from convtts.export.nemo import NeMo
-    from convtts.export.webdataset_format import WebDataset
+# name -> module and class; a format's module is imported only when it is chosen, so that one
+# format's library (pyarrow for hf) is not needed to export another.
+FORMATS = {
+    "hf": ("convtts.export.hf", "HuggingFace"),
+    "lhotse": ("convtts.export.lhotse_format", "Lhotse"),
+    "webdataset": ("convtts.export.webdataset_format", "WebDataset"),
+    "nemo": ("convtts.export.nemo", "NeMo"),
+}
 
-    return {fmt.name: fmt for fmt in (HuggingFace(), Lhotse(), WebDataset(), NeMo())}
+
+class MissingLibrary(RuntimeError):
+    """The chosen format needs a package that is not installed."""
 
 
-FORMATS = _formats()
+def get_format(name: str) -> Format:
+    module_name, class_name = FORMATS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MissingLibrary(f"the {name} export needs {exc.name}: pip install -e '.[export]'") from None
+    return getattr(module, class_name)()

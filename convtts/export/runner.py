@@ -8,22 +8,18 @@ state, redoes the rest, and at the end removes files no unit owns (parts of an o
 from __future__ import annotations
 
 import fcntl
-import logging
-import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 from tqdm import tqdm
 
-from convtts.export.formats import FORMATS, Format
+from convtts.export.formats import FORMATS, Format, get_format
 from convtts.export.source import SourceError, Unit, check_source, export_fields, read_units
 from convtts.layout import Layout
 from convtts.shardio import read_json, write_json_atomic
-
-log = logging.getLogger(__name__)
 
 STATE_NAME = ".export-state.json"
 STATE_VERSION = 1
@@ -62,11 +58,12 @@ class Result:
     skipped_units: int = 0
     files: int = 0
     seconds: float = 0.0
+    not_spoken: int = 0  # segments the output lacks (failed or pending), from its summary
 
 
 def export(layout: Layout, options: ExportOptions) -> Result:
     check_source(layout)
-    fmt = FORMATS[options.format]
+    fmt = get_format(options.format)
     options.dest.mkdir(parents=True, exist_ok=True)
     with _locked(options.dest):
         return _export_locked(layout, options, fmt)
@@ -80,7 +77,9 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
     state["finished"] = False
     result = Result()
     seen: set[str] = set()
-    bar = tqdm(total=_expected_rows(layout), unit="rows", desc=f"export {options.format}",
+    summary = read_json(layout.summary_file) or {}
+    result.not_spoken = (summary.get("failed") or 0) + (summary.get("pending") or 0)
+    bar = tqdm(total=summary.get("done"), unit="rows", desc=f"export {options.format}",
                disable=not sys.stderr.isatty(), dynamic_ncols=True)
     with bar:
         for unit in read_units(layout, options.shard_rows):
@@ -115,17 +114,22 @@ def write_unit(layout: Layout, options: ExportOptions, fmt: Format, unit: Unit) 
     files: list[str] = []
     part = None
     number = 0
-    for row in unit.rows():
-        if part is not None and (part.rows >= options.shard_rows or part.bytes >= limit):
+    try:
+        for row in unit.rows():
+            if part is not None and (part.rows >= options.shard_rows or part.bytes >= limit):
+                files += part.commit()
+                part = None
+            if part is None:
+                part = fmt.open_part(options.dest, unit.name, number)
+                number += 1
+            audio = layout.root / row["audio"]
+            part.add(export_fields(row), audio, _read_audio(audio) if fmt.embeds_audio else _check_audio(audio))
+        if part is not None:
             files += part.commit()
-            part = None
-        if part is None:
-            part = fmt.open_part(options.dest, unit.name, number)
-            number += 1
-        audio = layout.root / row["audio"]
-        part.add(export_fields(row), audio, _read_audio(audio) if fmt.embeds_audio else _check_audio(audio))
-    if part is not None:
-        files += part.commit()
+    except BaseException:
+        if part is not None:
+            part.discard()
+        raise
     return files
 
 
@@ -148,11 +152,6 @@ def _is_current(state: dict, dest: Path, unit: str, fingerprint: str) -> bool:
 
 def _all_files(state: dict) -> set[str]:
     return {f for entry in state["units"].values() for f in entry["files"]}
-
-
-def _expected_rows(layout: Layout) -> int | None:
-    summary = read_json(layout.summary_file) or {}
-    return summary.get("done")
 
 
 def load_state(dest: Path) -> dict:
