@@ -53,7 +53,8 @@ class ParquetPart(Part):
     def __init__(self, dest: Path, names: list[str], arrow_schema: pa.Schema):
         super().__init__(dest, names)
         self.schema = arrow_schema
-        self.writer = pq.ParquetWriter(self.tmps[0], arrow_schema)
+        # a dictionary of audio bytes only costs time: every clip is different
+        self.writer = pq.ParquetWriter(self.tmps[0], arrow_schema, use_dictionary=[name for name, _, _ in COLUMNS])
         self.buffer: list[dict] = []
 
     def write(self, fields: dict, audio: Path, data: bytes | None) -> None:

@@ -86,16 +86,17 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
             fingerprint = unit.fingerprint(key)
             if _is_current(state, options.dest, unit.name, fingerprint):
                 result.skipped_units += 1
+                bar.update(len(unit.lines))
             else:
-                state["units"].pop(unit.name, None)
-                files = write_unit(layout, options, fmt, unit)
+                if state["units"].pop(unit.name, None):  # its files are about to be replaced: not current now
+                    write_json_atomic(options.dest / STATE_NAME, state)
+                files = write_unit(layout, options, fmt, unit, bar.update)
                 state["units"][unit.name] = {"fingerprint": fingerprint, "rows": len(unit.lines), "files": files}
                 write_json_atomic(options.dest / STATE_NAME, state)
                 result.written_units += 1
             seen.add(unit.name)
             result.units += 1
             result.rows += len(unit.lines)
-            bar.update(len(unit.lines))
     for name in set(state["units"]) - seen:  # units of an older plan: their files go as unowned below
         del state["units"][name]
     fmt.finish(options.dest, _all_files(state))
@@ -108,7 +109,7 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
     return result
 
 
-def write_unit(layout: Layout, options: ExportOptions, fmt: Format, unit: Unit) -> list[str]:
+def write_unit(layout: Layout, options: ExportOptions, fmt: Format, unit: Unit, progress=lambda rows: None) -> list[str]:
     """Write one unit's rows into parts of at most shard_rows rows and about shard_mb of audio each."""
     limit = options.shard_mb * 1e6
     files: list[str] = []
@@ -124,6 +125,7 @@ def write_unit(layout: Layout, options: ExportOptions, fmt: Format, unit: Unit) 
                 number += 1
             audio = layout.root / row["audio"]
             part.add(export_fields(row), audio, _read_audio(audio) if fmt.embeds_audio else _check_audio(audio))
+            progress(1)
         if part is not None:
             files += part.commit()
     except BaseException:
@@ -162,9 +164,13 @@ def load_state(dest: Path) -> dict:
 
 
 def remove_temporaries(dest: Path) -> None:
-    """What a killed export left: hidden temporary parts. The lock says no other export is writing."""
-    for path in dest.rglob(".*.tmp"):
-        path.unlink(missing_ok=True)
+    """What a killed export left: hidden temporary parts. The lock says no other export is writing.
+
+    Only the folders the formats write are searched: --dest may be a folder that holds other things.
+    """
+    for folder in (dest, dest / "data", dest / "parts"):
+        for path in folder.glob(".*.tmp"):
+            path.unlink(missing_ok=True)
 
 
 def remove_unowned(dest: Path, fmt: Format, owned: set[str]) -> None:
