@@ -1,8 +1,8 @@
 """export.py on real outputs, each export loaded back by its own library: datasets, lhotse, webdataset, NeMo.
 
-One output spoken by the default Piper voice serves the format tests (module fixture): a LLaVA
-conversation and ShareGPT records with odd ids (a dot, spaces, a colon, none at all), in shards of a
-few segments so that an export has several units. Resume is tested by SIGKILL on a real export.
+One output spoken by the default Piper voice serves the format tests (module fixture): ShareGPT
+records with odd ids (a dot, a space, a colon, a duplicate, none at all), in shards of a few segments
+so that an export has several units. Resume is tested by SIGKILL on a real export.
 """
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ def exported(out: Path, fmt: str, *args) -> Path:
 
 @pytest.fixture(scope="module")
 def spoken(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """A finished Piper output of about 30 segments in 6 plan shards, and its manifest rows."""
+    """A finished Piper output of about 20 segments in 6 plan shards, and its manifest rows."""
     base = tmp_path_factory.mktemp("spoken")
-    records = llava_conversations(1) + [r for r in sharegpt_conversations() if r.get("id") in ODD_IDS]
+    records = [r for r in sharegpt_conversations() if r.get("id") in ODD_IDS]
     source = write_input(base / "convs.json", records)
     out = base / "out"
     result = run_all("--input", source, "--output-dir", out, "--log-dir", base / "log", "--gpus", "cpu:1",
