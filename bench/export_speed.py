@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -44,11 +45,16 @@ def speak(work: Path, copies: int, audio_format: str) -> Path:
     return out
 
 
-def timed_export(out: Path, fmt: str, dest: Path, shard_rows: int) -> tuple[float, str]:
+def timed_export(out: Path, fmt: str, dest: Path, shard_rows: int) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (user + system) and the closing line of one export process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(REPO / "export.py"), str(out), "--format", fmt, "--dest", str(dest),
                            "--shard-rows", str(shard_rows)], env=env(), check=True, capture_output=True, text=True)
-    return time.perf_counter() - started, done.stdout.strip()
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, done.stdout.strip()
 
 
 def main() -> None:
@@ -65,16 +71,18 @@ def main() -> None:
     out = speak(work, args.copies, args.audio_format)
     rows = sum(1 for _ in open(out / "manifest.jsonl", "rb"))
     audio_mb = sum(p.stat().st_size for p in (out / "audio").rglob("*.*")) / 1e6
-    print(f"{rows} rows, {audio_mb:.0f} MB of {args.audio_format} audio; --shard-rows {args.shard_rows}")
+    print(f"{rows} rows, {audio_mb:.0f} MB of {args.audio_format} audio; --shard-rows {args.shard_rows}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     results = []
     for fmt in FORMATS:
         dest = work / "export" / fmt
-        first, line = timed_export(out, fmt, dest, args.shard_rows)
-        again, _ = timed_export(out, fmt, dest, args.shard_rows)
+        first, cpu, line = timed_export(out, fmt, dest, args.shard_rows)
+        again, _, _ = timed_export(out, fmt, dest, args.shard_rows)
         size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) / 1e6
         results.append({"format": fmt, "rows": rows, "seconds": round(first, 2), "rows_per_s": round(rows / first),
+                        "cpu_seconds": round(cpu, 2),
                         "rerun_seconds": round(again, 2), "export_mb": round(size, 1), "line": line})
-        print(f"{fmt:10s} {first:6.2f} s  {rows / first:7.0f} rows/s  rerun {again:5.2f} s  {size:7.1f} MB")
+        print(f"{fmt:10s} {first:6.2f} s  {rows / first:7.0f} rows/s  cpu {cpu:5.2f} s  rerun {again:5.2f} s  {size:7.1f} MB")
     if args.out:
         Path(args.out).write_bytes(orjson.dumps({"audio_format": args.audio_format, "audio_mb": round(audio_mb, 1),
                                                  "results": results}, option=orjson.OPT_INDENT_2))

@@ -54,7 +54,8 @@ class ParquetPart(Part):
         super().__init__(dest, names)
         self.schema = arrow_schema
         # a dictionary of audio bytes only costs time: every clip is different
-        self.writer = pq.ParquetWriter(self.tmps[0], arrow_schema, use_dictionary=[name for name, _, _ in COLUMNS])
+        self.writer = pq.ParquetWriter(self.tmps[0], arrow_schema, use_dictionary=[name for name, _, _ in COLUMNS],
+                                      compression={"audio.bytes": "none", **{name: "snappy" for name, _, _ in COLUMNS}, "audio.path": "snappy"})
         self.buffer: list[dict] = []
 
     def write(self, fields: dict, audio: Path, data: bytes | None) -> None:
