@@ -69,7 +69,12 @@ def test_hugging_face_parquet_loads_with_datasets(spoken):
 
     out, rows = spoken
     dest = exported(out, "hf", "--shard-rows", 6)
-    assert len(list((dest / "data").glob("train-*.parquet"))) >= 6
+    import pyarrow.parquet as pq
+
+    parts = sorted((dest / "data").glob("train-*.parquet"))
+    state = orjson.loads((dest / ".export-state.json").read_bytes())
+    assert state["finished"] and {f"data/{p.name}" for p in parts} == {f for u in state["units"].values() for f in u["files"]}
+    assert len(parts) >= 3 and all(pq.ParquetFile(p).metadata.num_rows <= 6 for p in parts)  # --shard-rows holds
     loaded = datasets.load_dataset(str(dest), split="train")  # no script, no data_files: the layout says it all
     assert isinstance(loaded.features["audio"], datasets.Audio)
     assert loaded.num_rows == len(rows)
