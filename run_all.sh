@@ -66,6 +66,7 @@ done
 [[ "$MPS" =~ ^(auto|on|off)$ ]] || bad_usage "--mps takes auto, on or off"
 [[ "$ENGINE" =~ ^(bash|ray)$ ]] || bad_usage "--engine takes bash or ray"
 if [[ "$ENGINE" != ray && ( -n "$ADDRESS" || -n "$SLOT_RESOURCE" ) ]]; then bad_usage "--address and --slot-resource go with --engine ray"; fi
+if [[ "$ENGINE" == ray && -n "$GPUS" ]]; then bad_usage "--gpus is for one machine; --engine ray runs a slot per GPU of the cluster (or per --slot-resource)"; fi
 if [[ -n "$SLURM" ]]; then
   [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_NNODES:-}" ]] || bad_usage "--slurm needs SLURM_NODEID and SLURM_NNODES (run it under srun)"
   NODE_RANK="$SLURM_NODEID" NODES="$SLURM_NNODES"

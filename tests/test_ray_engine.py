@@ -111,7 +111,8 @@ def test_driver_killed_then_rerun_completes_and_a_second_driver_is_refused(tmp_p
     head, _ = cluster({"resources": {SLOT: 1}})
     out, log = tmp_path / "out", tmp_path / "log"
 
-    missing = run_all("--input", source, "--output-dir", tmp_path / "other", *ray_args(head.address, "no_such_thing"))
+    missing = run_all("--input", source, "--output-dir", tmp_path / "other", "--log-dir", tmp_path / "log-other",
+                      *ray_args(head.address, "no_such_thing"))
     assert missing.returncode == 2 and "no 'no_such_thing' resource" in missing.stderr, missing.stderr
 
     run = start(source, out, log, ray_args(head.address))
