@@ -6,7 +6,7 @@ parallel_cosyvoice.py --feed on its node; it hands each slot a shard whenever th
 fast slots take more; a slot whose actor or node dies has its shards put back in line for the
 others. The output directory must be on a filesystem every node shares.
 
-Exit codes: 0 every shard finished; 1 some shards failed or were left unfinished; 2 no cluster, or
+Exit codes: 0 every shard finished (merge counts failed utterances); 1 some shards were left unfinished; 2 no cluster, or
 no slot resource in it; 4 the output's disk is full (run_all.sh says so and exits 1).
 """
 from __future__ import annotations
@@ -83,13 +83,20 @@ class Driver:
     # -- starting ------------------------------------------------------------------------------
     def start(self, count: int) -> None:
         self.remove_leftovers()
-        needs = {"num_gpus": 1} if self.o.resource == "GPU" else {"resources": {self.o.resource: 1}}
         actor = self.ray.remote(SlotProcess)
         for rank in range(count):
-            handle = actor.options(num_cpus=0, namespace=NAMESPACE, name=f"slot-{self.key}-{rank}", **needs).remote()
+            handle = actor.options(namespace=NAMESPACE, name=f"slot-{self.key}-{rank}", **self.needs()).remote()
             self.slots[rank] = SlotState(rank, handle)
             self.call(rank, "where", handle.where.remote())
         log.info("%d shards to hand out to %d slots (one per %s); output %s", self.total, count, self.o.resource, self.o.out)
+
+    def needs(self) -> dict:
+        """What one slot takes from its node: a GPU, a CPU, or one unit of a custom resource."""
+        if self.o.resource == "GPU":
+            return {"num_gpus": 1, "num_cpus": 0}  # its workers' cores are shared out by --slots-on-node
+        if self.o.resource == "CPU":
+            return {"num_cpus": 1}
+        return {"num_cpus": 0, "resources": {self.o.resource: 1}}
 
     def remove_leftovers(self) -> None:
         """Slots a killed driver left on this output (Ray ends them when it notices): gone before any new one writes."""
@@ -271,8 +278,9 @@ class Driver:
         if unfinished:
             log.error("%d of %d shards were not finished: no slot was left to take them", unfinished, self.total)
             return EXIT_FAILURES
-        failed = [s.rank for s in self.slots.values() if s.code not in (None, EXIT_OK)]
-        return EXIT_FAILURES if failed else EXIT_OK
+        # Every shard has its stats: failed utterances, if any, are for merge to count and report. A
+        # slot that died or ended badly had its shards finished by others, so a rerun has nothing to add.
+        return EXIT_OK
 
     def stop(self) -> None:
         """End every slot this driver started (Linux ends their workers) and the MPS daemons."""

@@ -68,7 +68,7 @@ class Slot:
         self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, self.feed)
         if not self.work.total:
             self.work.open_until_pending()  # every id has a row: the shards may need only their stats
-        if not self.work.has_work():
+        if self.feed is not None and not self.work.has_work():
             log.info("slot %d: the driver had no shard left to hand out", self.options.rank)
             return self.exit_code()
         # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
