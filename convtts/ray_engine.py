@@ -138,7 +138,10 @@ class Driver:
 
             actor = self.ray.remote(NodeMPS).options(
                 num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-            env, said = self.ray.get(actor.start.remote(self.o.mps, f"{self.o.log_dir}/mps-{node[:8]}"))
+            try:
+                env, said = self.ray.get(actor.start.remote(self.o.mps, f"{self.o.log_dir}/mps-{node[:8]}"))
+            except self.ray.exceptions.RayError as exc:  # the node went meanwhile: its slot's start fails next
+                env, said = {}, f"not started: {_first_line(exc)}"
             log.info("MPS on node %s: %s", node[:8], said)
             self.mps[node] = (actor, env)
         return self.mps[node][1]
