@@ -21,6 +21,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=0, help="this slot's index: it takes shards[rank::world]")
     p.add_argument("--world", type=int, default=1, help="number of slots sharing the shards")
     p.add_argument("--shards", help="comma-separated shard names instead of rank/world")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index: the node takes shards[node_rank::nodes]")
+    p.add_argument("--nodes", type=int, default=1, help="nodes sharing the shards; rank/world split the node's share")
+    p.add_argument("--feed", action="store_true",
+                   help="take shards one at a time from a driver: requests on stdout, answers on stdin (convtts.feed)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: config, else automatic)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
     p.add_argument("--slots-on-node", type=int, default=0, help="slots sharing this node's cores (default: world)")
@@ -43,7 +47,10 @@ def main(argv=None) -> int:
         check_backend(config)
     except ConfigError as exc:
         fail(str(exc))
-    shards = args.shards.split(",") if args.shards else layout.shard_names()[args.rank :: args.world]
+    if not 0 <= args.node_rank < args.nodes:
+        fail(f"--node-rank must be in 0..{args.nodes - 1} (--nodes {args.nodes}), got {args.node_rank}")
+    feed = open_feed() if args.feed else None
+    shards = [] if feed else args.shards.split(",") if args.shards else node_share(layout, args)
     unknown = [s for s in shards if not layout.shard_file(s).is_file()]
     if unknown:
         fail(f"unknown shards: {unknown[:5]}")
@@ -55,7 +62,12 @@ def main(argv=None) -> int:
     requested = args.workers or config.workers.per_slot
     per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, batch_rows(config))
     workers = choose_workers(requested, args.device, args.slots_on_node or args.world, per_worker)
-    slot = Slot(layout, config, shards, SlotOptions(args.rank, workers, args.run_id, args.log_dir))
+    # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
+    # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
+    # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
+    writer_prefix = f"{args.run_id}-s{args.rank}-" if feed else ""
+    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix)
+    slot = Slot(layout, config, shards, options, feed=feed)
     try:
         return slot.run()
     except SlotStopped as exc:
@@ -69,6 +81,22 @@ def main(argv=None) -> int:
             return EXIT_DISK_FULL
         logging.getLogger("slot").exception("slot %d failed", args.rank)
         return EXIT_FAILURES
+
+
+def node_share(layout: Layout, args: argparse.Namespace) -> list[str]:
+    """This slot's fixed share: the node's shards[node_rank::nodes], then its slot's [rank::world] of those."""
+    return layout.shard_names()[args.node_rank :: args.nodes][args.rank :: args.world]
+
+
+def open_feed():
+    """The driver's pipes are stdin and stdout; stdout then becomes the log too, so that a stray print
+    from a library can never be read as a request."""
+    from convtts.feed import ShardFeed
+
+    requests = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    return ShardFeed(0, requests)
 
 
 def prepare_environment(device: str) -> None:

@@ -46,6 +46,7 @@ class SlotOptions:
     workers: int
     run_id: str
     log_dir: str | None = None
+    writer_prefix: str = ""  # names its workers' files: "" gives w0, w1 ... (see parallel_cosyvoice --feed)
 
 
 @dataclass
@@ -57,19 +58,24 @@ class Slot:
     handles: dict[int, Handle] = field(default_factory=dict)
     barren_deaths: int = 0
     full_disk: str | None = None  # what could not be written: the run stops
+    feed: object | None = None  # a convtts.feed.ShardFeed: shards handed out by a driver, after `shards`
 
     def run(self) -> int:
         # work/ listed once: a glob per shard is quadratic, and nothing writes to these shards yet
         listing = WorkListing(self.layout)
         todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing)]  # logs any damage
-        if not todo:
+        if not todo and self.feed is None:
             log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
             return EXIT_OK
-        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing)
+        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing, self.feed)
         if not self.work.total:
             self.work.open_until_pending()  # every id has a row: the shards may need only their stats
+        if self.feed is not None and not self.work.has_work():
+            log.info("slot %d: the driver had no shard left to hand out", self.options.rank)
+            return self.exit_code()
         # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
-        count = min(self.options.workers, self.work.total)
+        # A slot fed by a driver gets more shards later: it starts all of its workers.
+        count = self.options.workers if self.feed is not None else min(self.options.workers, self.work.total)
         self.work.workers = max(count, 1)
         self.work.rows = batch_rows(self.config)
         log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
@@ -94,6 +100,8 @@ class Slot:
         sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows) or [0]
         text = (f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
                 f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; starting {count} workers")
+        if self.feed is not None:
+            text = f"shards handed out one at a time by the driver; starting {count} workers"
         if self.work.rows > 1:
             text += f" of {self.work.rows} rows each (tts.cosyvoice.batch_size)"
         if count < self.options.workers:
@@ -103,7 +111,8 @@ class Slot:
     def start_worker(self, wid: int) -> None:
         parent_conn, child_conn = self.ctx.Pipe()
         log_file = f"{self.options.log_dir}/slot-{self.options.rank}-worker-{wid}.log" if self.options.log_dir else None
-        args = WorkerArgs(wid, self.options.rank, str(self.layout.root), self.config, self.options.run_id, os.getpid(), log_file)
+        args = WorkerArgs(wid, self.options.rank, str(self.layout.root), self.config, self.options.run_id, os.getpid(), log_file,
+                          self.options.writer_prefix)
         proc = self.ctx.Process(target=worker_main, args=(args, child_conn), name=f"slot{self.options.rank}-w{wid}", daemon=True)
         proc.start()
         child_conn.close()
@@ -157,7 +166,7 @@ class Slot:
                 if piece is not None:
                     handle.piece = piece
                     handle.conn.send(("piece", piece.shard, piece.ids, piece.crashes))
-                else:
+                elif self.full_disk or not self.work.has_work():  # a fed slot idles while the driver says wait
                     handle.conn.send(("stop",))
                     handle.ready = False
 
@@ -201,7 +210,7 @@ class Slot:
         if self.full_disk:
             log.error("slot %d: stopped: %s; free space and run the same command again", self.options.rank, self.full_disk)
             return EXIT_DISK_FULL
-        incomplete = [s for s in self.shards if not shard_complete(self.layout, s)]
+        incomplete = [s for s in self.shards + self.work.taken if not shard_complete(self.layout, s)]
         if incomplete:
             log.warning("slot %d: %d shards have failed or unfinished utterances", self.options.rank, len(incomplete))
             return EXIT_FAILURES

@@ -31,6 +31,7 @@ class WorkerArgs:
     run_id: str
     parent_pid: int
     log_file: str | None = None
+    writer_prefix: str = ""
 
 
 def utterance_seed(base: int, uid: str) -> int:
@@ -59,7 +60,7 @@ class Worker:
         self.layout = Layout(args.out_dir)
         self.backend = None
         self.since_build = 0
-        self.writer = f"w{args.wid}"  # names this worker's own manifest and failures files
+        self.writer = f"{args.writer_prefix}w{args.wid}"  # names this worker's own manifest and failures files
         self.trimmed: set[str] = set()  # shards whose own files this process has cut back to whole lines
         self.shard_rows: tuple[str, dict] = ("", {})  # the last shard's segments by id
 

@@ -1,0 +1,166 @@
+"""run_all.sh --engine ray on a real local Ray cluster: several raylet nodes on this machine, a custom
+resource (or declared GPUs) standing in for GPUs, the Piper voice, real kills of a node and of the driver."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from ray.cluster_utils import Cluster
+
+from conftest import REPO, assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
+from test_orchestrator import FAKE_MPS, _alive, requests
+from test_resume import read_jsonl_tolerant, wait_for
+
+SLOT = "convtts_slot"  # the custom resource standing in for a GPU: one slot per unit
+SMALL = {"num_cpus": 1, "object_store_memory": 80 * 2**20}  # two cores on this machine, shared
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """make(*nodes) starts a head (no slots, it runs the driver) and one raylet per node given.
+
+    Ray's processes inherit this environment: the branch's convtts on PYTHONPATH, and PATH.
+    """
+    monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])
+    made = []
+
+    def make(*nodes: dict):
+        head = Cluster(initialize_head=True, head_node_args={**SMALL, "include_dashboard": False})
+        made.append(head)
+        return head, [head.add_node(**SMALL, **node) for node in nodes]
+
+    yield make
+    for one in made:
+        one.shutdown()
+
+
+def ray_args(address: str, resource: str = SLOT, workers: int = 1) -> list[str]:
+    return ["--engine", "ray", "--address", address, "--slot-resource", resource, "--workers", str(workers),
+            "--set", "shards.segments_per_shard=5"]
+
+
+def start(source: Path, out: Path, log: Path, args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log), *args],
+        env=env or script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own group: the test kills run_all.sh and its driver together
+    )
+
+
+def driver_log(log: Path) -> str:
+    found = sorted(log.rglob("driver.log"))
+    return found[-1].read_text() if found else ""
+
+
+def slots_started(text: str) -> dict[int, tuple[str, int, str]]:
+    """rank -> (node id prefix, pid, CUDA_VISIBLE_DEVICES), from the driver's 'slot N running on' lines."""
+    pattern = r"slot (\d+) running on \S+ \(node (\w+), pid (\d+), CUDA_VISIBLE_DEVICES=([\d,]*)\)"
+    return {int(m[1]): (m[2], int(m[3]), m[4]) for m in re.finditer(pattern, text)}
+
+
+def writer_rows(out: Path, pattern: str = "*") -> dict[str, list[dict]]:
+    """Rows of the workers' own manifest files, by file name."""
+    return {p.name: read_jsonl_tolerant(p) for p in (out / "work").glob(f"shard-*.{pattern}.manifest.jsonl")}
+
+
+def midway(out: Path, log: Path, node_id: str) -> bool:
+    """The slot on this node has spoken part of a shard it has not finished: killing it now loses work in hand."""
+    run_dir = next(log.rglob("driver.log"), None)
+    started = slots_started(driver_log(log))
+    victim = [rank for rank, (node, _, _) in started.items() if node_id.startswith(node)]
+    if run_dir is None or not victim:
+        return False
+    for name, rows in writer_rows(out, f"{run_dir.parent.name}-s{victim[0]}-w*").items():
+        shard = name.split(".")[0]
+        if len(rows) >= 2 and not (out / "work" / f"{shard}.stats.json").exists():
+            return True
+    return False
+
+
+def test_a_node_killed_mid_run_has_its_shards_redone_by_the_others(tmp_path, cluster):
+    source = write_input(tmp_path / "in.json", llava_conversations(4))
+    head, (_, victim) = cluster({"resources": {SLOT: 1}}, {"resources": {SLOT: 1}})
+    out, log = tmp_path / "out", tmp_path / "log"
+    run = start(source, out, log, ray_args(head.address))
+    try:
+        wait_for(lambda: midway(out, log, victim.node_id), timeout=240)
+        head.remove_node(victim)  # its raylet and everything on it: the node is gone
+        _, stderr = run.communicate(timeout=400)
+    finally:
+        run.kill()
+    text = driver_log(log)
+    assert run.returncode == 0, stderr.decode() + text
+    rows = assert_complete(out)  # every id once, every audio whole
+    assert re.search(r"slot \d+ on \S+ lost: .*node", text), text
+    assert re.search(r"slot \d+ lost: \d+ shards go back in line", text), text
+    lost_pid = [pid for node, pid, _ in slots_started(text).values() if victim.node_id.startswith(node)]
+    wait_for(lambda: not _alive(lost_pid[0]), timeout=30)  # the lost slot's process did not outlive its node
+    # Nothing was spoken twice, but for at most the one utterance the lost slot's worker had in flight.
+    spoken = Counter(r["id"] for file_rows in writer_rows(out).values() for r in file_rows)
+    assert sum(spoken.values()) - len(rows) <= 1, [uid for uid, n in spoken.items() if n > 1]
+    assert len({r["run"] for r in rows}) == 1
+
+
+def test_driver_killed_then_rerun_completes_and_a_second_driver_is_refused(tmp_path, cluster):
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    head, _ = cluster({"resources": {SLOT: 1}})
+    out, log = tmp_path / "out", tmp_path / "log"
+
+    missing = run_all("--input", source, "--output-dir", tmp_path / "other", "--log-dir", tmp_path / "log-other",
+                      *ray_args(head.address, "no_such_thing"))
+    assert missing.returncode == 2 and "no 'no_such_thing' resource" in missing.stderr, missing.stderr
+
+    run = start(source, out, log, ray_args(head.address))
+    try:
+        wait_for(lambda: sum(map(len, writer_rows(out).values())) >= 4 if (out / "work").is_dir() else False)
+        second = run_all("--input", source, "--output-dir", out, *ray_args(head.address))
+        assert second.returncode == 3, second.stderr  # the driver holds the output's lock
+        os.killpg(run.pid, signal.SIGKILL)  # run_all.sh and the driver; the slots live under Ray
+        run.wait()
+    finally:
+        run.kill()
+    slot_pids = [pid for _, pid, _ in slots_started(driver_log(log)).values()]
+    assert slot_pids
+    wait_for(lambda: not any(_alive(pid) for pid in slot_pids), timeout=60)  # Ray ends a dead driver's slots
+    before = {r["id"]: r for rows in writer_rows(out).values() for r in rows}
+    assert 4 <= len(before)
+
+    again = run_all("--input", source, "--output-dir", out, "--log-dir", log, *ray_args(head.address))
+    assert again.returncode == 0, again.stderr + driver_log(log)
+    rows = {r["id"]: r for r in assert_complete(out)}
+    kept = [uid for uid, row in before.items() if rows[uid]["run"] == row["run"]]
+    assert len(kept) == len(before), "finished work was spoken again"
+
+
+def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, monkeypatch):
+    """Nodes that declare GPUs (none is touched: Piper runs on the CPU): Ray gives each slot its own
+    device, and each node's slots share one MPS daemon, started and stopped once (a stand-in
+    nvidia-cuda-mps-control on PATH records the requests)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-cuda-mps-control").write_text(FAKE_MPS)
+    (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
+    record = tmp_path / "mps.log"
+    monkeypatch.setenv("MPS_TEST_LOG", str(record))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = write_input(tmp_path / "in.json", llava_conversations(2))
+    head, (two, one) = cluster({"num_gpus": 2}, {"num_gpus": 1})
+    out, log = tmp_path / "out", tmp_path / "log"
+
+    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *ray_args(head.address, "GPU"))
+    text = driver_log(log)
+    assert result.returncode == 0, result.stderr + text
+    assert_complete(out)
+    started = slots_started(text)
+    by_node = {n.node_id[:8]: sorted(gpu for node, _, gpu in started.values() if n.node_id.startswith(node))
+               for n in (two, one)}
+    assert by_node == {two.node_id[:8]: ["0", "1"], one.node_id[:8]: ["0"]}, text
+    assert sorted(requests(record)) == sorted(["start", "get_server_list", "quit"] * 2)
+    pipes = [line.split()[1] for line in record.read_text().splitlines() if line.startswith("start")]
+    assert len(set(pipes)) == 2  # a private daemon per node
+    assert len(list(log.rglob("slot-?.log"))) == 3
