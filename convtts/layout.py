@@ -75,9 +75,10 @@ class Layout:
 
 
 class WorkListing:
-    """work/ listed once, by shard, for a reader of every shard (merge): a glob per shard lists the
-    whole directory each time, which is quadratic (a million conversations make 64,670 shards and
-    twice as many work files or more). The same answers as Layout.manifests and failure_files."""
+    """work/ listed once, by shard, for a reader of many shards (merge, a slot as it starts): a glob
+    per shard lists the whole directory each time, which is quadratic (a million conversations make
+    64,670 shards and twice as many work files or more). The same answers as Layout.manifests and
+    failure_files, as of the listing: only for shards nobody writes to meanwhile."""
 
     def __init__(self, layout: Layout):
         self.layout = layout

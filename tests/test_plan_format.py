@@ -43,7 +43,7 @@ def as_version_1(out, source):
             row["source_text"] = turns[row["conversation_id"], row["turn"]]
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     plan = orjson.loads(layout.plan_file.read_bytes())
-    config = load_config(None, [f"{s}" for s in SETTINGS])
+    config = load_config(None, list(SETTINGS))
     plan.update(version=1, fingerprint=fingerprint(source, config, version=1))
     layout.plan_file.write_bytes(orjson.dumps(plan))
     return turns
