@@ -23,7 +23,7 @@ $(TEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q torch==2.9.1 'torchaudio==2.9.*'
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q --no-deps cosyvoice2-eu==0.2.8
-	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q -e '.[cosyvoice,test]'
+	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q -e '.[cosyvoice,test,validate]'
 	touch $@
 
 demo: $(VENV)/.installed

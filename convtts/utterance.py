@@ -54,7 +54,7 @@ def respeak(uid: str, bad, refused: list, limit: int) -> bool:
     """Note a refused take; True if another take is allowed."""
     refused.append(bad)
     again = len(refused) <= limit
-    log.warning("%s take %d refused by the quality gate: %s%s", uid, len(refused), bad,
+    log.warning("%s take %d refused by the quality gate: %s%s", uid, len(refused) - 1, bad,
                 "; speaking it again with a new seed" if again else "; no re-speaks left")
     return again
 

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from convtts.backends.base import SynthesisError
 from convtts.backends.piper import PiperBackend, check  # noqa: F401  (check is picked up below)
 from convtts.quality import take_seed
 
@@ -51,10 +52,13 @@ class BadAudioPiper(PiperBackend):
 class BatchedBadAudioPiper(BadAudioPiper):
     batch_rows = 3
 
+    def synthesize(self, text, speaker, seed):
+        raise SynthesisError("spoken one at a time: the worker did not take the batched path (test)")
+
     def synthesize_many(self, items):
         for key, text, speaker, seed in items:
             try:
-                yield key, self.synthesize(text, speaker, seed)
+                yield key, BadAudioPiper.synthesize(self, text, speaker, seed)
             except Exception as exc:  # this utterance's, as the batched backends report it
                 yield key, exc
 
