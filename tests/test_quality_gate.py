@@ -234,3 +234,26 @@ def _installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_whisper_recogniser_loads_a_local_checkpoint(tmp_path):
+    """The openai-whisper path on a random-weight checkpoint of the real architecture (no real weights
+    can be had here): the file loads, 16 kHz audio goes in, a transcript comes out and is scored.
+    What it hears is noise, so this proves the plumbing, not Whisper's accuracy."""
+    import dataclasses
+
+    import torch
+    from whisper.model import ModelDimensions, Whisper
+
+    dims = ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
+                           n_vocab=51865, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=1)
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "whisper-random.pt"
+    torch.save({"dims": dataclasses.asdict(dims), "model_state_dict": Whisper(dims).state_dict()}, checkpoint)
+    config = load_config(None, ["validate.enabled=true", "validate.recogniser=whisper", f"validate.model_path={checkpoint}"])
+    gate = open_gate(config.validate)
+    text = "There are three bicycles hanging on the wall."
+    speech = (np.random.default_rng(0).standard_normal(22050 * 3) * 0.1).astype(np.float32)
+    with pytest.raises(QualityFailure) as heard:
+        gate.judge(speech, 22050, text)
+    assert heard.value.check == "wer" and heard.value.scores["asr"] == "whisper" and heard.value.scores["heard"]
