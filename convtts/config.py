@@ -195,6 +195,7 @@ class ValidateConfig:
     model_path: str = ""  # whisper: a local .pt checkpoint; faster-whisper: a local model directory
     max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
+    asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
 
     def check(self) -> None:
         if not 0 <= self.max_respeaks <= 20:
@@ -204,7 +205,7 @@ class ValidateConfig:
                               f"got {self.min_seconds_per_word} and {self.max_seconds_per_word}")
         if not -120 <= self.silence_db < 0:
             raise ConfigError(f"validate.silence_db must be a level in dBFS between -120 and 0, got {self.silence_db}")
-        for key in ("max_silence_share", "max_clipped_share", "clip_level"):
+        for key in ("max_silence_share", "max_clipped_share", "clip_level", "asr_share"):
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"validate.{key} must be in (0, 1], got {getattr(self, key)}")
         if not 0 < self.max_wer:

@@ -202,7 +202,7 @@ class Gate:
     cfg: ValidateConfig
     recogniser: object = field(default=None, repr=False)
 
-    def judge(self, audio: np.ndarray, rate: int, text: str) -> dict:
+    def judge(self, audio: np.ndarray, rate: int, text: str, uid: str = "") -> dict:
         """The take's scores; raises QualityFailure at the first check it fails (the ASR runs last)."""
         started = time.perf_counter()
         cfg, words = self.cfg, spoken_words(text)
@@ -214,14 +214,16 @@ class Gate:
         self._limit("long", per_word, cfg.max_seconds_per_word, scores)
         self._limit("silence", scores["silence"], cfg.max_silence_share, scores)
         self._limit("clipped", scores["clipped"], cfg.max_clipped_share, scores)
-        self._asr(audio, rate, text, words, scores)
+        self._asr(audio, rate, text, words, uid, scores)
         scores["gate_seconds"] = round(time.perf_counter() - started, 4)
         self._limit("wer", scores.get("wer"), cfg.max_wer, scores)
         return scores
 
-    def _asr(self, audio: np.ndarray, rate: int, text: str, words: list[str], scores: dict) -> None:
+    def _asr(self, audio: np.ndarray, rate: int, text: str, words: list[str], uid: str, scores: dict) -> None:
         if self.recogniser is None:
             scores["asr"] = "off"
+        elif not in_share(uid, self.cfg.asr_share):
+            scores["asr"] = "skipped: not sampled"
         elif len(words) < self.cfg.min_asr_words:
             scores["asr"] = f"skipped: under {self.cfg.min_asr_words} words"
         elif not looks_english(text):
@@ -235,6 +237,14 @@ class Gate:
     def _limit(check: str, figure, limit: float, scores: dict, below: bool = False) -> None:
         if figure is not None and (figure < limit if below else figure > limit):
             raise QualityFailure(check, figure, limit, scores)
+
+
+def in_share(uid: str, share: float) -> bool:
+    """Whether an id falls in the sampled share: decided by the id alone, so a rerun samples the same ids."""
+    if share >= 1:
+        return True
+    digest = hashlib.blake2b(f"asr:{uid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < share
 
 
 def open_gate(cfg: ValidateConfig) -> Gate | None:

@@ -67,7 +67,7 @@ def keep_audio(worker, shard: str, segment: dict, audio, attempt: int, seed: int
     """
     check_audio(audio)
     rate = worker.backend.sample_rate
-    scores = worker.gate.judge(audio, rate, segment["text"]) if worker.gate else None
+    scores = worker.gate.judge(audio, rate, segment["text"], segment["id"]) if worker.gate else None
     rel = write_audio(worker.layout, shard, segment["id"], audio, rate, worker.config.output)
     row = manifest_row(segment, worker, rel, audio, attempt, seed, time.time() - started)
     if scores is not None:

@@ -7,6 +7,7 @@ new seeds, record the last in failures.jsonl with its check and figure, and let 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import re
 import subprocess
@@ -121,9 +122,24 @@ def test_non_english_segment_is_not_failed_for_its_language(voice_and_gate):
     assert scores["asr"] == "skipped: not English" and "wer" not in scores
 
 
+def test_asr_share_samples_ids_deterministically(voice_and_gate):
+    from convtts.quality import Gate, in_share
+
+    ids = [f"c{n}-001-00" for n in range(2000)]
+    chosen = [uid for uid in ids if in_share(uid, 0.25)]
+    assert 0.2 < len(chosen) / len(ids) < 0.3 and chosen == [uid for uid in ids if in_share(uid, 0.25)]
+    voice, gate = voice_and_gate
+    text = "There are three bicycles hanging on the wall."
+    sampled = Gate(dataclasses.replace(gate.cfg, asr_share=0.25), gate.recogniser)
+    left_out = next(uid for uid in ids if uid not in chosen)
+    assert sampled.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text, left_out)["asr"] == "skipped: not sampled"
+    assert sampled.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text, chosen[0])["asr"] == "pocketsphinx"
+
+
 @pytest.mark.parametrize("override, message", [
     ("validate.max_respeaks=-1", "validate.max_respeaks"),
     ("validate.max_wer=0", "validate.max_wer"),
+    ("validate.asr_share=0", "validate.asr_share"),
     ("validate.max_silence_share=1.5", "validate.max_silence_share"),
     ("validate.min_seconds_per_word=2", "validate.min_seconds_per_word"),
     ("validate.silence_db=10", "validate.silence_db"),
@@ -240,8 +256,6 @@ def test_whisper_recogniser_loads_a_local_checkpoint(tmp_path):
     """The openai-whisper path on a random-weight checkpoint of the real architecture (no real weights
     can be had here): the file loads, 16 kHz audio goes in, a transcript comes out and is scored.
     What it hears is noise, so this proves the plumbing, not Whisper's accuracy."""
-    import dataclasses
-
     import torch
     from whisper.model import ModelDimensions, Whisper
 
