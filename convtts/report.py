@@ -47,7 +47,10 @@ class QualityTally:
         if row.get("status") == "failed":
             self.failed_by_reason[row.get("check") or "error"] += 1
 
-    def summary(self) -> dict:
+    def summary(self) -> dict | None:
+        """None when the gate was off and nothing failed: no figures to give."""
+        if not self.gated and not self.failed_by_reason:
+            return None
         wers = np.asarray(self.wers, dtype=float)
         return {
             "gated": self.gated, "respoken": self.respoken,
