@@ -95,7 +95,8 @@ def finish(worker, shard: str, item: Attempt, result, queue: deque) -> None:
         if respeak(item.segment["id"], bad, item.refused, worker.config.validate.max_respeaks):
             queue.append(item)
         else:
-            worker.record(shard, item.segment["id"], None, quality_failure_row(item.segment, worker, item.refused, item.attempt))
+            row = quality_failure_row(item.segment, worker, item.refused, item.attempt, item.errors)
+            worker.record(shard, item.segment["id"], None, row)
         return
     except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
         if is_disk_full(exc):

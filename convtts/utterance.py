@@ -39,7 +39,7 @@ def synthesize_with_retries(worker, shard: str, segment: dict, crashes: int):
             return keep_audio(worker, shard, segment, audio, attempt, seed, started, refused), None
         except QualityFailure as bad:
             if not respeak(uid, bad, refused, config.validate.max_respeaks):
-                return None, quality_failure_row(segment, worker, refused, attempt)
+                return None, quality_failure_row(segment, worker, refused, attempt, errors)
         except Exception as exc:  # any error is this utterance's, never the shard's...
             if is_disk_full(exc):
                 raise  # ...except a full disk: no utterance is at fault, the run stops (worker.serve)
@@ -66,10 +66,10 @@ def keep_audio(worker, shard: str, segment: dict, audio, attempt: int, seed: int
     Nothing is written before the gate passes, so the resume contract is unchanged.
     """
     check_audio(audio)
-    rate = worker.backend.sample_rate
+    rate, seconds = worker.backend.sample_rate, time.time() - started  # the gate's time is its own figure
     scores = worker.gate.judge(audio, rate, segment["text"], segment["id"]) if worker.gate else None
     rel = write_audio(worker.layout, shard, segment["id"], audio, rate, worker.config.output)
-    row = manifest_row(segment, worker, rel, audio, attempt, seed, time.time() - started)
+    row = manifest_row(segment, worker, rel, audio, attempt, seed, seconds)
     if scores is not None:
         row.update(quality=scores, respeaks=len(refused), respoken_for=[str(r) for r in refused])
     return row
@@ -131,10 +131,14 @@ def failure_row(segment: dict, worker, errors: list[str], attempts: int) -> dict
     }
 
 
-def quality_failure_row(segment: dict, worker, refused: list, attempts: int) -> dict:
-    """The failure row of an utterance whose every take the gate refused: the last take's check and figure."""
+def quality_failure_row(segment: dict, worker, refused: list, attempts: int, errors: list[str] = ()) -> dict:
+    """The failure row of an utterance whose every take the gate refused: the last take's check and figure.
+
+    `errors` are the errors of earlier attempts on the way, listed first.
+    """
     last = refused[-1]
-    row = failure_row(segment, worker, [f"take {n}: {bad}" for n, bad in enumerate(refused)], attempts)
+    takes = [f"take {n}: {bad}" for n, bad in enumerate(refused)]
+    row = failure_row(segment, worker, [*errors, *takes], attempts)
     row.update(reason=str(last), check=last.check, figure=last.figure, limit=last.limit,
                quality=last.scores, respeaks=len(refused) - 1)
     return row
