@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, assert_complete, read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
 from convtts.quality import (
-    QualityFailure, looks_english, open_gate, spoken_words, take_seed, word_error_rate,
+    QualityFailure, english_lexicon, looks_english, open_gate, spoken_words, take_seed, word_error_rate,
 )
 
 BASE_SEED = 1234  # workers.seed's default
@@ -63,6 +63,17 @@ def test_spoken_words_normalise_case_punctuation_and_numbers(text, words):
 ])
 def test_only_english_segments_get_the_asr_check(text, english):
     assert looks_english(text) is english
+    assert looks_english(text, english_lexicon()) is english
+
+
+@pytest.mark.parametrize("text", [  # English with none of the few common words: the dictionary knows them
+    "Jagged peaks rise on both sides under a clear blue sky.",
+    "Indoor cats need both physical exercise and mental stimulation.",
+    "Libraries offer much more than shelves of books.",
+])
+def test_the_recognisers_dictionary_knows_plain_english(text):
+    assert looks_english(text, english_lexicon())
+    assert not looks_english("Il était une fois un petit chat qui aimait le lait.", english_lexicon())
 
 
 def test_word_error_rate_counts_substitutions_deletions_insertions():
