@@ -91,16 +91,16 @@ def spoken_words(text: str) -> list[str]:
 def looks_english(text: str, lexicon: frozenset | None = None) -> bool:
     """Whether the recognisers, run in English, can be asked to hear this text (numbers aside).
 
-    Latin letters, and either 85% of the words in `lexicon` (the recogniser's English pronouncing
-    dictionary: French, German or Spanish text scores 50-75% there, English 90-100%) or, without
-    one, 15% of the words among a few very common English words.
+    Latin letters, and either all but 15% of the words (or all but one) in `lexicon`, the
+    recogniser's English pronouncing dictionary (French, German or Spanish text scores 50-75%
+    there, English 90-100%), or, without one, 15% of the words among a few common English words.
     """
     words = [w for w in _WORD.findall(text.lower()) if not w.isdigit()]
     letters = "".join(words)
     if not letters or sum(c.isascii() for c in letters) < 0.9 * len(letters):
         return False
     if lexicon:
-        return sum(w in lexicon for w in words) >= 0.85 * len(words)
+        return sum(w not in lexicon for w in words) <= max(1.0, 0.15 * len(words))
     return sum(w in _ENGLISH for w in words) >= 0.15 * len(words)
 
 
