@@ -168,7 +168,11 @@ def main(argv=None) -> int:
     if not layout.manifest_file.is_file():
         print(f"error: no manifest.jsonl in {layout.root} (run run_all.sh, or python -m convtts.merge, first)", file=sys.stderr)
         return 2
-    print(write_report(layout))
+    try:
+        print(write_report(layout))
+    except ImportError as exc:  # matplotlib comes with the validate extra
+        print(f"error: the report needs matplotlib ({exc}): pip install 'convtts[validate]'", file=sys.stderr)
+        return 2
     return 0
 
 
