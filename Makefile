@@ -20,12 +20,12 @@ $(VENV)/.installed: pyproject.toml
 # torchaudio wheels pin an exact torch; 2.9.1 with torchaudio 2.9 is the pair that imports on CPU.
 # cosyvoice2-eu bundles the official runtime; --no-deps skips its pins, which this path does not need.
 # nemo-toolkit, --no-deps, only for its manifest reader in tests/test_export.py (see pyproject.toml).
-# The ray extra: the Ray engine's tests start a local Ray cluster.
+# The ray extra: the Ray engine's tests start a local Ray cluster; validate: the quality gate's run pocketsphinx.
 $(TEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q torch==2.9.1 'torchaudio==2.9.*'
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q --no-deps cosyvoice2-eu==0.2.8 nemo-toolkit==3.0.0
-	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q -e '.[cosyvoice,test,export,export-test,ray]'
+	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q -e '.[cosyvoice,test,export,export-test,ray,validate]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -2,6 +2,7 @@
 
 Each utterance keeps what the one-at-a-time path gives it: its own seed, manifest row, attempt
 count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
+a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks;
 a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
 killed a worker before is spoken alone, so it cannot take a batch down with it again.
 """
@@ -24,6 +25,7 @@ class Attempt:
     errors: list[str] = field(default_factory=list)
     started: float = 0.0
     seed: int = 0
+    refused: list = field(default_factory=list)  # the quality gate's reason for each refused take
 
 
 def can_batch(backend) -> bool:
@@ -50,7 +52,7 @@ def speak_batched(worker, shard: str, segments: list[dict], crashes: dict[str, i
 def run_batch(worker, shard: str, queue: deque) -> None:
     """Feed the backend from `queue` until it is empty or a rebuild is due; write every result."""
     from convtts.backends.cosyvoice import OutOfMemory
-    from convtts.worker import utterance_seed
+    from convtts.quality import take_seed
 
     seed_base = worker.config.workers.seed
     in_flight: dict[str, Attempt] = {}
@@ -60,7 +62,7 @@ def run_batch(worker, shard: str, queue: deque) -> None:
             item = queue.popleft()
             uid = item.segment["id"]
             in_flight[uid] = item
-            item.started, item.seed = time.time(), utterance_seed(seed_base, uid)
+            item.started, item.seed = time.time(), take_seed(seed_base, uid, len(item.refused))
             worker.send("start", uid)
             yield uid, item.segment["text"], item.segment["speaker"], item.seed
 
@@ -81,13 +83,21 @@ def run_batch(worker, shard: str, queue: deque) -> None:
 
 
 def finish(worker, shard: str, item: Attempt, result, queue: deque) -> None:
-    from convtts.utterance import keep_audio
+    from convtts.quality import QualityFailure
+    from convtts.utterance import keep_audio, quality_failure_row, respeak
 
     if isinstance(result, BaseException):
         retry_or_fail(worker, shard, item, result, queue)
         return
     try:
-        row = keep_audio(worker, shard, item.segment, result, item.attempt, item.seed, item.started)
+        row = keep_audio(worker, shard, item.segment, result, item.attempt, item.seed, item.started, item.refused)
+    except QualityFailure as bad:  # a new take (new seed) in a later batch, or the failure row
+        if respeak(item.segment["id"], bad, item.refused, worker.config.validate.max_respeaks):
+            queue.append(item)
+        else:
+            row = quality_failure_row(item.segment, worker, item.refused, item.attempt, item.errors)
+            worker.record(shard, item.segment["id"], None, row)
+        return
     except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
         if is_disk_full(exc):
             raise

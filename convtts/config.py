@@ -182,6 +182,61 @@ class OutputConfig:
             raise ConfigError(f"output.subtype {self.subtype!r} does not suit {self.audio_format}")
 
 
+RECOGNISERS = ("none", "pocketsphinx", "whisper", "faster-whisper")
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """The quality gate: every take is scored before it is written; a bad one is spoken again."""
+
+    enabled: bool = False
+    max_respeaks: int = 2  # new takes (new seeds) after a failed check; apart from workers.max_attempts
+    min_seconds_per_word: float = 0.12  # shorter: words were dropped or the audio is cut
+    max_seconds_per_word: float = 1.5  # longer: babble, long silences, a stuck decoder
+    silence_db: float = -40.0  # a 20 ms frame quieter than this (dBFS, RMS) is silence
+    max_silence_share: float = 0.6
+    clip_level: float = 0.999  # a sample at or above this magnitude counts as clipped
+    max_clipped_share: float = 0.01
+    recogniser: str = "pocketsphinx"  # pocketsphinx | whisper | faster-whisper | none (no ASR check)
+    model_path: str = ""  # whisper: a local .pt checkpoint; faster-whisper: a local model directory
+    max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
+    min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
+    asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
+
+    def check(self) -> None:
+        if not 0 <= self.max_respeaks <= 20:
+            raise ConfigError(f"validate.max_respeaks must be between 0 and 20, got {self.max_respeaks}")
+        if not 0 <= self.min_seconds_per_word < self.max_seconds_per_word:
+            raise ConfigError("validate.min_seconds_per_word must be at least 0 and below validate.max_seconds_per_word, "
+                              f"got {self.min_seconds_per_word} and {self.max_seconds_per_word}")
+        if not -120 <= self.silence_db < 0:
+            raise ConfigError(f"validate.silence_db must be a level in dBFS between -120 and 0, got {self.silence_db}")
+        for key in ("max_silence_share", "max_clipped_share", "clip_level", "asr_share"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ConfigError(f"validate.{key} must be in (0, 1], got {getattr(self, key)}")
+        if not 0 < self.max_wer:
+            raise ConfigError(f"validate.max_wer must be positive, got {self.max_wer}")
+        if self.min_asr_words < 1:
+            raise ConfigError(f"validate.min_asr_words must be at least 1, got {self.min_asr_words}")
+        self.check_recogniser()
+
+    def check_recogniser(self) -> None:
+        if self.recogniser not in RECOGNISERS:
+            raise ConfigError(f"validate.recogniser must be one of {RECOGNISERS}, got {self.recogniser!r}")
+        if self.recogniser in ("whisper", "faster-whisper"):
+            if not self.model_path:
+                raise ConfigError(f"validate.model_path is required for validate.recogniser={self.recogniser} "
+                                  "(local weights: nothing is downloaded)")
+            if not Path(self.model_path).exists():
+                raise ConfigError(f"validate.model_path not found: {self.model_path}")
+            wanted = Path.is_file if self.recogniser == "whisper" else Path.is_dir
+            if not wanted(Path(self.model_path)):
+                kind = "a checkpoint file (.pt)" if self.recogniser == "whisper" else "a model directory"
+                raise ConfigError(f"validate.model_path must be {kind} for {self.recogniser}: {self.model_path}")
+        elif self.model_path:
+            raise ConfigError(f"validate.model_path is only for whisper and faster-whisper, not {self.recogniser}")
+
+
 @dataclass(frozen=True)
 class Config:
     select: SelectConfig = field(default_factory=SelectConfig)
@@ -191,6 +246,7 @@ class Config:
     tts: TTSConfig = field(default_factory=TTSConfig)
     workers: WorkerConfig = field(default_factory=WorkerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
 
     def check(self) -> None:
         for group in dataclasses.fields(self):

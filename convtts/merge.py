@@ -11,6 +11,7 @@ import orjson
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.layout import Layout, WorkListing
+from convtts.report import QualityTally
 from convtts.shardio import disk_full_text, is_disk_full, load_done, load_failures, read_json, read_jsonl
 
 
@@ -26,6 +27,7 @@ class Totals:
     run_utterances: int = 0
     run_audio_seconds: float = 0.0
     backends: set = field(default_factory=set)
+    quality: QualityTally = field(default_factory=QualityTally)
 
 
 class AtomicWriter:
@@ -133,6 +135,7 @@ def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failur
             totals.done += 1
             totals.audio_seconds += row["duration"]
             totals.backends.add(row.get("backend"))
+            totals.quality.add_row(row)
             if run_id and row.get("run") == run_id:
                 totals.run_utterances += 1
                 totals.run_audio_seconds += row["duration"]
@@ -141,6 +144,7 @@ def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failur
         elif uid in failed:
             failures.write(orjson.dumps(failed[uid]) + b"\n")
             totals.failed += 1
+            totals.quality.add_failure(failed[uid])
         else:
             pending = {k: segment.get(k) for k in ("id", "conversation_id", "turn", "segment", "role", "speaker", "text")}
             pending.update(status="pending", reason="not synthesised yet (the run stopped before it)")
@@ -177,6 +181,7 @@ def make_summary(layout: Layout, t: Totals, started: float | None) -> dict:
         "pending": t.pending, "skipped_turns": t.skipped_turns, "audio_seconds": round(t.audio_seconds, 3),
         "audio_hours": round(t.audio_seconds / 3600, 4), "backends": sorted(b for b in t.backends if b),
         "estimated_hours": plan.get("estimated_hours"), "complete": t.failed == 0 and t.pending == 0,
+        "quality": t.quality.summary(),
         "this_run": {
             "utterances": t.run_utterances, "audio_seconds": round(t.run_audio_seconds, 3),
             "wall_seconds": round(wall, 3) if wall else None,
@@ -199,6 +204,12 @@ def summary_text(s: dict) -> str:
         factor = run["real_time_factor"]
         lines.append(f"wall time {run['wall_seconds']:.1f} s, {run['audio_seconds_per_second'] or 0:.2f} audio s/s, "
                      f"real-time factor {factor if factor is not None else 'n/a'}")
+    quality = s.get("quality") or {}
+    if quality.get("gated") or quality.get("failed_by_reason"):
+        wer = quality["wer"]
+        heard = f"ASR WER mean {wer['mean']:.3f}, p90 {wer['p90']:.3f} over {wer['scored']}" if wer["scored"] else "no ASR scores"
+        lines.append(f"quality gate: {quality['gated']} passed, {quality['respoken']} of them re-spoken; {heard}; "
+                     f"failed by reason {quality['failed_by_reason'] or 'none'} (python -m convtts.report for a page)")
     return "\n".join(lines)
 
 

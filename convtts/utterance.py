@@ -18,35 +18,61 @@ MANIFEST_FIELDS = ("id", "conversation_id", "source_id", "turn", "segment", "rol
 
 
 def synthesize_with_retries(worker, shard: str, segment: dict, crashes: int):
-    """Return (manifest row, None) on success or (None, failure row) after the last attempt.
+    """Return (manifest row, None) on success or (None, failure row) after the last attempt or take.
 
-    `crashes` counts earlier attempts on this utterance that killed a worker during this run.
+    `crashes` counts earlier attempts on this utterance that killed a worker during this run. An
+    error costs an attempt (workers.max_attempts) and the same take is tried again; a take the
+    quality gate refuses costs a re-speak (validate.max_respeaks) and the next take has a new seed.
     """
-    from convtts.worker import utterance_seed
+    from convtts.quality import QualityFailure, take_seed
 
     config = worker.config
     uid = segment["id"]
-    seed = utterance_seed(config.workers.seed, uid)
     errors = [f"worker process died while speaking it ({crashes}x)"] if crashes else []
-    for attempt in range(crashes + 1, config.workers.max_attempts + 1):
+    refused: list = []  # the gate's QualityFailure for each refused take
+    attempt = crashes + 1
+    while attempt <= config.workers.max_attempts:
+        seed = take_seed(config.workers.seed, uid, len(refused))
         try:
             started = time.time()
             audio = worker.backend.synthesize(segment["text"], segment["speaker"], seed)
-            return keep_audio(worker, shard, segment, audio, attempt, seed, started), None
+            return keep_audio(worker, shard, segment, audio, attempt, seed, started, refused), None
+        except QualityFailure as bad:
+            if not respeak(uid, bad, refused, config.validate.max_respeaks):
+                return None, quality_failure_row(segment, worker, refused, attempt, errors)
         except Exception as exc:  # any error is this utterance's, never the shard's...
             if is_disk_full(exc):
                 raise  # ...except a full disk: no utterance is at fault, the run stops (worker.serve)
             note_error(uid, attempt, config.workers.max_attempts, exc, errors)
             if _is_out_of_memory(exc):
                 worker.build("out of GPU memory")
+            attempt += 1
     return None, failure_row(segment, worker, errors, config.workers.max_attempts)
 
 
-def keep_audio(worker, shard: str, segment: dict, audio, attempt: int, seed: int, started: float) -> dict:
-    """Check the audio, write it atomically and return its manifest row; raises if the audio is bad."""
+def respeak(uid: str, bad, refused: list, limit: int) -> bool:
+    """Note a refused take; True if another take is allowed."""
+    refused.append(bad)
+    again = len(refused) <= limit
+    log.warning("%s take %d refused by the quality gate: %s%s", uid, len(refused) - 1, bad,
+                "; speaking it again with a new seed" if again else "; no re-speaks left")
+    return again
+
+
+def keep_audio(worker, shard: str, segment: dict, audio, attempt: int, seed: int, started: float,
+               refused: list = ()) -> dict:
+    """Check the audio (and gate it), write it atomically, return its manifest row; raises if the audio is bad.
+
+    Nothing is written before the gate passes, so the resume contract is unchanged.
+    """
     check_audio(audio)
-    rel = write_audio(worker.layout, shard, segment["id"], audio, worker.backend.sample_rate, worker.config.output)
-    return manifest_row(segment, worker, rel, audio, attempt, seed, time.time() - started)
+    rate, seconds = worker.backend.sample_rate, time.time() - started  # the gate's time is its own figure
+    scores = worker.gate.judge(audio, rate, segment["text"], segment["id"]) if worker.gate else None
+    rel = write_audio(worker.layout, shard, segment["id"], audio, rate, worker.config.output)
+    row = manifest_row(segment, worker, rel, audio, attempt, seed, seconds)
+    if scores is not None:
+        row.update(quality=scores, respeaks=len(refused), respoken_for=[str(r) for r in refused])
+    return row
 
 
 def note_error(uid: str, attempt: int, limit: int, exc: BaseException, errors: list[str]) -> None:
@@ -103,3 +129,16 @@ def failure_row(segment: dict, worker, errors: list[str], attempts: int) -> dict
         "text": segment.get("text"), "status": "failed", "reason": errors[-1][:2000], "errors": [e[:500] for e in errors],
         "attempts": attempts, "backend": worker.config.tts.backend, "run": worker.args.run_id, "time": time.time(),
     }
+
+
+def quality_failure_row(segment: dict, worker, refused: list, attempts: int, errors: list[str] = ()) -> dict:
+    """The failure row of an utterance whose every take the gate refused: the last take's check and figure.
+
+    `errors` are the errors of earlier attempts on the way, listed first.
+    """
+    last = refused[-1]
+    takes = [f"take {n}: {bad}" for n, bad in enumerate(refused)]
+    row = failure_row(segment, worker, [*errors, *takes], attempts)
+    row.update(reason=str(last), check=last.check, figure=last.figure, limit=last.limit,
+               quality=last.scores, respeaks=len(refused) - 1)
+    return row

@@ -15,6 +15,7 @@ from convtts.batching import can_batch, speak_batched
 from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.layout import Layout
+from convtts.quality import open_gate
 from convtts.shardio import (
     append_line, disk_full_text, drop_torn_tail, is_disk_full, read_jsonl,
 )
@@ -59,6 +60,7 @@ class Worker:
         self.config = args.config
         self.layout = Layout(args.out_dir)
         self.backend = None
+        self.gate = open_gate(self.config.validate)  # None when validate is off; lives across model rebuilds
         self.since_build = 0
         self.writer = f"{args.writer_prefix}w{args.wid}"  # names this worker's own manifest and failures files
         self.trimmed: set[str] = set()  # shards whose own files this process has cut back to whole lines

@@ -11,6 +11,7 @@ import importlib
 
 from convtts.backends.base import Backend, SynthesisError
 from convtts.config import Config, ConfigError
+from convtts.quality import check_gate
 
 __all__ = ["Backend", "SynthesisError", "build_backend", "check_backend"]
 
@@ -39,6 +40,7 @@ def check_backend(config: Config) -> None:
         check = getattr(backend_class(name), "check", None)
     if check is not None:
         check(config)
+    check_gate(config.validate)  # the quality gate's recogniser runs in the same workers
 
 
 def build_backend(config: Config) -> Backend:

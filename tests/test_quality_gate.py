@@ -1,0 +1,286 @@
+"""The quality gate (validate:): real Piper audio, the real pocketsphinx recogniser, real run_all.sh runs.
+
+tests/bad_audio_backend.py gives chosen ids wrong audio on their first takes (silence, or another
+sentence spoken), and one id wrong audio on every take: the gate must re-speak the first ones with
+new seeds, record the last in failures.jsonl with its check and figure, and let a rerun finish.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import re
+import subprocess
+import sys
+
+import numpy as np
+import orjson
+import pytest
+
+from conftest import REPO, assert_complete, read_jsonl, run_all, script_env, write_input
+from convtts.config import ConfigError, load_config
+from convtts.quality import (
+    QualityFailure, english_lexicon, looks_english, open_gate, spoken_words, take_seed, word_error_rate,
+)
+
+BASE_SEED = 1234  # workers.seed's default
+GATE = ("--set", "validate.enabled=true")
+
+
+def short_conversations() -> list[dict]:
+    """Two conversations of short English turns: six segments, each long enough for the ASR check."""
+    return [
+        {"id": "street", "conversations": [
+            {"from": "human", "value": "What is the man holding in his left hand?"},
+            {"from": "gpt", "value": "He is holding a small red umbrella and a newspaper."},
+            {"from": "human", "value": "Where is he standing right now?"},
+            {"from": "gpt", "value": "He is standing at a bus stop near the park."}]},
+        {"id": "garage", "conversations": [
+            {"from": "human", "value": "How many bicycles are hanging on the wall?"},
+            {"from": "gpt", "value": "There are three bicycles hanging on the wall."}]},
+    ]
+
+
+# -- text and scores --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, words", [
+    ("It costs $12.50, 20% off!", "it costs twelve point five zero dollars twenty percent off"),
+    ("About 1,500 people, at 20°C.", "about one thousand five hundred people at twenty degrees c"),
+    ("Don't SHOUT: it's 3 AM.", "don't shout it's three am"),
+    ("这是测试", "这 是 测 试"),
+])
+def test_spoken_words_normalise_case_punctuation_and_numbers(text, words):
+    assert spoken_words(text) == words.split()
+
+
+@pytest.mark.parametrize("text, english", [
+    ("What is the man doing in the picture?", True),
+    ("It costs $12.50 at 06:45 on the 3rd floor.", True),
+    ("Quelle est la meilleure saison pour visiter Paris ?", False),
+    ("Die Katze ist in dem Haus und schläft.", False),
+    ("Привет, как у тебя дела сегодня?", False),
+    ("今天天气很好，我们去公园吧。", False),
+])
+def test_only_english_segments_get_the_asr_check(text, english):
+    assert looks_english(text) is english
+    assert looks_english(text, english_lexicon()) is english
+
+
+@pytest.mark.parametrize("text", [  # English with none of the few common words: the dictionary knows them
+    "Jagged peaks rise on both sides under a clear blue sky.",
+    "Indoor cats need both physical exercise and mental stimulation.",
+    "Libraries offer much more than shelves of books.",
+    "What trick is the skateboarder performing?",  # one word the dictionary lacks
+])
+def test_the_recognisers_dictionary_knows_plain_english(text):
+    assert looks_english(text, english_lexicon())
+    for other in ("Il était une fois un petit chat qui aimait le lait.", "Der Hund spielt im Garten mit dem Ball."):
+        assert not looks_english(other, english_lexicon())
+
+
+def test_word_error_rate_counts_substitutions_deletions_insertions():
+    assert word_error_rate("a b c d".split(), "a b c d".split()) == 0
+    assert word_error_rate("a b c d".split(), "a x c".split()) == 0.5  # one substitution, one deletion
+    assert word_error_rate("a b".split(), "a b c d".split()) == 1.0  # two insertions
+    assert word_error_rate([], []) == 0
+
+
+def test_take_seeds_differ_per_take_and_repeat_per_id():
+    from convtts.worker import utterance_seed
+
+    seeds = [take_seed(BASE_SEED, "street-000-00", take) for take in range(5)]
+    assert len(set(seeds)) == 5 and seeds[0] == utterance_seed(BASE_SEED, "street-000-00")  # take 0 as before
+    assert seeds == [take_seed(BASE_SEED, "street-000-00", take) for take in range(5)]
+
+
+@pytest.fixture(scope="module")
+def voice_and_gate():
+    from convtts.backends.piper import PiperBackend
+
+    config = load_config(None, ["validate.enabled=true"])
+    return PiperBackend(config), open_gate(config.validate)
+
+
+def test_gate_passes_real_speech_and_refuses_wrong_audio(voice_and_gate):
+    voice, gate = voice_and_gate
+    text = "There are three bicycles hanging on the wall."
+    good = voice.synthesize(text, "joe", 1)
+    scores = gate.judge(good, voice.sample_rate, text)
+    assert scores["asr"] == "pocketsphinx" and scores["wer"] < 0.5 and "bicycles" in scores["heard"]
+    assert 0.15 < scores["seconds_per_word"] < 0.8 and scores["silence"] < 0.5 and scores["clipped"] < 0.01
+
+    with pytest.raises(QualityFailure) as silent:
+        gate.judge(np.zeros(int(voice.sample_rate * 3), np.float32), voice.sample_rate, text)
+    assert silent.value.check == "silence" and silent.value.figure == 1.0 and str(silent.value) == "silence 1 > 0.6"
+
+    other = voice.synthesize("Seven purple engines hum quietly beneath the old harbour bridge.", "joe", 1)
+    with pytest.raises(QualityFailure) as wrong:
+        gate.judge(other, voice.sample_rate, text)
+    assert wrong.value.check == "wer" and wrong.value.figure > 0.6 and "purple" in wrong.value.scores["heard"]
+
+    with pytest.raises(QualityFailure) as cut:
+        gate.judge(good[: len(good) // 5], voice.sample_rate, text)
+    assert cut.value.check == "short"
+
+    clipped = np.clip(good * 20, -1, 1)
+    with pytest.raises(QualityFailure) as loud:
+        gate.judge(clipped, voice.sample_rate, text)
+    assert loud.value.check == "clipped"
+
+
+def test_non_english_segment_is_not_failed_for_its_language(voice_and_gate):
+    voice, gate = voice_and_gate
+    text = "Quelle est la meilleure saison pour visiter Paris ?"
+    scores = gate.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text)
+    assert scores["asr"] == "skipped: not English" and "wer" not in scores
+
+
+def test_asr_share_samples_ids_deterministically(voice_and_gate):
+    from convtts.quality import Gate, in_share
+
+    ids = [f"c{n}-001-00" for n in range(2000)]
+    chosen = [uid for uid in ids if in_share(uid, 0.25)]
+    assert 0.2 < len(chosen) / len(ids) < 0.3 and chosen == [uid for uid in ids if in_share(uid, 0.25)]
+    voice, gate = voice_and_gate
+    text = "There are three bicycles hanging on the wall."
+    sampled = Gate(dataclasses.replace(gate.cfg, asr_share=0.25), gate.recogniser)
+    left_out = next(uid for uid in ids if uid not in chosen)
+    assert sampled.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text, left_out)["asr"] == "skipped: not sampled"
+    assert sampled.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text, chosen[0])["asr"] == "pocketsphinx"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("validate.max_respeaks=-1", "validate.max_respeaks"),
+    ("validate.max_wer=0", "validate.max_wer"),
+    ("validate.asr_share=0", "validate.asr_share"),
+    ("validate.max_silence_share=1.5", "validate.max_silence_share"),
+    ("validate.min_seconds_per_word=2", "validate.min_seconds_per_word"),
+    ("validate.silence_db=10", "validate.silence_db"),
+    ("validate.recogniser=kaldi", "validate.recogniser must be one of"),
+    ("validate.recogniser=whisper", "validate.model_path is required"),
+    ("validate.recogniser=faster-whisper", "validate.model_path is required"),
+    ("validate.model_path=/x.pt", "only for whisper"),
+    ("validate.max_respeak=2", "did you mean 'max_respeaks'"),
+])
+def test_validate_config_is_checked_up_front(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, [override])
+
+
+def test_whisper_weights_must_exist_locally(tmp_path):
+    with pytest.raises(ConfigError, match="validate.model_path not found"):
+        load_config(None, ["validate.recogniser=whisper", f"validate.model_path={tmp_path / 'small.pt'}"])
+    with pytest.raises(ConfigError, match="must be a model directory"):
+        (tmp_path / "model.bin").write_bytes(b"x")
+        load_config(None, ["validate.recogniser=faster-whisper", f"validate.model_path={tmp_path / 'model.bin'}"])
+    config = load_config(None, ["validate.recogniser=faster-whisper", f"validate.model_path={tmp_path}"])
+    assert config.validate.model_path == str(tmp_path)
+
+
+# -- whole runs -----------------------------------------------------------------------------------
+
+def gated_run(tmp_path, backend: str, bad: str, *extra) -> tuple[subprocess.CompletedProcess, tuple]:
+    source = write_input(tmp_path / "in.json", short_conversations())
+    args = ("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--workers", "1",
+            "--set", f"tts.backend={backend}", *GATE, *extra)
+    return run_all(*args, env=script_env(CONVTTS_TEST_BAD=bad)), args
+
+
+def test_gate_respeaks_bad_takes_and_records_the_hopeless_one(tmp_path):
+    bad = "street-000-00=silence:1,street-001-00=other:2,garage-000-00=other:all"
+    first, args = gated_run(tmp_path, "bad_audio_backend:BadAudioPiper", bad)
+    out = tmp_path / "out"
+    assert first.returncode == 1, first.stderr  # one utterance failed: cron sees it
+    rows = {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")}
+    assert len(rows) == 5 and "garage-000-00" not in rows
+
+    silent, other = rows["street-000-00"], rows["street-001-00"]
+    assert silent["respeaks"] == 1 and silent["respoken_for"] == ["silence 1 > 0.6"]
+    assert other["respeaks"] == 2 and all(r.startswith("wer ") for r in other["respoken_for"])
+    for row in rows.values():  # the seed of the take that was kept, derived from the id and the take
+        assert row["seed"] == take_seed(BASE_SEED, row["id"], row["respeaks"])
+        assert row["quality"]["asr"] == "pocketsphinx" and row["quality"]["wer"] <= 0.6
+    assert rows["garage-001-00"]["quality"]["wer"] < 0.6 and "wall" in rows["garage-001-00"]["quality"]["heard"]
+
+    failed = [f for f in read_jsonl(out / "failures.jsonl") if f["status"] == "failed"]
+    assert [f["id"] for f in failed] == ["garage-000-00"]
+    failure = failed[0]
+    assert failure["check"] == "wer" and failure["figure"] > 0.6 and failure["limit"] == 0.6
+    assert failure["reason"] == f"wer {failure['figure']:.3g} > 0.6" and failure["respeaks"] == 2
+    assert len(failure["errors"]) == 3 and "purple" in failure["quality"]["heard"]
+
+    quality = orjson.loads((out / "summary.json").read_bytes())["quality"]
+    assert quality["gated"] == 5 and quality["respoken"] >= 2 and quality["failed_by_reason"] == {"wer": 1}
+    assert quality["wer"]["scored"] == 5 and 0 <= quality["wer"]["mean"] <= 0.6
+    assert "quality gate: 5 passed" in first.stdout
+
+    check_report(out)
+
+    again = run_all(*args, env=script_env())  # the backend speaks well now: the rerun finishes the work
+    assert again.returncode == 0, again.stderr
+    finished = {r["id"]: r for r in assert_complete(out)}
+    assert finished["garage-000-00"]["quality"]["wer"] <= 0.6
+    assert {k: v for k, v in finished.items() if k != "garage-000-00"} == rows  # nothing else spoken again
+
+
+def check_report(out):
+    """python -m convtts.report writes a page with a real PNG holding the three figures."""
+    from matplotlib import image
+
+    result = subprocess.run([sys.executable, "-m", "convtts.report", str(out)], env=script_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    page = (out / "report.html").read_text()
+    png = base64.b64decode(re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1))
+    picture = image.imread(io.BytesIO(png), format="png")
+    assert picture.shape[0] > 300 and picture.shape[1] > 1000 and picture.std() > 0.05  # drawn, not blank
+    assert "garage-000-00" in page and "wer 0." in page
+
+
+def test_gate_works_on_the_batched_path(tmp_path):
+    bad = "street-001-00=silence:1,garage-000-00=other:all"
+    first, _ = gated_run(tmp_path, "bad_audio_backend:BatchedBadAudioPiper", bad, "--set", "validate.max_respeaks=1")
+    out = tmp_path / "out"
+    assert first.returncode == 1, first.stderr
+    rows = {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")}
+    assert len(rows) == 5 and rows["street-001-00"]["respoken_for"] == ["silence 1 > 0.6"]
+    assert rows["street-001-00"]["seed"] == take_seed(BASE_SEED, "street-001-00", 1)
+    failed = [f for f in read_jsonl(out / "failures.jsonl") if f["status"] == "failed"]
+    assert [(f["id"], f["check"], f["respeaks"]) for f in failed] == [("garage-000-00", "wer", 1)]
+
+
+def test_missing_recogniser_package_is_a_config_error(tmp_path):
+    """validate on with a recogniser that is not installed: exit 2 before anything is spoken."""
+    assert not _installed("faster_whisper"), "this test needs an environment without faster-whisper"
+    source = write_input(tmp_path / "in.json", short_conversations())
+    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", *GATE,
+                     "--set", "validate.recogniser=faster-whisper", "--set", f"validate.model_path={tmp_path}")
+    assert result.returncode == 2 and "pip install faster-whisper" in result.stderr
+    assert not (tmp_path / "out" / "audio").exists()
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_whisper_recogniser_loads_a_local_checkpoint(tmp_path):
+    """The openai-whisper path on a random-weight checkpoint of the real architecture (no real weights
+    can be had here): the file loads, 16 kHz audio goes in, a transcript comes out and is scored.
+    What it hears is noise, so this proves the plumbing, not Whisper's accuracy."""
+    import torch
+    from whisper.model import ModelDimensions, Whisper
+
+    dims = ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
+                           n_vocab=51865, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=1)
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "whisper-random.pt"
+    torch.save({"dims": dataclasses.asdict(dims), "model_state_dict": Whisper(dims).state_dict()}, checkpoint)
+    config = load_config(None, ["validate.enabled=true", "validate.recogniser=whisper", f"validate.model_path={checkpoint}"])
+    gate = open_gate(config.validate)
+    text = "There are three bicycles hanging on the wall."
+    speech = (np.random.default_rng(0).standard_normal(22050 * 3) * 0.1).astype(np.float32)
+    with pytest.raises(QualityFailure) as heard:
+        gate.judge(speech, 22050, text)
+    assert heard.value.check == "wer" and heard.value.scores["asr"] == "whisper" and heard.value.scores["heard"]
