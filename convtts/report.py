@@ -89,11 +89,9 @@ def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
     else:
         middle.text(0.5, 0.5, "no ASR scores\n(validate off, or no English segments)", ha="center", va="center")
     middle.set(title=f"ASR round-trip WER ({len(wers)} scored)", xlabel="word error rate", ylabel="utterances")
-    hours = Counter()
-    for r in rows:
-        hours[r.get("speaker") or "?"] += r["duration"] / 3600
-    names = sorted(hours, key=hours.get, reverse=True)
-    right.barh(names, [hours[n] for n in names], color="#aa3377")
+    hours = speaker_hours(rows)
+    labels = chart_labels(list(hours))
+    right.barh([labels[n] for n in hours], list(hours.values()), color="#aa3377")
     right.invert_yaxis()
     right.set(title="Hours per speaker", xlabel="hours")
     fig.tight_layout()
@@ -101,6 +99,25 @@ def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def speaker_hours(rows: list[dict]) -> dict[str, float]:
+    """Hours of audio per speaker, most first."""
+    hours = Counter()
+    for r in rows:
+        hours[r.get("speaker") or "?"] += r["duration"] / 3600
+    return dict(sorted(hours.items(), key=lambda item: item[1], reverse=True))
+
+
+def chart_labels(names: list[str]) -> dict[str, str]:
+    """Each speaker's label in the chart: its name where the chart's font can draw it, else
+    'speaker N' (the page's table names it). CosyVoice's SFT voices are Chinese names, which
+    matplotlib's default font draws as empty boxes."""
+    from matplotlib import font_manager, ft2font
+
+    charmap = ft2font.FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap()
+    return {name: name if all(ord(c) in charmap for c in name) else f"speaker {number}"
+            for number, name in enumerate(names, 1)}
 
 
 def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> str:
@@ -117,6 +134,7 @@ def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> 
         f"<h1>{html.escape(str(layout.root))}</h1>",
         f"<img alt='duration and WER histograms, hours per speaker' src='data:image/png;base64,{base64.b64encode(png).decode()}'>",
         "<h2>Summary</h2>", _table(["figure", "value"], figures.items()),
+        "<h2>Hours per speaker</h2>", _speaker_table(rows),
         "<h2>Quality gate</h2>", _table(["figure", "value"], _flat(quality)) if quality else "<p>validate was off.</p>",
         f"<h2>Failed ({len(failed)})</h2>",
         _table(["id", "reason", "text"], [(f["id"], f.get("reason"), f.get("text")) for f in failed[:200]]),
@@ -125,6 +143,12 @@ def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> 
                [(r["id"], "; ".join(r.get("respoken_for", [])), r["quality"].get("heard", "")) for r in respoken[:200]]),
     ]
     return "\n".join(parts) + "\n"
+
+
+def _speaker_table(rows: list[dict]) -> str:
+    hours = speaker_hours(rows)
+    labels = chart_labels(list(hours))
+    return _table(["speaker", "in the chart", "hours"], [(n, labels[n], f"{h:.3f}") for n, h in hours.items()])
 
 
 def _flat(data: dict, prefix: str = ""):

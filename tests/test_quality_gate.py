@@ -284,3 +284,22 @@ def test_whisper_recogniser_loads_a_local_checkpoint(tmp_path):
     with pytest.raises(QualityFailure) as heard:
         gate.judge(speech, 22050, text)
     assert heard.value.check == "wer" and heard.value.scores["asr"] == "whisper" and heard.value.scores["heard"]
+
+
+def test_report_names_speakers_the_chart_font_cannot_draw(tmp_path):
+    """CosyVoice's SFT voices have Chinese names: the chart labels them 'speaker N' (no empty boxes,
+    no missing-glyph warning) and the page's table gives the real names beside those labels."""
+    import warnings
+
+    from convtts.layout import Layout
+    from convtts.report import chart_labels, figures_png, page
+
+    rows = [{"id": f"c-000-0{i}", "speaker": name, "duration": 3600.0 * (i + 1)}
+            for i, name in enumerate(["英文女", "英文男", "joe"])]
+    assert chart_labels(["英文女", "joe", "英文男"]) == {"英文女": "speaker 1", "joe": "joe", "英文男": "speaker 3"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for a name it cannot draw
+        png = figures_png(rows, None)
+    text = page(Layout(tmp_path), rows, [], png)
+    assert "<td>英文男</td><td>speaker 2</td><td>2.000</td>" in text.replace("\n", "")
+    assert "<td>joe</td><td>joe</td><td>3.000</td>" in text.replace("\n", "")
