@@ -217,6 +217,7 @@ def load_model(cosy: CosyVoiceConfig):
     _share_text_normalizers()
     if version >= 2:
         _load_backbone_in_fp32()
+        _decode_steps_see_the_whole_cache()
         _read_prompts_with_soundfile()
     model_dir = str(Path(cosy.model_dir).resolve())
     model = cls(model_dir, **constructor_kwargs(cls, cosy))
@@ -251,6 +252,33 @@ def _load_backbone_in_fp32() -> None:
             return qwen.from_pretrained(*args, **kwargs)
 
     llm_module.Qwen2ForCausalLM = Qwen2ForCausalLMInFp32
+
+
+def _decode_steps_see_the_whole_cache() -> None:
+    """Give upstream's Qwen2 decode steps an attention mask that covers the cached tokens too.
+
+    Each decode step hands transformers a mask as long as the new input (one column of ones).
+    transformers 4 ignored an all-ones mask; transformers 5 pads a short mask with zeros, so every
+    step would attend to the first prompt position only and the model would not hear its own text
+    (measured on a random model: logits 0.06 apart from full attention, equal to first-only
+    attention). With the mask widened, both versions compute what the model was trained for.
+    """
+    import torch
+
+    llm_module = importlib.import_module("cosyvoice.llm.llm")
+    encoder = getattr(llm_module, "Qwen2Encoder", None)
+    step = getattr(encoder, "forward_one_step", None)
+    if step is None or getattr(step, "convtts_whole_cache", False):
+        return
+
+    def forward_one_step(self, xs, masks, cache=None):
+        past = cache.get_seq_length() if cache is not None else 0
+        if past and masks.shape[-1] == xs.shape[1]:
+            masks = torch.cat([masks.new_ones(masks.shape[0], masks.shape[1], past), masks], dim=-1)
+        return step(self, xs, masks, cache)
+
+    forward_one_step.convtts_whole_cache = True
+    encoder.forward_one_step = forward_one_step
 
 
 def _read_prompts_with_soundfile() -> None:

@@ -83,13 +83,13 @@ def overrides(model, prompts, version: int) -> list[str]:
               for name in ("anna", "ben"))]
 
 
-@pytest.mark.parametrize("version, runtime", [(2, "installed"), (2, "checkout"), (3, "checkout")],
-                         ids=["v2-installed", "v2-checkout", "v3-checkout"])
-def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, runtime):
+@pytest.mark.parametrize("version, runtime, batch", [(2, "installed", 1), (2, "checkout", 1), (3, "checkout", 1), (3, "checkout", 2)],
+                         ids=["v2-installed", "v2-checkout", "v3-checkout", "v3-checkout-batched"])
+def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, runtime, batch):
     env = runtime_env(runtime)
     model = request.getfixturevalue(f"v{version}_model")
     config = REPO / "configs" / f"cosyvoice{version}.yaml"
-    settings = overrides(model, prompts, version)
+    settings = overrides(model, prompts, version) + [f"tts.cosyvoice.batch_size={batch}"]
     source = write_input(tmp_path / "in.json", [CONVERSATION])
     out, log = tmp_path / "out", tmp_path / "log"
     args = [arg for item in settings for arg in ("--set", item)]
@@ -106,12 +106,17 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     loads = [line for line in logs.splitlines() if f"loaded CosyVoice{version} " in line]
     assert len(loads) >= 2 and all(where in line for line in loads), loads
 
+    # the batched engine spoke them, or upstream's own path did
+    assert (f"1 workers of {batch} rows each" in logs) == (batch > 1)
+    assert "ignored: batching" not in logs  # the worker's warning when a model cannot be batched
+
     # rebuilds every 2 utterances land mid-shard (4 utterances, one shard)
     assert sum("(every 2 utterances)" in line for line in logs.splitlines()) >= 1
     assert sorted(r["since_build"] for r in rows) == [0, 0, 1, 1]
 
-    # Spoken again in a fresh process by a model never rebuilt: same seed, same audio; lengths as
-    # pinned (RATIO speech tokens per text token, 960 samples per speech token).
+    # Spoken again in a fresh process by upstream's own path (inference_zero_shot), by a model
+    # never rebuilt: same seed, same audio (batched too: the flow and vocoder run per utterance in
+    # both, and the batched decode draws the same tokens); lengths as pinned (RATIO speech tokens per text token, 960 samples per speech token).
     probe = tmp_path / "probe"
     probe.mkdir()
     (tmp_path / "settings.json").write_text(json.dumps({"config": str(config), "overrides": settings}))

@@ -166,15 +166,18 @@ class CosyVoiceBackend:
 
     def _engine(self):
         """The batched engine when batch_size asks for one and the model suits it; else None."""
-        from convtts.backends.cosyvoice_batch import BatchEngine, supports
+        from convtts.backends import cosyvoice_batch, cosyvoice_batch_qwen
 
         if self.cosy.batch_size <= 1:
             return None
-        if not supports(self.model):
-            log.warning("batch_size %d ignored: batching runs v1 models in fp32 without TensorRT; "
-                        "speaking one utterance at a time", self.cosy.batch_size)
-            return None
-        return BatchEngine(self.model, self.cosy.batch_size)
+        for module, engine in ((cosyvoice_batch, cosyvoice_batch.BatchEngine),
+                               (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine)):
+            if module.supports(self.model):
+                return engine(self.model, self.cosy.batch_size)
+        log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
+                    "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
+                    self.cosy.batch_size)
+        return None
 
     @property
     def batch_rows(self) -> int:
@@ -222,10 +225,12 @@ class CosyVoiceBackend:
         if speaker in self.prompts:
             prompt_text, audio = self.prompts[speaker]
             prompt_text = frontend.text_normalize(prompt_text, split=False, text_frontend=tf)
-            return [frontend.frontend_zero_shot(part, prompt_text, audio, self.sample_rate, speaker)
+            # A copy per chunk: some releases hand back the registered voice's own dict with the
+            # text set in it, so every chunk of a batch would otherwise speak the last text.
+            return [dict(frontend.frontend_zero_shot(part, prompt_text, audio, self.sample_rate, speaker))
                     for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
         if speaker in self.builtin:
-            return [frontend.frontend_sft(part, speaker) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
+            return [dict(frontend.frontend_sft(part, speaker)) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
         raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {sorted(self.builtin | set(self.prompts))}")
 
     @staticmethod

@@ -61,12 +61,20 @@ class Row:
 
 
 def supports(model) -> bool:
-    """The engine drives v1's TransformerLM (CosyVoice-300M); v2/v3 LLMs are Qwen2 based."""
+    """The engine drives v1's TransformerLM (CosyVoice-300M), in fp32 with the flow in PyTorch (not TensorRT)."""
+    return llm_kind(model) == "TransformerLM" and plain_flow(model)
+
+
+def llm_kind(model) -> str:
+    """The class name of the model's LLM: TransformerLM (v1), Qwen2LM (v2) or CosyVoice3LM (v3)."""
+    return type(getattr(getattr(model, "model", None), "llm", None)).__name__
+
+
+def plain_flow(model) -> bool:
+    """fp32, and the flow estimator a PyTorch module (TensorRT replaces it with an engine)."""
     inner = getattr(model, "model", None)
-    llm = getattr(inner, "llm", None)
     estimator = getattr(getattr(getattr(inner, "flow", None), "decoder", None), "estimator", None)
-    plain = getattr(inner, "fp16", False) is False and isinstance(estimator, torch.nn.Module)  # not TensorRT
-    return type(llm).__name__ == "TransformerLM" and plain
+    return getattr(inner, "fp16", False) is False and isinstance(estimator, torch.nn.Module)
 
 
 @contextmanager
@@ -93,6 +101,8 @@ class BatchEngine:
         self.silent = set(getattr(inner, "silent_tokens", []) or [])
         self.sos = getattr(self.llm, "sos", getattr(self.llm, "sos_eos", 0))
         self.eos = self.llm.speech_token_size
+        # Tokens that end a decode: v1 has one; v2 and v3 name theirs (3 and 200).
+        self.stops = list(getattr(self.llm, "stop_token_ids", [self.eos]))
         self.kv: list[torch.Tensor] = []
         self.rows: list[Row] = []
         self.failed_early: list[Request] = []
@@ -270,13 +280,13 @@ class BatchEngine:
         scores = logp.float().cpu()
         for i, row in enumerate(self.rows):
             if len(row.tokens) < row.min_len or not row.tokens:
-                scores[i, self.eos] = -float("inf")  # upstream's ignore_eos, and never an empty utterance
+                scores[i, self.stops] = -float("inf")  # upstream's ignore_eos, and never an empty utterance
         tokens = self.sampler.draw(scores, self.rows)
         for row, token in zip(self.rows, tokens):
             if isinstance(token, BaseException):
                 row.request.error = token
                 finished.add(row)
-            elif len(row.tokens) >= row.max_len or token == self.eos:
+            elif len(row.tokens) >= row.max_len or token in self.stops:
                 finished.add(row)
             else:
                 self._keep(row, token)

@@ -1,0 +1,147 @@
+"""The batched CosyVoice2 engine against upstream's own one-at-a-time path, on a tiny random v2 model (CPU).
+
+The flow and the vocoder run per utterance through upstream's token2wav in both paths, so an
+utterance with the same speech tokens has the same audio, sample for sample: these tests compare
+exactly. CosyVoice3 and the checkout runtime are covered end to end in test_cosyvoice_v2_v3.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from convtts.backends.base import SynthesisError
+from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory
+from convtts.backends.cosyvoice_batch_qwen import QwenBatchEngine
+from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
+from convtts.cosyvoice_model import build_model_dir, text_token_counts
+from convtts.cosyvoice_model_qwen import expected_samples
+
+RATIO = 3  # speech tokens per text token
+PROMPT = "Hello, this is a short prompt for a new voice."
+TEXTS = [
+    "The weather was lovely this morning.",
+    "We walked to the harbour and watched the boats come in, one after another, until the sun went down.",
+    "A cat sat on the mat.",
+    "It weighs 3.5 kilograms and costs twelve dollars.",
+    "Yes.",
+    "The second sentence is here. And a third one follows it, a little longer than the others.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_model_dir(tmp_path_factory.mktemp("cv2b") / "tiny", "tiny", [], tokens_per_text_token=RATIO, version=2)
+
+
+@pytest.fixture(scope="module")
+def prompt(tmp_path_factory):
+    from convtts.backends.piper import PiperBackend
+    from convtts.config import load_config
+
+    path = tmp_path_factory.mktemp("prompt") / "anna.wav"
+    piper = PiperBackend(load_config(None))
+    sf.write(path, piper.synthesize(PROMPT, "joe", 0), piper.sample_rate)
+    piper.close()
+    return path
+
+
+def config(model_dir, prompt, batch_size: int) -> Config:
+    cosy = CosyVoiceConfig(model_dir=str(model_dir), batch_size=batch_size,
+                           prompts={"anna": PromptVoice(audio=str(prompt), text=PROMPT)})
+    return Config(speakers=SpeakerConfig(voices=("anna",), policy="single"), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
+
+
+@pytest.fixture(scope="module")
+def solo(model_dir, prompt):
+    backend = CosyVoiceBackend(config(model_dir, prompt, 1))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def batched(model_dir, prompt):
+    backend = CosyVoiceBackend(config(model_dir, prompt, 4))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def alone(solo):
+    """Each text spoken by upstream's own path (inference_zero_shot), with its seed."""
+    return [solo.synthesize(text, "anna", 1000 + i) for i, text in enumerate(TEXTS)]
+
+
+def items(texts=TEXTS):
+    return [(i, text, "anna", 1000 + i) for i, text in enumerate(texts)]
+
+
+def test_v2_models_get_the_qwen_engine(batched):
+    assert isinstance(batched.engine, QwenBatchEngine) and batched.batch_rows == 4
+
+
+def test_a_batch_of_one_is_the_unbatched_path_sample_for_sample(solo, alone):
+    solo.engine = QwenBatchEngine(solo.model, 1)
+    try:
+        results = dict(solo.synthesize_many(items()))
+    finally:
+        solo.engine = None
+    for i in range(len(TEXTS)):
+        np.testing.assert_array_equal(results[i], alone[i])
+
+
+def test_a_batch_speaks_each_utterance_as_it_would_alone(batched, alone):
+    # Six utterances through four rows: rows join and leave the shared cache at different
+    # lengths, so left padding, masks and positions all matter to the result.
+    results = dict(batched.synthesize_many(items()))
+    assert sorted(results) == list(range(len(TEXTS)))
+    for i, text in enumerate(TEXTS):
+        counts = text_token_counts(batched.model.frontend, text)
+        assert len(results[i]) == sum(expected_samples(int(n * RATIO)) for n in counts), text
+        np.testing.assert_array_equal(results[i], alone[i])
+
+
+def test_upstreams_decode_attends_to_the_whole_cache(solo):
+    """The runtime shim: upstream's one-column step mask, widened, equals attention over every cached token."""
+    llm = solo.model.model.llm
+    prompt = torch.randn(1, 9, llm.llm_input_size)
+    step = llm.speech_embedding.weight[[5]].reshape(1, 1, -1)
+    with torch.inference_mode():
+        _, cache = llm.llm.forward_one_step(prompt, masks=torch.tril(torch.ones(1, 9, 9)).bool())
+        upstream, _ = llm.llm.forward_one_step(step, masks=torch.ones(1, 1, 1).bool(), cache=cache)
+        whole = torch.cat([prompt, step], dim=1)
+        full = llm.llm.model(inputs_embeds=whole, output_hidden_states=True).hidden_states[-1][:, -1:]
+    torch.testing.assert_close(upstream, full, rtol=1e-4, atol=1e-5)
+
+
+def test_one_failing_utterance_fails_alone(batched, alone):
+    mixed = items()
+    mixed[2] = (2, TEXTS[2], "nobody", 1002)  # refused by the frontend
+    mixed[4] = (4, "", "anna", 1004)  # nothing to speak
+    results = dict(batched.synthesize_many(mixed))
+    assert isinstance(results[2], SynthesisError) and "nobody" in str(results[2])
+    assert isinstance(results[4], SynthesisError)
+    for i in (0, 1, 3, 5):
+        np.testing.assert_array_equal(results[i], alone[i])
+
+
+def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, alone, monkeypatch):
+    step = QwenBatchEngine._step
+
+    def short_of_memory(engine):
+        if len(engine.rows) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return step(engine)
+
+    monkeypatch.setattr(QwenBatchEngine, "_step", short_of_memory)
+    finished = {}
+    with pytest.raises(OutOfMemory):
+        for key, audio in batched.synthesize_many(items()):
+            finished[key] = audio
+    assert not finished
+    assert batched.shrink_batch() == 2
+    finished = dict(batched.synthesize_many(items()))  # two rows fit
+    for i in range(len(TEXTS)):
+        np.testing.assert_array_equal(finished[i], alone[i])
+    batched.engine.max_rows = 4
