@@ -1,8 +1,9 @@
 """The batched CosyVoice2 engine against upstream's own one-at-a-time path, on a tiny random v2 model (CPU).
 
-The flow and the vocoder run per utterance through upstream's token2wav in both paths, so an
-utterance with the same speech tokens has the same audio, sample for sample: these tests compare
-exactly. CosyVoice3 and the checkout runtime are covered end to end in test_cosyvoice_v2_v3.py.
+A batch of one is upstream's path sample for sample. In a batch, rows draw the same speech tokens
+as alone, and rows sharing a flow pass are padded on the right, which causal and masked layers do
+not see: measured 1e-7 to 2e-4 of full scale from the solo rendering. CosyVoice3 and the checkout
+runtime are covered end to end in test_cosyvoice_v2_v3.py.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from convtts.cosyvoice_model import build_model_dir, text_token_counts
 from convtts.cosyvoice_model_qwen import expected_samples
 
 RATIO = 3  # speech tokens per text token
+TOLERANCE = 1e-3  # of full scale, for rows that shared a flow pass (v1's padded flow needs 2e-2)
 PROMPT = "Hello, this is a short prompt for a new voice."
 TEXTS = [
     "The weather was lovely this morning.",
@@ -99,7 +101,7 @@ def test_a_batch_speaks_each_utterance_as_it_would_alone(batched, alone):
     for i, text in enumerate(TEXTS):
         counts = text_token_counts(batched.model.frontend, text)
         assert len(results[i]) == sum(expected_samples(int(n * RATIO)) for n in counts), text
-        np.testing.assert_array_equal(results[i], alone[i])
+        assert np.abs(results[i] - alone[i]).max() < TOLERANCE, text
 
 
 def test_upstreams_decode_attends_to_the_whole_cache(solo):
@@ -123,7 +125,7 @@ def test_one_failing_utterance_fails_alone(batched, alone):
     assert isinstance(results[2], SynthesisError) and "nobody" in str(results[2])
     assert isinstance(results[4], SynthesisError)
     for i in (0, 1, 3, 5):
-        np.testing.assert_array_equal(results[i], alone[i])
+        assert np.abs(results[i] - alone[i]).max() < TOLERANCE
 
 
 def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, alone, monkeypatch):
@@ -143,5 +145,5 @@ def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, alone, monke
     assert batched.shrink_batch() == 2
     finished = dict(batched.synthesize_many(items()))  # two rows fit
     for i in range(len(TEXTS)):
-        np.testing.assert_array_equal(finished[i], alone[i])
+        assert np.abs(finished[i] - alone[i]).max() < TOLERANCE
     batched.engine.max_rows = 4

@@ -115,8 +115,8 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     assert sorted(r["since_build"] for r in rows) == [0, 0, 1, 1]
 
     # Spoken again in a fresh process by upstream's own path (inference_zero_shot), by a model
-    # never rebuilt: same seed, same audio (batched too: the flow and vocoder run per utterance in
-    # both, and the batched decode draws the same tokens); lengths as pinned (RATIO speech tokens per text token, 960 samples per speech token).
+    # never rebuilt: same seed, same audio (batched: the same tokens, and the flow within float
+    # rounding of the solo rendering); lengths as pinned (RATIO speech tokens per text token, 960 samples per speech token).
     probe = tmp_path / "probe"
     probe.mkdir()
     (tmp_path / "settings.json").write_text(json.dumps({"config": str(config), "overrides": settings}))
@@ -131,7 +131,11 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
         tokens = report["rows"][row["id"]]
         assert row["num_samples"] == sum(expected_samples(int(t * RATIO)) for t in tokens), (row["id"], tokens)
         written, _ = sf.read(out / row["audio"], dtype="int16")
-        assert np.array_equal(written, as_written(np.load(probe / f"{row['id']}.npy"))), row["id"]
+        alone = as_written(np.load(probe / f"{row['id']}.npy"))
+        if batch == 1:
+            assert np.array_equal(written, alone), row["id"]
+        else:  # rows padded in one flow pass: within 1e-3 of full scale, as test_cosyvoice_batch_qwen asks
+            assert written.shape == alone.shape and np.abs(written.astype(int) - alone).max() <= 33, row["id"]
 
 
 def test_v2_directory_has_the_released_layout(v2_model):

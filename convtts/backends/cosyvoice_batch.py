@@ -326,7 +326,7 @@ class BatchEngine:
         if not rows:
             return
         try:
-            mels = flow_batch(self.flow, rows, self.device)
+            mels = self._flow(rows)
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise
@@ -342,13 +342,20 @@ class BatchEngine:
             except Exception as exc:
                 row.request.error = exc
 
+    def _flow(self, rows: list[Row]) -> list[torch.Tensor]:
+        return flow_batch(self.flow, rows, self.device)
+
     def _hift(self, request: Request, mel: torch.Tensor, speed: float) -> np.ndarray:
+        """Upstream's non-streaming vocoder call for one utterance (v3's HiFT takes `finalize`)."""
         if speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
         if self.device.type == "cuda":
             torch.cuda.manual_seed(request.seed)  # the vocoder's noise, drawn on the GPU
         with own_random_stream(request):
-            speech, _ = self.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0))
+            if "finalize" in inspect.signature(self.hift.inference).parameters:
+                speech, _ = self.hift.inference(speech_feat=mel, finalize=True)
+            else:
+                speech, _ = self.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0))
         return speech.float().cpu().numpy().reshape(-1)
 
 
@@ -494,7 +501,18 @@ def solve(decoder, rows, mels, feats, spks, device) -> list[torch.Tensor]:
             cond[i, :, :len1] = feats[i][0].to(device).transpose(0, 1)
         with own_random_stream(row.request):  # upstream: randn_like(mu), drawn after the decode
             x[i, :, :size] = torch.randn(1, 80, size)[0].to(device)
-    t_span = torch.linspace(0, 1, 11, device=device, dtype=mu.dtype)  # upstream's n_timesteps=10
+    x = euler(decoder, x, mask, mu, spks, cond)
+    return [x[i:i + 1, :, len1:len1 + len2].float() for i, (_, len1, len2) in enumerate(mels)]
+
+
+def euler(decoder, x, mask, mu, spks, cond, **options) -> torch.Tensor:
+    """Upstream's 10 Euler steps with classifier-free guidance (solve_euler), for any number of rows.
+
+    The first half of each estimator call is conditioned, the second has mu, speaker and prompt
+    zeroed; `options` go to the estimator (v2/v3 take streaming=False).
+    """
+    batch = x.shape[0]
+    t_span = torch.linspace(0, 1, 11, device=x.device, dtype=mu.dtype)  # upstream's n_timesteps=10
     if decoder.t_scheduler == "cosine":
         t_span = 1 - torch.cos(t_span * 0.5 * torch.pi)
     t, dt = t_span[0].unsqueeze(0), t_span[1] - t_span[0]
@@ -504,10 +522,11 @@ def solve(decoder, rows, mels, feats, spks, device) -> list[torch.Tensor]:
         out = decoder.forward_estimator(
             torch.cat([x, x]), torch.cat([mask, mask]), torch.cat([mu, zeros]),
             t.expand(2 * batch).contiguous(), torch.cat([spks, torch.zeros_like(spks)]), torch.cat([cond, zeros]),
+            **options,
         )
         guided, free = torch.split(out, [batch, batch], dim=0)
         x = x + dt * ((1.0 + rate) * guided - rate * free)
         t = t + dt
         if step < len(t_span) - 1:
             dt = t_span[step + 1] - t
-    return [x[i:i + 1, :, len1:len1 + len2].float() for i, (_, len1, len2) in enumerate(mels)]
+    return x

@@ -12,16 +12,15 @@ model specific:
   151,936 text logits per token and never reads them), decode steps for all live rows at once
   over one left-padded KV cache, with an attention mask and each row's own positions;
 - a decode ends on any of the model's stop tokens (3 for v2, 200 for v3);
-- flow and vocoder run per utterance through upstream's own token2wav, so an utterance's audio
-  depends only on its speech tokens and its seed, as in the unbatched path.
+- the flow runs for decoded rows of close lengths together (right padding; see flow_batch_causal),
+  from the decoder's fixed noise as upstream does; the vocoder per utterance, as in v1.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
+import torch.nn.functional as F
 
-from convtts.backends.cosyvoice_batch import BatchEngine, Row, own_random_stream, plain_flow
-from convtts.backends.cosyvoice import is_out_of_memory
+from convtts.backends.cosyvoice_batch import BatchEngine, Row, euler, plain_flow
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
 
@@ -61,10 +60,6 @@ class QwenBatchEngine(BatchEngine):
         self.specials = self.llm.speech_embedding if self.is_v3 else self.llm.llm_embedding
         self.sos = getattr(self.llm, "sos", getattr(self.llm, "sos_eos", 0))
 
-    @property
-    def flow_rows(self) -> int:
-        return 1  # the flow runs per utterance: no reason to hold decoded rows back
-
     def _prefill(self, request, chunk: dict):
         lm_input, text_len, prompt_len = self._lm_input(chunk)
         out = self.backbone(inputs_embeds=lm_input, attention_mask=torch.ones(lm_input.shape[:2], dtype=torch.long, device=self.device),
@@ -101,29 +96,41 @@ class QwenBatchEngine(BatchEngine):
         self.kv = cache_tensors(out.past_key_values)
         return self.llm.llm_decoder(out.last_hidden_state[:, -1]).log_softmax(dim=-1)
 
-    def _vocode(self, rows: list[Row], speed: float) -> None:
-        for row in rows:
-            try:
-                row.request.audio.append(self._token2wav(row, speed))
-            except Exception as exc:
-                if is_out_of_memory(exc):
-                    raise
-                row.request.error = exc
+    def _flow(self, rows: list[Row]) -> list[torch.Tensor]:
+        return flow_batch_causal(self.flow, rows, self.device)
 
-    def _token2wav(self, row: Row, speed: float) -> np.ndarray:
-        """Upstream's non-streaming token2wav for this row, its vocoder noise from the row's seed."""
-        chunk, key = row.chunk, f"convtts-{id(row)}"
-        self.inner.hift_cache_dict[key] = None
-        if self.device.type == "cuda":
-            torch.cuda.manual_seed(row.request.seed)
-        try:
-            with own_random_stream(row.request):
-                speech = self.inner.token2wav(
-                    token=torch.tensor([row.kept], dtype=torch.int32),
-                    prompt_token=chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)),
-                    prompt_feat=chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80)),
-                    embedding=chunk.get("flow_embedding", torch.zeros(0, 192)),
-                    token_offset=0, uuid=key, finalize=True, speed=speed)
-        finally:
-            self.inner.hift_cache_dict.pop(key, None)
-        return speech.float().cpu().numpy().reshape(-1)
+
+def flow_batch_causal(flow, rows: list[Row], device) -> list[torch.Tensor]:
+    """v2/v3 flow (CausalMaskedDiffWithXvec / CausalMaskedDiffWithDiT .inference) for several rows at once.
+
+    Rows are padded on the right. Every layer that mixes frames is causal (convolutions padded on
+    the left) or masked (attention), and the norms are per frame, so a row's frames do not see the
+    padding: a row in a batch matches its solo rendering up to float rounding. Like upstream, each
+    row starts from the decoder's fixed noise and gets the mel frames after its prompt's.
+    """
+    tokens, embeddings, feats = [], [], []
+    for row in rows:
+        prompt = row.chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
+        tokens.append(torch.cat([prompt.reshape(-1).to(torch.long), torch.tensor(row.kept, dtype=torch.long)]))
+        embeddings.append(row.chunk.get("flow_embedding", torch.zeros(1, 192)).reshape(1, -1))
+        feats.append(row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80))[0])
+    lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
+    padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True).to(device)
+    keep = (torch.arange(padded.shape[1], device=device)[None, :] < lengths[:, None]).unsqueeze(-1)
+    embedded = flow.input_embedding(torch.clamp(padded, min=0)) * keep
+    if hasattr(flow, "encoder"):  # v2: a conformer encoder that upsamples to mel frames
+        h, _ = flow.encoder(embedded, lengths, streaming=False)
+        h = flow.encoder_proj(h)
+    else:  # v3: the look-ahead convolution, each token repeated for its mel frames
+        h = flow.pre_lookahead_layer(embedded).repeat_interleave(flow.token_mel_ratio, dim=1)
+    frames = [int(n) * flow.token_mel_ratio for n in lengths.tolist()]
+    width = h.shape[1]
+    mask = (torch.arange(width, device=device)[None, :] < torch.tensor(frames, device=device)[:, None]).unsqueeze(1).to(h.dtype)
+    mu = h.transpose(1, 2).contiguous() * mask
+    cond = torch.zeros_like(mu)
+    for i, feat in enumerate(feats):
+        cond[i, :, :feat.shape[0]] = feat.to(device).transpose(0, 1)
+    spks = flow.spk_embed_affine_layer(F.normalize(torch.cat(embeddings).to(device), dim=1))
+    noise = flow.decoder.rand_noise[:, :, :width].to(device=device, dtype=mu.dtype)
+    x = euler(flow.decoder, noise.expand(len(rows), -1, -1).contiguous(), mask, mu, spks, cond, streaming=False)
+    return [x[i:i + 1, :, feat.shape[0]:frames[i]].float() for i, feat in enumerate(feats)]
