@@ -463,7 +463,7 @@ def flow_batch(flow, rows: list[Row], device) -> list[torch.Tensor]:
         chunk = row.chunk
         prompt = chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
         prompt_tokens.append(prompt.shape[1])
-        tokens.append(torch.cat([prompt.reshape(-1).to(torch.long), torch.tensor(row.kept, dtype=torch.long)]))
+        tokens.append(torch.cat([prompt.reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)]))
         feats.append(chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80)))
     lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
     padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True).to(device)

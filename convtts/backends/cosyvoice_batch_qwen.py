@@ -111,7 +111,8 @@ def flow_batch_causal(flow, rows: list[Row], device) -> list[torch.Tensor]:
     tokens, embeddings, feats = [], [], []
     for row in rows:
         prompt = row.chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
-        tokens.append(torch.cat([prompt.reshape(-1).to(torch.long), torch.tensor(row.kept, dtype=torch.long)]))
+        # the frontend leaves prompt tensors on the model's device; the tokens are assembled on the CPU
+        tokens.append(torch.cat([prompt.reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)]))
         embeddings.append(row.chunk.get("flow_embedding", torch.zeros(1, 192)).reshape(1, -1))
         feats.append(row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80))[0])
     lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
