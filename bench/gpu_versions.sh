@@ -8,7 +8,7 @@
 #
 #   COSYVOICE_ROOT=/path/to/CosyVoice bash bench/gpu_versions.sh      # figures land in $OUT
 #
-# Knobs (defaults in brackets): V1 ["v1-batched:8:on:fp32:32"], V2 ["v2:14:on:fp32"], V3 ["v3:14:on:fp32"]
+# Knobs (defaults in brackets): V1 ["v1-batched:8:on:fp32:32"], V2 ["v2-batched:8:on:fp32:32"], V3 ["v3-batched:8:on:fp32:32"]
 # (name:workers:mps:precision[:batch] settings of bench/throughput.py, space-separated; empty skips a
 # version), SECONDS_WINDOW [60], REBUILD_EVERY [100], MAX_WORDS [10], UTTERANCES [4000], WHEELS [.whl],
 # TEXT [tests/data/llava_style.json].
@@ -21,7 +21,7 @@ mkdir -p "$out" "$work"
 text="${TEXT:-tests/data/llava_style.json}"
 checkout="${COSYVOICE_ROOT:?point COSYVOICE_ROOT at a CosyVoice checkout: v3 needs one}"
 unset COSYVOICE_ROOT  # v1 runs on the installed package (the batched engine's reference); v2 and v3 on the checkout
-V1="${V1-v1-batched:8:on:fp32:32}" V2="${V2-v2:14:on:fp32}" V3="${V3-v3:14:on:fp32}"
+V1="${V1-v1-batched:8:on:fp32:32}" V2="${V2-v2-batched:8:on:fp32:32}" V3="${V3-v3-batched:8:on:fp32:32}"
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
 MODEL_SIZE=none bash bench/gpu_setup.sh "${WHEELS:-.whl}"
