@@ -115,7 +115,7 @@ class CosyVoiceConfig:
     load_vllm: bool = False
     speed: float = 1.0
     text_frontend: bool = True
-    # Utterances a worker decodes at once (v1 models; 1 is upstream's own one-at-a-time path).
+    # Utterances a worker decodes at once (v1, v2 and v3 in fp32; 1 is upstream's own one-at-a-time path).
     batch_size: int = 1
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
 
