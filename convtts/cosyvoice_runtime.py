@@ -215,6 +215,7 @@ def load_model(cosy: CosyVoiceConfig):
     module.snapshot_download = _refuse_download
     _quiet_progress(module)
     _share_text_normalizers()
+    _forget_mel_filters()
     if version >= 2:
         _load_backbone_in_fp32()
         _decode_steps_see_the_whole_cache()
@@ -223,6 +224,20 @@ def load_model(cosy: CosyVoiceConfig):
     model = cls(model_dir, **constructor_kwargs(cls, cosy))
     log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
     return model
+
+
+def _forget_mel_filters() -> None:
+    """Drop the mel filters and window Matcha-TTS caches per fmax and device, not per FFT size.
+
+    v1 (n_fft 1024) and v2/v3 (n_fft 1920) share fmax 8000: a process that loaded one version and
+    then another would reuse the first one's window, and stft refuses it. A worker loads one
+    version, so this matters where one process loads several in turn (tests, probes).
+    """
+    audio = sys.modules.get("matcha.utils.audio")
+    for name in ("mel_basis", "hann_window"):
+        table = getattr(audio, name, None)
+        if isinstance(table, dict):
+            table.clear()
 
 
 def _load_backbone_in_fp32() -> None:
