@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from sample_text import DEFAULT_TEXT, read_conversations  # bench/ is this script's own folder on sys.path
+from figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -71,10 +71,7 @@ def main() -> None:
         "wer_mean": round(float(np.mean(wers)), 4) if wers else None, "wer_scored": len(wers),
         "refused": refused, "cores_needed_at_60_audio_s_per_s": round(60 * sum(cpu) / audio_seconds, 1),
     }
-    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

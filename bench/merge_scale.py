@@ -28,6 +28,7 @@ import soundfile as sf
 
 from preprocess_bench import generate  # bench/ is on sys.path
 from sample_text import DEFAULT_TEXT
+from figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -156,9 +157,7 @@ def main() -> int:
             result["audio_check_cpu_ms_per_file"] = round(cpu / rows * 1000, 4)
         result.update(sizes(layout), old_glob=old_glob_seconds(layout), cpu_count=os.cpu_count(),
                       load_average=os.getloadavg())
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-        if args.out:
-            Path(args.out).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        report(result, args.out)
         return 0 if all(m["rc"] == 0 for m in result["merges"]) else 1
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from sample_text import DEFAULT_TEXT, read_conversations  # bench/ is this script's own folder on sys.path
+from figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -86,10 +87,7 @@ def main() -> None:
                    "runs": [run(source, Path(tmp) / f"out-{gate}", args.gpus, gate) for gate in (False, True)]}
     off, on = results["runs"]
     results["gate_adds_seconds"] = round(on["wall_seconds"] - off["wall_seconds"], 2)
-    text = orjson.dumps(results, option=orjson.OPT_INDENT_2).decode()
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report(results, args.out)
 
 
 if __name__ == "__main__":

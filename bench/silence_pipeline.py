@@ -21,6 +21,7 @@ import orjson
 
 from preprocess_bench import generate  # bench/ is on sys.path
 from sample_text import DEFAULT_TEXT
+from figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
@@ -93,9 +94,7 @@ def main() -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result.update(cpu_count=os.cpu_count(), load_average=os.getloadavg())
-    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    if args.out:
-        Path(args.out).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    report(result, args.out)
     return result["rc"]
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import orjson
 import soundfile as sf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +29,7 @@ from convtts.textclean import clean, split_segments  # noqa: E402
 from convtts.utterance import check_audio, manifest_row, write_audio  # noqa: E402
 
 from sample_text import DEFAULT_TEXT, read_conversations  # noqa: E402
+from figures import report  # noqa: E402
 
 
 def segments(count: int) -> list[dict]:
@@ -90,9 +90,7 @@ def main() -> int:
     result = {"utterances": n, "sample_rate": backend.sample_rate, "mean_audio_kb": round(audio_bytes / n / 1024, 1),
               "cpu_ms_per_utterance": {k: round(v / n * 1000, 4) for k, v in steps.items()},
               "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
-    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    if args.out:
-        Path(args.out).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    report(result, args.out)
     return 0
 
 
