@@ -64,6 +64,22 @@ def plan_ids(out: Path) -> list[str]:
     return ids
 
 
+def speak_with_two_refused(backend, texts: list[str], speaker: str) -> dict:
+    """Speak texts in one batch (seed 1000 + index) with item 2 in an unknown voice and item 4 empty.
+
+    Asserts those two fail, each with a SynthesisError of its own; returns every result by index.
+    """
+    from convtts.backends.base import SynthesisError
+
+    mixed = [(i, text, speaker, 1000 + i) for i, text in enumerate(texts)]
+    mixed[2] = (2, texts[2], "nobody", 1002)  # refused by the frontend
+    mixed[4] = (4, "", speaker, 1004)  # nothing to speak
+    results = dict(backend.synthesize_many(mixed))
+    assert isinstance(results[2], SynthesisError) and "nobody" in str(results[2])
+    assert isinstance(results[4], SynthesisError)
+    return results
+
+
 def assert_complete(out: Path) -> list[dict]:
     """Every planned id exactly once in the manifest; every audio file decodes and matches its row."""
     problems = check_complete(out)

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from convtts.backends.base import SynthesisError
+from conftest import speak_with_two_refused
 from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory
 from convtts.backends.cosyvoice_batch_qwen import QwenBatchEngine
 from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
@@ -118,12 +118,7 @@ def test_upstreams_decode_attends_to_the_whole_cache(solo):
 
 
 def test_one_failing_utterance_fails_alone(batched, alone):
-    mixed = items()
-    mixed[2] = (2, TEXTS[2], "nobody", 1002)  # refused by the frontend
-    mixed[4] = (4, "", "anna", 1004)  # nothing to speak
-    results = dict(batched.synthesize_many(mixed))
-    assert isinstance(results[2], SynthesisError) and "nobody" in str(results[2])
-    assert isinstance(results[4], SynthesisError)
+    results = speak_with_two_refused(batched, TEXTS, "anna")
     for i in (0, 1, 3, 5):
         assert np.abs(results[i] - alone[i]).max() < TOLERANCE
 
