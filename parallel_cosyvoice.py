@@ -9,7 +9,7 @@ import time
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES
 from convtts.backends import check_backend
-from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
+from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
 from convtts.config import ConfigError
 from convtts.layout import Layout
 from convtts.shardio import disk_full_text, is_disk_full
@@ -37,9 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
-    layout = Layout(args.output_dir)
-    if not layout.plan_file.is_file():
-        fail(f"no plan in {layout.plan_dir}: run preprocess.py (or run_all.sh) first")
+    layout = planned_layout(args.output_dir)
     if args.config is None:
         args.config = str(layout.config_file)
     config = load_config_or_exit(args)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from convtts import EXIT_BAD_INPUT
 from convtts.config import Config, ConfigError, load_config
+from convtts.layout import Layout
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,14 @@ def load_config_or_exit(args: argparse.Namespace, extra: list[str] = ()) -> Conf
         return load_config(args.config, [*args.overrides, *extra])
     except ConfigError as exc:
         fail(f"config error: {exc}")
+
+
+def planned_layout(output_dir: str) -> Layout:
+    """The output directory's layout; ends the process if preprocessing has not planned it yet."""
+    layout = Layout(output_dir)
+    if not layout.plan_file.is_file():
+        fail(f"no plan in {layout.plan_dir}: run preprocess.py (or run_all.sh) first")
+    return layout
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT):

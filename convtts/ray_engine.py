@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
-from convtts.cli import fail, setup_logging
+from convtts.cli import fail, planned_layout, setup_logging
 from convtts.config import ConfigError, load_config
 from convtts.layout import Layout
 from convtts.ray_actors import NodeMPS, SlotProcess
@@ -334,9 +334,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
-    layout = Layout(args.output_dir)
-    if not layout.plan_file.is_file():
-        fail(f"no plan in {layout.plan_dir}: run preprocess.py (or run_all.sh) first")
+    layout = planned_layout(args.output_dir)
     try:
         interval = load_config(layout.config_file).workers.progress_interval
     except ConfigError as exc:
