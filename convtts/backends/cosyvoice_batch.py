@@ -108,6 +108,7 @@ class BatchEngine:
         self.failed_early: list[Request] = []
         self.decoded: list[Row] = []  # rows whose decode ended, waiting for the flow
         self.sampler = Sampler(self.llm)
+        self.hift_finalizes = "finalize" in inspect.signature(self.hift.inference).parameters  # v3's HiFT
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.min_ratio = float(bounds["min_token_text_ratio"].default)
@@ -352,7 +353,7 @@ class BatchEngine:
         if self.device.type == "cuda":
             torch.cuda.manual_seed(request.seed)  # the vocoder's noise, drawn on the GPU
         with own_random_stream(request):
-            if "finalize" in inspect.signature(self.hift.inference).parameters:
+            if self.hift_finalizes:
                 speech, _ = self.hift.inference(speech_feat=mel, finalize=True)
             else:
                 speech, _ = self.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0))
@@ -458,31 +459,41 @@ def length_groups(rows: list[Row]) -> list[list[Row]]:
 
 def flow_batch(flow, rows: list[Row], device) -> list[torch.Tensor]:
     """v1 flow (MaskedDiffWithXvec.inference) for several rows at once; returns each row's mel."""
-    tokens, prompt_tokens, feats, mels = [], [], [], []
-    for row in rows:
-        chunk = row.chunk
-        prompt = chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
-        prompt_tokens.append(prompt.shape[1])
-        tokens.append(torch.cat([prompt.reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)]))
-        feats.append(chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80)))
-    lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
-    padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True).to(device)
-    keep = (torch.arange(padded.shape[1], device=device)[None, :] < lengths[:, None]).unsqueeze(-1)
-    embedded = flow.input_embedding(torch.clamp(padded, min=0)) * keep
+    prompt_tokens = [flow_prompt_tokens(row).shape[1] for row in rows]
+    feats = [row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80)) for row in rows]
+    embedded, lengths = embed_flow_tokens(flow, rows, device)
     h, _ = flow.encoder(embedded, lengths)
     h = flow.encoder_proj(h)
+    mels = []
     for i, row in enumerate(rows):
         len1, total = prompt_tokens[i], int(lengths[i])
         mel_len1 = feats[i].shape[1]
         mel_len2 = int((total - len1) / flow.input_frame_rate * 22050 / 256)
         mel, _ = flow.length_regulator.inference(h[i:i + 1, :len1], h[i:i + 1, len1:total], mel_len1, mel_len2, flow.input_frame_rate)
         mels.append((mel[0], mel_len1, mel_len2))
-    spks = flow.spk_embed_affine_layer(F.normalize(torch.cat([_flow_embedding(r, device) for r in rows]), dim=1))
-    return solve(flow.decoder, rows, mels, feats, spks, device)
+    return solve(flow.decoder, rows, mels, feats, flow_speakers(flow, rows, device), device)
 
 
-def _flow_embedding(row: Row, device) -> torch.Tensor:
-    return row.chunk.get("flow_embedding", torch.zeros(1, 192)).to(device).reshape(1, -1)
+def flow_prompt_tokens(row: Row) -> torch.Tensor:
+    return row.chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
+
+
+def embed_flow_tokens(flow, rows: list[Row], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's prompt speech tokens and decoded tokens, padded on the right and embedded
+    (padding zeroed), as the flow's inference embeds one row; returns them and the lengths."""
+    # The frontend leaves prompt tensors on the model's device; the tokens are assembled on the CPU.
+    tokens = [torch.cat([flow_prompt_tokens(row).reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)])
+              for row in rows]
+    lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
+    padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True).to(device)
+    keep = (torch.arange(padded.shape[1], device=device)[None, :] < lengths[:, None]).unsqueeze(-1)
+    return flow.input_embedding(torch.clamp(padded, min=0)) * keep, lengths
+
+
+def flow_speakers(flow, rows: list[Row], device) -> torch.Tensor:
+    """The rows' speaker embeddings, normalised and projected as the flow's inference does."""
+    embeddings = [row.chunk.get("flow_embedding", torch.zeros(1, 192)).to(device).reshape(1, -1) for row in rows]
+    return flow.spk_embed_affine_layer(F.normalize(torch.cat(embeddings), dim=1))
 
 
 def solve(decoder, rows, mels, feats, spks, device) -> list[torch.Tensor]:

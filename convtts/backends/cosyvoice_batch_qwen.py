@@ -18,9 +18,8 @@ model specific:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from convtts.backends.cosyvoice_batch import BatchEngine, Row, euler, plain_flow
+from convtts.backends.cosyvoice_batch import BatchEngine, Row, embed_flow_tokens, euler, flow_speakers, llm_kind, plain_flow
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
 
@@ -28,7 +27,7 @@ END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every pro
 def supports(model) -> bool:
     """v2/v3 with upstream's Qwen2Encoder backbone (not its vLLM engine), fp32, flow in PyTorch."""
     llm = getattr(getattr(model, "model", None), "llm", None)
-    return (type(llm).__name__ in ("Qwen2LM", "CosyVoice3LM") and type(getattr(llm, "llm", None)).__name__ == "Qwen2Encoder"
+    return (llm_kind(model) in ("Qwen2LM", "CosyVoice3LM") and type(getattr(llm, "llm", None)).__name__ == "Qwen2Encoder"
             and not hasattr(llm, "vllm") and plain_flow(model))
 
 
@@ -58,7 +57,6 @@ class QwenBatchEngine(BatchEngine):
         self.is_v3 = type(self.llm).__name__ == "CosyVoice3LM"
         # v2 keeps sos and task id in llm_embedding; v3 has none and keeps them in speech_embedding
         self.specials = self.llm.speech_embedding if self.is_v3 else self.llm.llm_embedding
-        self.sos = getattr(self.llm, "sos", getattr(self.llm, "sos_eos", 0))
 
     def _prefill(self, request, chunk: dict):
         lm_input, text_len, prompt_len = self._lm_input(chunk)
@@ -108,17 +106,8 @@ def flow_batch_causal(flow, rows: list[Row], device) -> list[torch.Tensor]:
     padding: a row in a batch matches its solo rendering up to float rounding. Like upstream, each
     row starts from the decoder's fixed noise and gets the mel frames after its prompt's.
     """
-    tokens, embeddings, feats = [], [], []
-    for row in rows:
-        prompt = row.chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
-        # the frontend leaves prompt tensors on the model's device; the tokens are assembled on the CPU
-        tokens.append(torch.cat([prompt.reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)]))
-        embeddings.append(row.chunk.get("flow_embedding", torch.zeros(1, 192)).reshape(1, -1))
-        feats.append(row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80))[0])
-    lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
-    padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True).to(device)
-    keep = (torch.arange(padded.shape[1], device=device)[None, :] < lengths[:, None]).unsqueeze(-1)
-    embedded = flow.input_embedding(torch.clamp(padded, min=0)) * keep
+    feats = [row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80))[0] for row in rows]
+    embedded, lengths = embed_flow_tokens(flow, rows, device)
     if hasattr(flow, "encoder"):  # v2: a conformer encoder that upsamples to mel frames
         h, _ = flow.encoder(embedded, lengths, streaming=False)
         h = flow.encoder_proj(h)
@@ -131,7 +120,7 @@ def flow_batch_causal(flow, rows: list[Row], device) -> list[torch.Tensor]:
     cond = torch.zeros_like(mu)
     for i, feat in enumerate(feats):
         cond[i, :, :feat.shape[0]] = feat.to(device).transpose(0, 1)
-    spks = flow.spk_embed_affine_layer(F.normalize(torch.cat(embeddings).to(device), dim=1))
     noise = flow.decoder.rand_noise[:, :, :width].to(device=device, dtype=mu.dtype)
-    x = euler(flow.decoder, noise.expand(len(rows), -1, -1).contiguous(), mask, mu, spks, cond, streaming=False)
+    x = euler(flow.decoder, noise.expand(len(rows), -1, -1).contiguous(), mask, mu, flow_speakers(flow, rows, device), cond,
+              streaming=False)
     return [x[i:i + 1, :, feat.shape[0]:frames[i]].float() for i, feat in enumerate(feats)]
