@@ -21,7 +21,14 @@ $(VENV)/.installed: pyproject.toml
 # cosyvoice2-eu bundles the official runtime; --no-deps skips its pins, which this path does not need.
 # nemo-toolkit, --no-deps, only for its manifest reader in tests/test_export.py (see pyproject.toml).
 # The ray extra: the Ray engine's tests start a local Ray cluster; validate: the quality gate's run pocketsphinx.
+# The install peaks at about 10.7 GB of disk (torch's CUDA wheels unpacked beside the downloads) and
+# leaves 9.4 GB; pip's own error when space runs out does not say how much it needed, so say it first.
+TEST_ENV_PEAK_MB := 11000
 $(TEST_VENV)/.installed: pyproject.toml
+	@free_mb=$$(df -Pm . | awk 'NR == 2 {print $$4}'); \
+	if [ "$$free_mb" -lt $(TEST_ENV_PEAK_MB) ]; then \
+	  echo "make test: $$free_mb MB free on this disk; installing .venv-test needs about $(TEST_ENV_PEAK_MB) MB at its peak" >&2; \
+	fi
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q torch==2.9.1 'torchaudio==2.9.*'
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q --no-deps cosyvoice2-eu==0.2.8 nemo-toolkit==3.0.0
