@@ -80,6 +80,20 @@ def speak_with_two_refused(backend, texts: list[str], speaker: str) -> dict:
     return results
 
 
+def run_short_of_memory(monkeypatch, engine_class, rows: int) -> None:
+    """Make engine_class's decode step raise CUDA's out-of-memory error while more than `rows` rows are live."""
+    import torch
+
+    step = engine_class._step
+
+    def short_of_memory(engine):
+        if len(engine.rows) > rows:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return step(engine)
+
+    monkeypatch.setattr(engine_class, "_step", short_of_memory)
+
+
 def assert_complete(out: Path) -> list[dict]:
     """Every planned id exactly once in the manifest; every audio file decodes and matches its row."""
     problems = check_complete(out)

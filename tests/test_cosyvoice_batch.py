@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import speak_with_two_refused
+from conftest import run_short_of_memory, speak_with_two_refused
 from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory
 from convtts.backends.cosyvoice_batch import BatchEngine
 from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
@@ -88,14 +87,7 @@ def test_one_failing_utterance_fails_alone(solo, batched):
 
 
 def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, monkeypatch):
-    step = BatchEngine._step
-
-    def short_of_memory(engine):
-        if len(engine.rows) > 2:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return step(engine)
-
-    monkeypatch.setattr(BatchEngine, "_step", short_of_memory)
+    run_short_of_memory(monkeypatch, BatchEngine, rows=2)
     given = []
 
     def feed():

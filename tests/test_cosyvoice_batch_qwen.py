@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import speak_with_two_refused
+from conftest import run_short_of_memory, speak_with_two_refused
 from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory
 from convtts.backends.cosyvoice_batch_qwen import QwenBatchEngine
 from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
@@ -124,14 +124,7 @@ def test_one_failing_utterance_fails_alone(batched, alone):
 
 
 def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, alone, monkeypatch):
-    step = QwenBatchEngine._step
-
-    def short_of_memory(engine):
-        if len(engine.rows) > 2:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return step(engine)
-
-    monkeypatch.setattr(QwenBatchEngine, "_step", short_of_memory)
+    run_short_of_memory(monkeypatch, QwenBatchEngine, rows=2)
     finished = {}
     with pytest.raises(OutOfMemory):
         for key, audio in batched.synthesize_many(items()):
