@@ -1,66 +1,8 @@
 #!/usr/bin/env python3
-"""Export a finished output directory for training: Hugging Face datasets, lhotse, WebDataset or NeMo.
-
-Exit codes: 0 exported; 2 bad arguments or an output that cannot be exported (no manifest, a broken
-row, a missing audio file); 3 another export is writing the destination; 4 the disk is full. A rerun
-after a kill or a failure finishes the export without redoing the parts already written.
-"""
-from __future__ import annotations
-
-import argparse
+"""Export a finished output directory for training (python -m convtts.results.export); see --help."""
 import sys
-from pathlib import Path
 
-from convtts import EXIT_DISK_FULL, EXIT_LOCKED, EXIT_OK
-from convtts.cli import fail, setup_logging
-from convtts.export.formats import FORMATS, MissingLibrary
-from convtts.export.runner import ExportLocked, ExportOptions, export
-from convtts.export.source import SourceError
-from convtts.layout import Layout
-from convtts.shardio import disk_full_text, is_disk_full
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("output_dir", help="a run_all.sh output directory (manifest.jsonl, audio/, plan/)")
-    parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
-    parser.add_argument("--dest", help="where (default: OUTPUT_DIR/export/FORMAT)")
-    parser.add_argument("--shard-rows", type=int, default=5000, help="most rows in one shard file (default 5000)")
-    parser.add_argument("--shard-mb", type=float, default=500.0,
-                        help="a shard file is closed once it holds this much audio, in MB (default 500)")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setup_logging()
-    layout = Layout(args.output_dir)
-    dest = Path(args.dest) if args.dest else layout.root / "export" / args.format
-    try:
-        options = ExportOptions(args.format, dest, args.shard_rows, args.shard_mb)
-    except ValueError as exc:
-        fail(str(exc))
-    try:
-        result = export(layout, options)
-    except SourceError as exc:
-        fail(f"cannot export {layout.root}: {exc}")
-    except MissingLibrary as exc:
-        fail(str(exc))
-    except ExportLocked as exc:
-        fail(str(exc), EXIT_LOCKED)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        fail(f"{disk_full_text(exc)}; free space and run the same command again", EXIT_DISK_FULL)
-    rate = result.rows / result.seconds if result.seconds else 0.0
-    print(f"exported {result.rows} rows to {dest} ({args.format}): {result.files} files, "
-          f"{result.written_units} units written, {result.skipped_units} already up to date; "
-          f"{result.seconds:.1f} s, {rate:.0f} rows/s")
-    if result.not_spoken:
-        print(f"note: {result.not_spoken} segments of the output are failed or pending (see failures.jsonl) and "
-              "are not in the export; after run_all.sh speaks them, the same command exports them")
-    return EXIT_OK
-
+from convtts.results.export.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,10 +25,10 @@ from figures import report
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from convtts.backends.piper import PiperBackend  # noqa: E402
+from convtts.speak.piper import PiperBackend  # noqa: E402
 from convtts.config import load_config  # noqa: E402
-from convtts.plan import plan_conversation  # noqa: E402
-from convtts.quality import QualityFailure, open_gate  # noqa: E402
+from convtts.plan.planner import plan_conversation  # noqa: E402
+from convtts.gate.quality import QualityFailure, open_gate  # noqa: E402
 
 
 def segments(count: int, config) -> list[dict]:

@@ -24,7 +24,7 @@ STAGES = ("_prefill", "_step", "_sample", "_vocode")
 
 
 def segments(text_file: str, max_words: int, count: int) -> list[str]:
-    from convtts.textclean import clean, split_segments
+    from convtts.plan.textclean import clean, split_segments
 
     out = []
     while len(out) < count:
@@ -61,8 +61,8 @@ def timed_stages(engine_cls, totals: dict):
 def measure(args, batch: int, texts: list[str]) -> dict:
     import torch
 
-    from convtts.backends.cosyvoice import CosyVoiceBackend
-    from convtts.backends.cosyvoice_batch import BatchEngine
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+    from convtts.speak.cosyvoice.batch import BatchEngine
     from convtts.config import load_config
 
     config = load_config(args.config, [f"tts.cosyvoice.model_dir={args.model_dir}", f"tts.cosyvoice.batch_size={batch}"])

@@ -8,7 +8,7 @@ wheels="${1:-.whl}" model="${2:-/tmp/cv300m}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$wheels"/*.whl
 site="$(python3 -c 'import site; print(site.getsitepackages()[0])')"
 echo /tmp/site >"$site/zz-convtts-carried.pth"  # a .pth path goes last on sys.path: image versions win
-python3 -c 'from convtts.config import CosyVoiceConfig; from convtts.cosyvoice_runtime import import_runtime; import_runtime(CosyVoiceConfig()); print("runtime imports ok")'
+python3 -c 'from convtts.config import CosyVoiceConfig; from convtts.speak.cosyvoice.runtime import import_runtime; import_runtime(CosyVoiceConfig()); print("runtime imports ok")'
 if [[ "${MODEL_SIZE:-full}" != none && ! -f "$model/cosyvoice.yaml" ]]; then
-  python3 -m convtts.cosyvoice_model --out "$model" --size "${MODEL_SIZE:-full}" --tokens-per-text-token 14 --speakers 英文女,英文男
+  python3 -m convtts.testing.cosyvoice_model --out "$model" --size "${MODEL_SIZE:-full}" --tokens-per-text-token 14 --speakers 英文女,英文男
 fi

@@ -28,7 +28,7 @@ MODEL_SIZE=none bash bench/gpu_setup.sh "${WHEELS:-.whl}"
 pids=()
 for version in 1 2 3; do
   root=(--runtime-root "$checkout"); [[ $version == 1 ]] && root=()  # v1 from the installed package
-  python3 -m convtts.cosyvoice_model --version "$version" --size full --out "/tmp/cv-v$version" "${root[@]}" \
+  python3 -m convtts.testing.cosyvoice_model --version "$version" --size full --out "/tmp/cv-v$version" "${root[@]}" \
     --tokens-per-text-token "$([[ $version == 1 ]] && echo 14 || echo 7)" >"$work/build-v$version.log" 2>&1 &
   pids+=($!)
 done

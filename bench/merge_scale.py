@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The final merge at scale: a real plan of N generated LLaVA-like conversations, synthetic work files
 shaped like the workers' (every field of a manifest row, one writer file and a stats file per shard),
-then `python -m convtts.merge` under /usr/bin/time -v: wall time, peak RSS, output sizes.
+then `python -m convtts.results.merge` under /usr/bin/time -v: wall time, peak RSS, output sizes.
 
 Audio: `--audio shared` points every row at one of four real WAV files (12M real files do not fit
 a small disk), and merge runs with --no-audio-check, so the figure is the row handling alone;
@@ -32,8 +32,8 @@ from figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from convtts.layout import Layout  # noqa: E402
-from convtts.utterance import MANIFEST_FIELDS  # noqa: E402
+from convtts.state.layout import Layout  # noqa: E402
+from convtts.run.utterance import MANIFEST_FIELDS  # noqa: E402
 
 RATE = 22050
 SHARED_SECONDS = (2.0, 5.0, 9.0, 14.0)  # the shared files' lengths; rows take them in turn
@@ -95,7 +95,7 @@ def write_work(layout: Layout, distinct: bool) -> int:
 
 def timed_merge(out: Path, *flags: str) -> dict:
     """/usr/bin/time -v of the real merge: wall seconds, peak RSS, CPU."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "convtts.merge", str(out), *flags]
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "convtts.results.merge", str(out), *flags]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     report = result.stderr

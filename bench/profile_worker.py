@@ -60,7 +60,7 @@ class StageTimer:
 
 def sentences(path: Path, count: int) -> list[str]:
     """Answers as the pipeline speaks them: cleaned, in segments of 8 to 24 words."""
-    from convtts.textclean import clean, split_segments
+    from convtts.plan.textclean import clean, split_segments
 
     out = []
     for answer in turn_texts(read_conversations(path), ANSWERS):
@@ -81,7 +81,7 @@ def main() -> int:
 
     import torch
 
-    from convtts.backends.cosyvoice import CosyVoiceBackend
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
     from convtts.config import load_config
 
     config = load_config(REPO / "configs" / "cosyvoice.yaml",

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from convtts.config import load_config  # noqa: E402
-from convtts.plan import plan_conversation  # noqa: E402
+from convtts.plan.planner import plan_conversation  # noqa: E402
 
 
 def make_input(segments: int, path: Path) -> int:

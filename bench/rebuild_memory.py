@@ -34,9 +34,10 @@ def main() -> int:
 
     import torch
 
-    from convtts.backends.cosyvoice import CosyVoiceBackend
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
     from convtts.config import load_config
-    from convtts.worker import release_backend, rss_mb
+    from convtts.run.memory import rss_mb
+    from convtts.run.worker import release_backend
 
     config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={args.model_dir}"])
     speaker = config.speakers.voices[0]

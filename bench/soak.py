@@ -33,8 +33,8 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from convtts.shardio import read_json, read_jsonl  # noqa: E402 - after the repository is on sys.path
-from convtts.verify import check_complete, temporary_files  # noqa: E402
+from convtts.state.shardio import read_json, read_jsonl  # noqa: E402 - after the repository is on sys.path
+from convtts.state.verify import check_complete, temporary_files  # noqa: E402
 
 DEFAULT_INPUT = REPO / "tests" / "data" / "llava_style.json"
 KINDS = ("run", "slot", "worker")

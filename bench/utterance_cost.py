@@ -14,19 +14,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import soundfile as sf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from convtts.backends.silence import SilenceBackend  # noqa: E402
+from convtts.speak.silence import SilenceBackend  # noqa: E402
 from convtts.config import load_config  # noqa: E402
-from convtts.layout import Layout  # noqa: E402
-from convtts.shardio import append_line, audio_problem  # noqa: E402
-from convtts.textclean import clean, split_segments  # noqa: E402
-from convtts.utterance import check_audio, manifest_row, write_audio  # noqa: E402
+from convtts.state.layout import Layout  # noqa: E402
+from convtts.state.shardio import append_line, audio_problem  # noqa: E402
+from convtts.plan.textclean import clean, split_segments  # noqa: E402
+from convtts.run.utterance import Context, Settings, check_audio, manifest_row, write_audio  # noqa: E402
 
 from sample_text import DEFAULT_TEXT, read_conversations  # noqa: E402
 from figures import report  # noqa: E402
@@ -60,8 +59,7 @@ def main() -> int:
     layout = Layout(root)
     layout.audio_dir("shard-00000").mkdir(parents=True)
     layout.work_dir.mkdir()
-    worker = SimpleNamespace(backend=backend, config=config, since_build=0, gpu_mb=lambda: 0.0,
-                             args=SimpleNamespace(run_id="bench", rank=0, wid=0))
+    ctx = Context(backend, None, layout, Settings.of(config, "bench"))
     steps = dict.fromkeys(("synthesize", "check_audio", "encode_and_write", "manifest_row", "append_line",
                            "merge_audio_check", "of_which_encoding"), 0.0)
     items = segments(args.utterances)
@@ -74,7 +72,7 @@ def main() -> int:
             t2 = time.process_time()
             rel = write_audio(layout, "shard-00000", segment["id"], audio, backend.sample_rate, config.output)
             t3 = time.process_time()
-            row = manifest_row(segment, worker, rel, audio, 1, 1, t3 - t0)
+            row = manifest_row(ctx, segment, rel, audio, 1, 1, t3 - t0)
             t4 = time.process_time()
             append_line(layout.manifest("shard-00000", "w0"), row)
             t5 = time.process_time()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from convtts import EXIT_BAD_INPUT
 from convtts.config import Config, ConfigError, load_config
-from convtts.layout import Layout
+from convtts.state.layout import Layout
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:

@@ -12,9 +12,9 @@ import os
 
 import numpy as np
 
-from convtts.backends.base import SynthesisError
-from convtts.backends.piper import PiperBackend, check  # noqa: F401  (check is picked up below)
-from convtts.quality import take_seed
+from convtts.speak.base import SynthesisError
+from convtts.speak.piper import PiperBackend, check  # noqa: F401  (check is picked up below)
+from convtts.gate.quality import take_seed
 
 OTHER_WORDS = ("seven purple engines hum quietly beneath the old harbour bridge while gulls circle "
                "over fishing boats and a bell rings twice").split()

@@ -3,9 +3,9 @@
 It stands for a fault no single utterance owns (a kernel error in the shared step): the worker
 must speak that batch's utterances one at a time and lose none of them.
 """
-from convtts.backends import cosyvoice
-from convtts.backends.cosyvoice import CosyVoiceBackend, check  # noqa: F401  (check is picked up below)
-from convtts.backends.cosyvoice_batch import BatchEngine
+from convtts.speak.cosyvoice import backend as cosyvoice
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check  # noqa: F401  (check is picked up below)
+from convtts.speak.cosyvoice.batch import BatchEngine
 
 _broken = {"done": False}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from convtts.verify import check_complete
+from convtts.state.verify import check_complete
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
@@ -69,7 +69,7 @@ def speak_with_two_refused(backend, texts: list[str], speaker: str) -> dict:
 
     Asserts those two fail, each with a SynthesisError of its own; returns every result by index.
     """
-    from convtts.backends.base import SynthesisError
+    from convtts.speak.base import SynthesisError
 
     mixed = [(i, text, speaker, 1000 + i) for i, text in enumerate(texts)]
     mixed[2] = (2, texts[2], "nobody", 1002)  # refused by the frontend

@@ -16,9 +16,9 @@ import numpy as np
 
 
 def main(config_path: str, rows_path: str, out_dir: str) -> int:
-    from convtts.backends.cosyvoice import CosyVoiceBackend
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
     from convtts.config import load_config
-    from convtts.cosyvoice_model import text_token_counts
+    from convtts.testing.cosyvoice_v1 import text_token_counts
 
     settings = json.loads(Path(config_path).read_text())
     backend = CosyVoiceBackend(load_config(settings["config"], settings["overrides"]))

@@ -7,8 +7,8 @@ Marks are read from the environment, so a rerun can change what fails:
 import os
 import signal
 
-from convtts.backends.base import SynthesisError
-from convtts.backends.piper import PiperBackend, check  # noqa: F401  (check is picked up below)
+from convtts.speak.base import SynthesisError
+from convtts.speak.piper import PiperBackend, check  # noqa: F401  (check is picked up below)
 
 
 class FlakyPiper(PiperBackend):

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import soundfile
 
-from convtts.backends.base import SynthesisError
-from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory, check
+from convtts.speak.base import SynthesisError
+from convtts.speak.base import OutOfMemory
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check
 from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig, load_config
-from convtts.cosyvoice_model import build_model_dir, expected_samples, model_info, text_token_counts
-from convtts.cosyvoice_runtime import check_model_dir, constructor_kwargs
+from convtts.testing.cosyvoice_model import build_model_dir, model_info
+from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
+from convtts.speak.cosyvoice.runtime import check_model_dir, constructor_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIO = 4  # speech tokens per text token in the tiny model: short audio, fast tests
@@ -258,7 +260,7 @@ def test_v2_and_v3_voices_must_be_prompts(tmp_path, version):
 def test_cli_eos_bias_high_stops_at_the_minimum(tmp_path):
     out = tmp_path / "high"
     done = subprocess.run(
-        [sys.executable, "-m", "convtts.cosyvoice_model", "--out", str(out), "--size", "tiny",
+        [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--out", str(out), "--size", "tiny",
          "--eos-bias", "high", "--speakers", "英文女,narrator", "--seed", "7"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
@@ -291,7 +293,7 @@ WETEXT_CHILD = """
 import sys
 sys.modules["tn"] = None  # as on a machine without WeTextProcessing (and its 165 MB pynini)
 import numpy as np
-from convtts.backends.cosyvoice import CosyVoiceBackend
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
 config = Config(speakers=SpeakerConfig(voices=("英文女",)),
                 tts=TTSConfig(backend="cosyvoice", cosyvoice=CosyVoiceConfig(model_dir=sys.argv[1])))

@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 from conftest import run_short_of_memory, speak_with_two_refused
-from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory
-from convtts.backends.cosyvoice_batch import BatchEngine
+from convtts.speak.base import OutOfMemory
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+from convtts.speak.cosyvoice.batch import BatchEngine
 from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
-from convtts.cosyvoice_model import build_model_dir, expected_samples, text_token_counts
+from convtts.testing.cosyvoice_model import build_model_dir
+from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
 RATIO = 4  # speech tokens per text token
 VOICES = ("英文女", "英文男")

@@ -13,11 +13,13 @@ import soundfile as sf
 import torch
 
 from conftest import run_short_of_memory, speak_with_two_refused
-from convtts.backends.cosyvoice import CosyVoiceBackend, OutOfMemory
-from convtts.backends.cosyvoice_batch_qwen import QwenBatchEngine
+from convtts.speak.base import OutOfMemory
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+from convtts.speak.cosyvoice.batch_qwen import QwenBatchEngine
 from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
-from convtts.cosyvoice_model import build_model_dir, text_token_counts
-from convtts.cosyvoice_model_qwen import expected_samples
+from convtts.testing.cosyvoice_model import build_model_dir
+from convtts.testing.cosyvoice_v1 import text_token_counts
+from convtts.testing.cosyvoice_qwen import expected_samples
 
 RATIO = 3  # speech tokens per text token
 TOLERANCE = 1e-3  # of full scale, for rows that shared a flow pass (v1's padded flow needs 2e-2)
@@ -39,7 +41,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prompt(tmp_path_factory):
-    from convtts.backends.piper import PiperBackend
+    from convtts.speak.piper import PiperBackend
     from convtts.config import load_config
 
     path = tmp_path_factory.mktemp("prompt") / "anna.wav"

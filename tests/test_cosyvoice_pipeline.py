@@ -9,7 +9,8 @@ import soundfile as sf
 
 from conftest import REPO, assert_complete, llava_conversations, run_all, write_input
 from convtts.config import load_config
-from convtts.cosyvoice_model import build_model_dir, expected_samples, text_token_counts
+from convtts.testing.cosyvoice_model import build_model_dir
+from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
 RATIO = 3  # speech tokens per text token: short audio keeps the test fast
 VOICES = ("英文女", "英文男")
@@ -37,7 +38,7 @@ def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
     assert {r["backend"] for r in rows} == {"cosyvoice"} and {r["sample_rate"] for r in rows} == {22050}
 
     # durations are what the pinned decode length predicts for each spoken text
-    from convtts.backends.cosyvoice import CosyVoiceBackend
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
     config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.fp16=false"])
     backend = CosyVoiceBackend(config)
@@ -73,7 +74,7 @@ def test_run_all_speaks_batched(tmp_path, model_dir):
     # the feed stops once a rebuild is due; what is in flight (at most 4 rows) still finishes
     assert max(r["since_build"] for r in rows) <= 5 - 1 + 4
 
-    from convtts.backends.cosyvoice import CosyVoiceBackend
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
     config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.batch_size=1"])
     backend = CosyVoiceBackend(config)

@@ -18,7 +18,7 @@ import soundfile as sf
 
 from conftest import COSYVOICE_CHECKOUT as CHECKOUT
 from conftest import REPO, assert_complete, run_all, script_env, write_input
-from convtts.cosyvoice_model_qwen import SAMPLE_RATE, expected_samples
+from convtts.testing.cosyvoice_qwen import SAMPLE_RATE, expected_samples
 
 RATIO = 3  # speech tokens per text token: short audio keeps the test fast
 NO_CHECKOUT = ("needs a checkout of the official CosyVoice repository (with third_party/Matcha-TTS): "
@@ -44,7 +44,7 @@ def runtime_env(runtime: str) -> dict:
 def write_model(path, version: int, runtime: str):
     env = runtime_env(runtime)
     done = subprocess.run(
-        [sys.executable, "-m", "convtts.cosyvoice_model", "--version", str(version), "--size", "tiny",
+        [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", str(version), "--size", "tiny",
          "--out", str(path), "--tokens-per-text-token", str(RATIO)],
         env=env, capture_output=True, text=True, timeout=600,
     )
@@ -65,7 +65,7 @@ def v3_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory):
     """Two prompt recordings spoken by the default Piper voice (22050 Hz, as a user's file would be)."""
-    from convtts.backends.piper import PiperBackend
+    from convtts.speak.piper import PiperBackend
     from convtts.config import load_config
 
     folder = tmp_path_factory.mktemp("prompts")

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from conftest import DATA, REPO, llava_conversations, read_jsonl, script_env, sharegpt_conversations
-from convtts.layout import Layout
+from convtts.state.layout import Layout
 
 SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 HASH = r"-[0-9a-f]{8}"  # appended whenever an id had to be changed to be a safe file name

@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from conftest import REPO, assert_complete, plan_ids, read_jsonl, run_all, script_env
-from convtts.shardio import append_line, write_atomic
+from convtts.state.shardio import append_line, write_atomic
 
 PLAN_ARGS = ("--count", "2", "--set", "shards.segments_per_shard=5", "--set", "tts.backend=paced_backend:PacedTone")
 RUN_ARGS = ("--gpus", "cpu:1", "--workers", "1", *PLAN_ARGS)
@@ -111,7 +111,7 @@ def test_merge_and_plan_on_a_full_disk_keep_the_previous_results(tmp_path, small
     before = {name: (out / name).read_bytes() for name in results}
 
     fill(filler, leave=len(before["manifest.jsonl"]) // 2)  # merge fails half way through manifest.jsonl
-    merged = subprocess.run([sys.executable, "-m", "convtts.merge", str(out)], env=script_env(),
+    merged = subprocess.run([sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(),
                             capture_output=True, text=True)
     assert merged.returncode == 4, merged.stderr
     assert "No space left on device writing" in merged.stderr and str(out) in merged.stderr

@@ -173,7 +173,7 @@ def test_reexport_redoes_only_what_the_manifest_changed(spoken, tmp_path):
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("export"))
     lost = rows[len(rows) // 2]
     (out / lost["audio"]).unlink()
-    assert subprocess.run([sys.executable, "-m", "convtts.merge", str(out)], env=script_env(),
+    assert subprocess.run([sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(),
                           capture_output=True).returncode == 1  # one pending
     first = export(out, "nemo", "--shard-rows", 6)
     assert first.returncode == 0, first.stderr

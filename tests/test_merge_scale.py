@@ -8,7 +8,7 @@ import sys
 import orjson
 
 from conftest import llava_conversations, read_jsonl, run_all, script_env, write_input
-from convtts.layout import Layout, WorkListing
+from convtts.state.layout import Layout, WorkListing
 
 
 def silence_run(tmp_path):
@@ -22,7 +22,7 @@ def silence_run(tmp_path):
 
 
 def merge(out, *flags):
-    return subprocess.run([sys.executable, "-m", "convtts.merge", str(out), *flags], env=script_env(),
+    return subprocess.run([sys.executable, "-m", "convtts.results.merge", str(out), *flags], env=script_env(),
                           capture_output=True, text=True, timeout=120)
 
 

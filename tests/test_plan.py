@@ -11,12 +11,12 @@ import orjson
 import pytest
 
 from conftest import REPO, llava_conversations, read_jsonl, script_env, write_input
-from convtts import plan as planner
-from convtts import reader
+from convtts.plan import planner
+from convtts.plan import reader
 from convtts.config import load_config
-from convtts.layout import Layout
-from convtts.plan import make_plan, plan_is_fresh, safe_id, select, side_voices, unique_ids
-from convtts.reader import InputError
+from convtts.state.layout import Layout
+from convtts.plan.planner import make_plan, plan_is_fresh, safe_id, select, side_voices, unique_ids
+from convtts.plan.reader import InputError
 
 SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 

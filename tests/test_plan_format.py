@@ -5,8 +5,8 @@ import orjson
 
 from conftest import assert_complete, llava_conversations, read_jsonl, run_all, write_input
 from convtts.config import load_config
-from convtts.layout import Layout
-from convtts.plan import PLAN_VERSION, fingerprint, make_plan
+from convtts.state.layout import Layout
+from convtts.plan.planner import PLAN_VERSION, fingerprint, make_plan
 
 SETTINGS = ("tts.backend=silence", "shards.segments_per_shard=8")
 

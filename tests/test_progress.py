@@ -34,7 +34,7 @@ def test_monitor_draws_a_bar_per_slot_on_a_terminal_without_a_size(tmp_path):
                   "started": now - 20, "updated": now - 10, "finished": done == total}
         (slots / f"slot-{rank}.json").write_bytes(orjson.dumps(status))
     parent, child = pty.openpty()  # a fresh pty reports 0 columns and 0 rows
-    monitor = subprocess.Popen([sys.executable, "-m", "convtts.progress", str(tmp_path / "out"), "--slots", "2"],
+    monitor = subprocess.Popen([sys.executable, "-m", "convtts.run.progress", str(tmp_path / "out"), "--slots", "2"],
                                cwd=REPO, stdin=subprocess.DEVNULL, stdout=child, stderr=child)
     os.close(child)
     try:

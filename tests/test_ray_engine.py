@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from conftest import REPO, assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
+from conftest import REPO, assert_complete, llava_conversations, run_all, script_env, write_input
 from test_orchestrator import FAKE_MPS, _alive, requests
 from test_resume import read_jsonl_tolerant, wait_for
 

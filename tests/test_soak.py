@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from conftest import REPO, llava_conversations, run_all, script_env, write_input
-from convtts.verify import check_complete, temporary_files
+from convtts.state.verify import check_complete, temporary_files
 
 sys.path.insert(0, str(REPO / "bench"))
 from soak import SoakOptions, soak, summary_lines  # noqa: E402 - bench/ is not a package
@@ -37,7 +37,7 @@ def test_a_merge_killed_before_its_renames_leaves_nothing_behind_after_the_rerun
     args = ("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1", "--log-dir", tmp_path / "log")
     assert run_all(*args).returncode == 0
     for _ in range(50):  # a merge of one conversation takes milliseconds: watch for its files, kill at once
-        merge = subprocess.Popen([sys.executable, "-m", "convtts.merge", str(out)], env=script_env(),
+        merge = subprocess.Popen([sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while merge.poll() is None and not temporary_files(out):
             pass

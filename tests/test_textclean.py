@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from convtts.textclean import clean, split_segments
+from convtts.plan.textclean import clean, split_segments
 
 CLEAN_CASES = [
     # placeholders

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from convtts.tuning import MAX_WORKERS_PER_GPU, choose_workers, cpu_cores
+from convtts.run.tuning import MAX_WORKERS_PER_GPU, choose_workers, cpu_cores
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_cpu_slots_share_the_cores():
 
 
 def test_gpu_count_is_bounded_by_free_memory(free_gpu, caplog, monkeypatch):
-    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 64)
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 64)
     free_gpu(10_000)
     with caplog.at_level(logging.INFO):
         assert choose_workers(0, "cuda", 1, 3000) == 3  # 90% of 10000 MiB holds three 3000 MiB workers
@@ -44,20 +44,20 @@ def test_gpu_count_is_bounded_by_free_memory(free_gpu, caplog, monkeypatch):
     free_gpu(140_000)
     assert choose_workers(0, "cuda", 1, 2600) == MAX_WORKERS_PER_GPU
     assert choose_workers(0, "cuda", 8, 2600) == 7  # (64 cores - 2 spare) shared by 8 slots
-    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
     assert choose_workers(0, "cuda", 1, 2600) == 14  # one H200 on a 16-core node: the measured setting
 
 
 def test_unreadable_gpu_memory_means_one_worker(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi at all
-    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 64)
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 64)
     with caplog.at_level(logging.WARNING):
         assert choose_workers(0, "cuda", 1, 2600) == 1
     assert "could not read free GPU memory" in caplog.text
 
 
 def test_a_batched_worker_counts_its_rows_and_the_log_says_so(caplog):
-    from convtts.tuning import worker_gpu_mb
+    from convtts.run.tuning import worker_gpu_mb
 
     caplog.set_level("INFO")
     assert worker_gpu_mb(2600, 500, 1) == 2600 and "rows" not in caplog.text
@@ -65,8 +65,8 @@ def test_a_batched_worker_counts_its_rows_and_the_log_says_so(caplog):
     assert "a worker of 32 rows needs about 18100 MiB" in caplog.text
     # the shipped GPU config on an H200 (143,156 MiB free) gives the 7 workers its README run measured
     from convtts.config import load_config
-    from convtts.slot import batch_rows
+    from convtts.speak import backend_rows
 
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml", ["tts.cosyvoice.model_dir=m"])
     w = config.workers
-    assert int(143156 * 0.9 // worker_gpu_mb(w.gpu_mb_per_worker, w.gpu_mb_per_row, batch_rows(config))) == 7
+    assert int(143156 * 0.9 // worker_gpu_mb(w.gpu_mb_per_worker, w.gpu_mb_per_row, backend_rows(config))) == 7

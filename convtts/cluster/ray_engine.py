@@ -1,0 +1,371 @@
+"""The builder on a Ray cluster: one slot per GPU anywhere in the cluster, shards handed out as slots ask.
+
+run_all.sh --engine ray locks the output, makes the plan, runs this driver, then merges. The
+driver starts one SlotProcess actor per unit of the slot resource (a GPU by default), each running
+parallel_cosyvoice.py --feed on its node; it hands each slot a shard whenever the slot asks, so
+fast slots take more; a slot whose actor or node dies has its shards put back in line for the
+others. The output directory must be on a filesystem every node shares.
+
+Exit codes: 0 every shard finished (merge counts failed utterances); 1 some shards were left unfinished; 2 no cluster, or
+no slot resource in it; 4 the output's disk is full (run_all.sh says so and exits 1).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import hashlib
+import logging
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
+from convtts.cli import fail, planned_layout, setup_logging
+from convtts.config import ConfigError, load_config
+from convtts.state.layout import Layout
+from convtts.cluster.ray_actors import NodeMPS, SlotProcess
+from convtts.state.shardio import read_json
+
+log = logging.getLogger("ray_engine")
+
+NAMESPACE = "convtts"
+# A lost slot's shards wait this long before another slot may open them: Ray may report a node
+# dead a moment before the processes on it have noticed and exited (docs/ARCHITECTURE.md).
+HANDBACK_GRACE = 5.0
+PLACEMENT_TIMEOUT = 600.0  # no slot running and none placed for this long: the cluster has no room
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the driver."""
+
+
+@dataclass
+class SlotState:
+    rank: int
+    actor: object
+    node: str | None = None
+    host: str = "?"
+    held: set = field(default_factory=set)  # shards handed to it and not yet finished
+    code: int | None = None  # its exit code, once it ended
+    lost: str | None = None  # why the driver gave up on it
+
+    def running(self) -> bool:
+        return self.node is not None and self.code is None and self.lost is None
+
+
+@dataclass
+class Options:
+    out: str
+    run_id: str
+    log_dir: str
+    resource: str
+    mps: str
+    progress: bool
+
+
+class Driver:
+    def __init__(self, ray, options: Options, shards: list[str], interval: float):
+        self.ray, self.o, self.interval = ray, options, interval
+        self.layout = Layout(options.out)
+        self.total = len(shards)
+        self.queue = deque(shards)
+        self.returning: list[tuple[float, list[str]]] = []  # (when, shards) of lost slots
+        self.finished: set[str] = set()
+        self.slots: dict[int, SlotState] = {}
+        self.calls: dict = {}  # ObjectRef -> (rank, what it is)
+        self.mps: dict[str, tuple] = {}  # node id -> (NodeMPS actor, env for its slots)
+        self.disk_full = False
+        self.started = time.time()
+        self.key = hashlib.blake2b(str(self.layout.root.resolve()).encode(), digest_size=4).hexdigest()
+
+    # -- starting ------------------------------------------------------------------------------
+    def start(self, count: int) -> None:
+        self.remove_leftovers()
+        actor = self.ray.remote(SlotProcess)
+        for rank in range(count):
+            handle = actor.options(namespace=NAMESPACE, name=f"slot-{self.key}-{rank}", **self.needs()).remote()
+            self.slots[rank] = SlotState(rank, handle)
+            self.call(rank, "where", handle.where.remote())
+        log.info("%d shards to hand out to %d slots (one per %s); output %s", self.total, count, self.o.resource, self.o.out)
+
+    def needs(self) -> dict:
+        """What one slot takes from its node: a GPU, a CPU, or one unit of a custom resource."""
+        if self.o.resource == "GPU":
+            return {"num_gpus": 1, "num_cpus": 0}  # its workers' cores are shared out by --slots-on-node
+        if self.o.resource == "CPU":
+            return {"num_cpus": 1}
+        return {"num_cpus": 0, "resources": {self.o.resource: 1}}
+
+    def remove_leftovers(self) -> None:
+        """Slots a killed driver left on this output (Ray ends them when it notices): gone before any new one writes."""
+        mine = f"slot-{self.key}-"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            left = [a["name"] for a in self.ray.util.list_named_actors(all_namespaces=True)
+                    if a["namespace"] == NAMESPACE and a["name"].startswith(mine)]
+            if not left:
+                return
+            log.warning("slots of an earlier driver on this output are still alive: %s; ending them", left)
+            for name in left:
+                try:
+                    self.ray.kill(self.ray.get_actor(name, namespace=NAMESPACE))
+                except ValueError:
+                    pass  # gone meanwhile
+            time.sleep(1.0)
+        raise RuntimeError(f"slots of an earlier driver would not end: {left}")
+
+    def slot_args(self, slot: SlotState) -> list[str]:
+        on_node = self.slots_on_node(slot.node)
+        return ["--output-dir", self.o.out, "--rank", str(slot.rank), "--world", str(len(self.slots)),
+                "--device", "cuda" if self.o.resource == "GPU" else "cpu", "--run-id", self.o.run_id,
+                "--log-dir", self.o.log_dir, "--slots-on-node", str(on_node)]
+
+    def slots_on_node(self, node: str) -> int:
+        """Slots that will share this node's cores: its units of the slot resource."""
+        for info in self.ray.nodes():
+            if info["NodeID"] == node:
+                return max(1, int(info["Resources"].get(self.o.resource, 1)))
+        return 1
+
+    def node_env(self, node: str) -> dict:
+        """The node's MPS daemon (started by the first of its slots): GPU slots only."""
+        if self.o.resource != "GPU" or self.o.mps == "off":
+            return {}
+        if node not in self.mps:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            actor = self.ray.remote(NodeMPS).options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            try:
+                env, said = self.ray.get(actor.start.remote(self.o.mps, f"{self.o.log_dir}/mps-{node[:8]}"))
+            except self.ray.exceptions.RayError as exc:  # the node went meanwhile: its slot's start fails next
+                env, said = {}, f"not started: {_first_line(exc)}"
+            log.info("MPS on node %s: %s", node[:8], said)
+            self.mps[node] = (actor, env)
+        return self.mps[node][1]
+
+    # -- the loop ------------------------------------------------------------------------------
+    def call(self, rank: int, what: str, ref) -> None:
+        self.calls[ref] = (rank, what)
+
+    def run(self) -> int:
+        last = time.time()
+        while self.calls:
+            ready, _ = self.ray.wait(list(self.calls), num_returns=1, timeout=1.0)
+            for ref in ready:
+                self.on_result(ref)
+            self.release_returning()
+            self.give_up_on_unplaced()
+            if time.time() - last >= self.interval:
+                last = time.time()
+                self.report()
+        self.report()
+        return self.exit_code()
+
+    def on_result(self, ref) -> None:
+        rank, what = self.calls.pop(ref)
+        slot = self.slots[rank]
+        try:
+            value = self.ray.get(ref)
+        except self.ray.exceptions.RayError as exc:  # its actor or node died, or the slot could not start
+            self.lose(slot, _first_line(exc))
+            return
+        if what == "where":
+            slot.node = value
+            log_file = f"{self.o.log_dir}/slot-{rank}.log"
+            self.call(rank, "start", slot.actor.start.remote(self.slot_args(slot), self.node_env(value), log_file))
+        elif what == "start":
+            pid, slot.host, gpu = value
+            log.info("slot %d running on %s (node %s, pid %d, CUDA_VISIBLE_DEVICES=%s); log %s/slot-%d.log", rank,
+                     slot.host, slot.node[:8], pid, gpu, self.o.log_dir, rank)
+            self.call(rank, "line", slot.actor.exchange.remote(None))
+        else:
+            self.on_line(slot, value)
+
+    def on_line(self, slot: SlotState, line: tuple) -> None:
+        kind = line[0] if line else ""
+        answer = None
+        if kind == "next":
+            answer = self.hand_out(slot)
+        elif kind == "done" and len(line) == 2:
+            slot.held.discard(line[1])
+            self.finished.add(line[1])
+        elif kind == "exit":
+            self.on_exit(slot, int(line[1]))
+            return
+        else:
+            log.warning("slot %d said something unexpected: %r", slot.rank, line)
+        self.call(slot.rank, "line", slot.actor.exchange.remote(answer))
+
+    def hand_out(self, slot: SlotState) -> str:
+        """A shard for this slot, "wait" while shards held elsewhere may yet come back, or "" (no more)."""
+        if self.disk_full:
+            return ""
+        if self.queue:
+            shard = self.queue.popleft()
+            slot.held.add(shard)
+            return shard
+        busy = self.returning or any(s.held for s in self.slots.values() if s is not slot)
+        return "wait" if busy or slot.held else ""
+
+    def on_exit(self, slot: SlotState, code: int) -> None:
+        slot.code = code
+        if code == EXIT_DISK_FULL:
+            self.disk_full = True  # its log names the file; the others get no more shards
+            log.error("slot %d: the output's disk is full; handing out no more shards", slot.rank)
+        elif code != EXIT_OK:
+            log.error("slot %d on %s exited %d; see %s/slot-%d.log", slot.rank, slot.host, code, self.o.log_dir, slot.rank)
+        if slot.held - self.finished:
+            self.hand_back(slot, f"exited {code} holding them")
+
+    def lose(self, slot: SlotState, why: str) -> None:
+        slot.lost = why
+        log.warning("slot %d on %s lost: %s", slot.rank, slot.host, why)
+        self.hand_back(slot, "lost")
+
+    def hand_back(self, slot: SlotState, why: str) -> None:
+        shards = sorted(slot.held - self.finished)
+        slot.held.clear()
+        if shards:
+            log.warning("slot %d %s: %d shards go back in line in %.0f s: %s", slot.rank, why, len(shards),
+                        HANDBACK_GRACE, ", ".join(shards))
+            self.returning.append((time.time() + HANDBACK_GRACE, shards))
+
+    def release_returning(self) -> None:
+        now = time.time()
+        for entry in [e for e in self.returning if e[0] <= now]:
+            self.returning.remove(entry)
+            self.queue.extendleft(reversed(entry[1]))  # first in line, in plan order
+
+    def give_up_on_unplaced(self) -> None:
+        """Slots Ray has not placed (no free GPU) are not waited for once nothing needs them."""
+        waiting = [r for r, what in self.calls.values() if what == "where"]
+        if not waiting or len(waiting) != len(self.calls):
+            return
+        left = self.queue or self.returning
+        if left and time.time() - self.started < PLACEMENT_TIMEOUT:
+            return
+        for rank in waiting:
+            self.ray.kill(self.slots[rank].actor)
+            self.slots[rank].lost = "never placed"
+        self.calls.clear()
+        if left:
+            log.error("no slot is running and %d were never placed in %.0f s: the cluster has no free %s",
+                      len(waiting), PLACEMENT_TIMEOUT, self.o.resource)
+
+    # -- reporting and the end -----------------------------------------------------------------
+    def report(self) -> None:
+        done = failed = 0
+        audio = 0.0
+        for rank in self.slots:
+            status = read_json(self.layout.slot_status(rank))
+            if isinstance(status, dict) and status.get("started", 0) >= self.started:
+                done, failed, audio = done + status["done"], failed + status["failed"], audio + status["audio_seconds"]
+        held = sum(len(s.held) for s in self.slots.values())
+        running = sum(s.running() for s in self.slots.values())
+        lost = sum(s.lost is not None for s in self.slots.values())
+        rate = audio / max(time.time() - self.started, 1e-6)
+        line = (f"shards {len(self.finished)}/{self.total} finished, {held} in hand, {len(self.queue)} waiting; "
+                f"this run {done} utterances ({failed} failed), {audio / 3600:.3f} h audio, {rate:.2f} audio s/s; "
+                f"slots {running} running, {lost} lost")
+        log.info("%s", line)
+        if self.o.progress:
+            print(line, flush=True)
+
+    def exit_code(self) -> int:
+        if self.disk_full:
+            return EXIT_DISK_FULL
+        unfinished = self.total - len(self.finished)
+        if unfinished:
+            log.error("%d of %d shards were not finished: no slot was left to take them", unfinished, self.total)
+            return EXIT_FAILURES
+        # Every shard has its stats: failed utterances, if any, are for merge to count and report. A
+        # slot that died or ended badly had its shards finished by others, so a rerun has nothing to add.
+        return EXIT_OK
+
+    def stop(self) -> None:
+        """End every slot this driver started (Linux ends their workers) and the MPS daemons."""
+        for slot in self.slots.values():
+            if slot.code is None:
+                self.ray.kill(slot.actor)
+        for actor, _ in self.mps.values():
+            try:
+                self.ray.get(actor.stop.remote(), timeout=60)
+            except Exception as exc:  # noqa: BLE001 - its node may be gone; say so and go on
+                log.warning("MPS daemon not stopped: %s", _first_line(exc))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return " ".join(text[:1] + [t.strip() for t in text if "died because" in t])[:300]
+
+
+def connect(address: str):
+    """Ray, connected: `local` starts a one-machine cluster, else `auto` or HOST:PORT joins one."""
+    try:
+        import ray
+    except ImportError:
+        fail("--engine ray needs Ray: pip install 'convtts[ray]' (ray 2.60.0)")
+    try:
+        if address == "local":
+            ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        fail(f"cannot join the Ray cluster at {address!r}: {_first_line(exc)} "
+             "(start one with `ray start --head`, or pass --address local)")
+    return ray
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="run the slots of a planned output directory on a Ray cluster")
+    p.add_argument("--output-dir", required=True, help="planned output directory, on a filesystem every node shares")
+    p.add_argument("--address", default="auto", help="auto, HOST:PORT of the cluster's head, or local")
+    p.add_argument("--slot-resource", default="GPU", help="one slot per unit of this resource (GPU: a CUDA slot per GPU)")
+    p.add_argument("--mps", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"))
+    p.add_argument("--log-dir", required=True, help="slot logs go here: a folder every node can write")
+    p.add_argument("--progress", action="store_true", help="print the progress lines on stdout too")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    layout = planned_layout(args.output_dir)
+    try:
+        interval = load_config(layout.config_file).workers.progress_interval
+    except ConfigError as exc:
+        fail(f"config error: {exc}")
+    shards = layout.shard_names()
+    ray = connect(args.address)
+    count = int(ray.cluster_resources().get(args.slot_resource, 0))
+    if count < 1:
+        fail(f"the Ray cluster has no {args.slot_resource!r} resource to run slots on "
+             f"(it has {sorted(k for k in ray.cluster_resources() if not k.startswith('node:'))})")
+    options = Options(str(layout.root.resolve()), args.run_id, os.path.abspath(args.log_dir), args.slot_resource, args.mps, args.progress)
+    driver = Driver(ray, options, shards, interval)
+    _install_stop_handlers()
+    try:
+        driver.start(count)
+        return driver.run()
+    except Stopped as exc:
+        log.error("stopped by %s; ending this run's slots", exc)
+        return 130 if str(exc) == "SIGINT" else 143
+    finally:
+        driver.stop()
+        ray.shutdown()
+
+
+def _install_stop_handlers() -> None:
+    def stop(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,2 +1,0 @@
-"""Exports of a finished output directory to the formats people train on: Hugging Face datasets,
-lhotse, WebDataset and NeMo. Entry: export.py; the run (units, resume, state) is in runner.py."""

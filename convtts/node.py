@@ -1,0 +1,25 @@
+"""The node job, `python -m convtts` (run_all.sh calls it): plan, one slot per GPU, wait, merge.
+
+The orchestration itself is node.sh beside this file, a strict bash script (locks, waits on every
+slot, traps); this module starts it in place of the Python process, with PYTHON set to this
+interpreter so that every step runs with the same installation.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).with_name("node.sh")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.setdefault("CONVTTS_HOME", os.getcwd())
+    # exec, not a child: the same pid, so signals sent to the caller reach the orchestrator's traps
+    os.execvpe("bash", ["bash", str(SCRIPT), *args], env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The node orchestrator behind run_all.sh and `python -m convtts`: plan (if needed), one slot
+# (python -m convtts.run, as parallel_cosyvoice.py) per GPU or CPU slot, wait, merge.
+# Started by convtts/node.py with PYTHON set; output/ and log/ default to folders of CONVTTS_HOME
+# (run_all.sh: the checkout; python -m convtts: the current directory).
+# Exit codes: 0 all done; 1 some utterances failed or unfinished, or the disk filled (rerun
+#             retries them); 2 bad input or config (nothing started); 3 another run holds the lock.
+# Its steps exit 4 when the output's filesystem is full; that becomes one line and exit 1 here.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # the package: run/mps.sh
+PYTHON="${PYTHON:-python3}"
+HOME_DIR="${CONVTTS_HOME:-$PWD}"
+# run_all.sh names its checkout's preprocess.py and parallel_cosyvoice.py; installed, the modules.
+PLAN=("$PYTHON" -m convtts.plan) SLOT=("$PYTHON" -m convtts.run)
+[[ -n "${CONVTTS_PLAN_SCRIPT:-}" ]] && PLAN=("$PYTHON" "$CONVTTS_PLAN_SCRIPT")
+[[ -n "${CONVTTS_SLOT_SCRIPT:-}" ]] && SLOT=("$PYTHON" "$CONVTTS_SLOT_SCRIPT")
+
+usage() {
+  cat <<'EOF'
+usage: run_all.sh --input FILE [--output-dir DIR] [--config configs/X.yaml]
+                  [--gpus 0,1,... | --gpus cpu:N] [--workers K] [--mps auto|on|off]
+                  [--fraction F | --count N] [--seed S] [--set group.key=value ...]
+                  [--log-dir DIR] [--force-replan]
+                  [--engine ray [--address auto|HOST:PORT|local] [--slot-resource GPU|NAME]]
+                  [--node-rank R --nodes N | --slurm]
+Speaks every selected conversation turn into OUTPUT_DIR (default: output/). Run it again after
+any interruption: it finishes the work and redoes nothing that is done.
+--engine ray: one slot per GPU of a Ray cluster, shards handed out as slots ask (OUTPUT_DIR and
+the log folder on a filesystem every node shares). --node-rank/--nodes (--slurm: from SLURM_NODEID
+and SLURM_NNODES): this node speaks shards[R::N], beside the other nodes' run_all.sh.
+Exit codes: 0 all done, 1 some utterances failed or the disk is full (rerun retries them),
+2 bad input or config, 3 another run holds the output directory's lock.
+EOF
+}
+
+bad_usage() { echo "run_all.sh: $*" >&2; echo "try: run_all.sh --help" >&2; exit 2; }
+say() { if [[ -t 1 ]]; then echo "$@"; fi; }  # chatter only on a terminal: cron gets the summary alone
+DISK_FULL_EXIT=4  # convtts.EXIT_DISK_FULL: preprocess, a slot or merge could not write for want of space
+disk_full() {
+  echo "run_all.sh: no space left on device in $OUT; free space and run the same command again" >&2
+  exit 1
+}
+
+INPUT="" OUT="$HOME_DIR/output" CONFIG="" GPUS="" WORKERS="" MPS="auto" LOG_ROOT="" FORCE=""
+ENGINE="bash" ADDRESS="" SLOT_RESOURCE="" NODE_RANK="" NODES="" SLURM=""
+PRE_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --input) INPUT="${2:?--input needs a file}"; shift 2 ;;
+    --output-dir) OUT="${2:?--output-dir needs a folder}"; shift 2 ;;
+    --config) CONFIG="${2:?--config needs a file}"; shift 2 ;;
+    --gpus) GPUS="${2:?--gpus needs a list or cpu:N}"; shift 2 ;;
+    --workers) WORKERS="${2:?--workers needs a number}"; shift 2 ;;
+    --mps) MPS="${2:?--mps needs auto, on or off}"; shift 2 ;;
+    --fraction|--count|--seed) PRE_ARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
+    --set) PRE_ARGS+=(--set "${2:?--set needs group.key=value}"); shift 2 ;;
+    --log-dir) LOG_ROOT="${2:?--log-dir needs a folder}"; shift 2 ;;
+    --force-replan) FORCE="--force"; shift ;;
+    --engine) ENGINE="${2:?--engine needs bash or ray}"; shift 2 ;;
+    --address) ADDRESS="${2:?--address needs auto, HOST:PORT or local}"; shift 2 ;;
+    --slot-resource) SLOT_RESOURCE="${2:?--slot-resource needs a Ray resource name}"; shift 2 ;;
+    --node-rank) NODE_RANK="${2:?--node-rank needs a number}"; shift 2 ;;
+    --nodes) NODES="${2:?--nodes needs a number}"; shift 2 ;;
+    --slurm) SLURM=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_usage "unknown option: $1" ;;
+  esac
+done
+[[ -n "$INPUT" ]] || bad_usage "--input FILE is required"
+[[ -z "$WORKERS" || "$WORKERS" =~ ^[1-9][0-9]*$ ]] || bad_usage "--workers must be a positive integer"
+[[ "$MPS" =~ ^(auto|on|off)$ ]] || bad_usage "--mps takes auto, on or off"
+[[ "$ENGINE" =~ ^(bash|ray)$ ]] || bad_usage "--engine takes bash or ray"
+if [[ "$ENGINE" != ray && ( -n "$ADDRESS" || -n "$SLOT_RESOURCE" ) ]]; then bad_usage "--address and --slot-resource go with --engine ray"; fi
+if [[ "$ENGINE" == ray && -n "$GPUS" ]]; then bad_usage "--gpus is for one machine; --engine ray runs a slot per GPU of the cluster (or per --slot-resource)"; fi
+if [[ -n "$SLURM" ]]; then
+  [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_NNODES:-}" ]] || bad_usage "--slurm needs SLURM_NODEID and SLURM_NNODES (run it under srun)"
+  NODE_RANK="$SLURM_NODEID" NODES="$SLURM_NNODES"
+fi
+if [[ -n "$NODE_RANK$NODES" ]]; then
+  [[ "$NODE_RANK" =~ ^[0-9]+$ && "$NODES" =~ ^[1-9][0-9]*$ ]] || bad_usage "--node-rank R and --nodes N go together (0 <= R < N)"
+  (( NODE_RANK < NODES )) || bad_usage "--node-rank must be below --nodes, got $NODE_RANK of $NODES"
+  [[ "$ENGINE" == bash ]] || bad_usage "--node-rank/--nodes/--slurm share shards between nodes by rank; --engine ray hands them out itself"
+fi
+[[ -n "$CONFIG" ]] && PRE_ARGS+=(--config "$CONFIG")
+[[ -n "$WORKERS" ]] && PRE_ARGS+=(--set "workers.per_slot=$WORKERS")
+
+# --- the slots: GPU ids, or cpu:N ---------------------------------------------------------
+SLOT_DEVICES=()
+if [[ -z "$GPUS" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && ids="$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)" && [[ -n "$ids" ]]; then
+    GPUS="$(echo "$ids" | tr -d ' ' | paste -sd, -)"
+  else
+    GPUS="cpu:1"
+  fi
+fi
+if [[ "$GPUS" =~ ^cpu:([1-9][0-9]*)$ ]]; then
+  for ((i = 0; i < BASH_REMATCH[1]; i++)); do SLOT_DEVICES+=("cpu"); done
+elif [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+  IFS=, read -r -a SLOT_DEVICES <<<"$GPUS"
+else
+  bad_usage "--gpus takes a list of GPU ids (0,1,2) or cpu:N, got '$GPUS'"
+fi
+WORLD=${#SLOT_DEVICES[@]}
+
+# --- 1. check config and input; nothing is written yet --------------------------------------
+rc=0
+checked="$("${PLAN[@]}" --validate --input "$INPUT" --output-dir "$OUT" "${PRE_ARGS[@]}" 2>&1)" || rc=$?
+if [[ $rc -ne 0 ]]; then
+  echo "$checked" | grep -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} .* INFO ' >&2
+  exit 2
+fi
+
+# --- 2. lock the output directory ---------------------------------------------------------
+CREATED_OUT=""
+[[ -d "$OUT" ]] || CREATED_OUT=1
+mkdir -p "$OUT"
+exec 9>"$OUT/.lock"
+# A node of a multi-node run shares the output's lock with its sibling nodes (a whole-output run
+# still excludes them all) and holds its own node's lock alone.
+LOCK_MODE="-x"
+[[ -n "$NODES" ]] && LOCK_MODE="-s"
+if ! flock -n "$LOCK_MODE" 9; then
+  echo "run_all.sh: another run holds the lock on $OUT ($OUT/.lock); not starting" >&2
+  exit 3
+fi
+if [[ -n "$NODES" ]]; then
+  exec 8>"$OUT/.lock-node-$NODE_RANK"
+  if ! flock -n 8; then
+    echo "run_all.sh: another run of node $NODE_RANK holds $OUT/.lock-node-$NODE_RANK; not starting" >&2
+    exit 3
+  fi
+fi
+
+RUN_ID="$(date +%Y%m%dT%H%M%S)-$$${NODES:+-node$NODE_RANK}"
+STARTED="$(date +%s.%N)"
+LOG_DIR="${LOG_ROOT:-$HOME_DIR/log}/$(basename "$OUT")/$RUN_ID"
+mkdir -p "$LOG_DIR"
+
+# --- 3. plan: made when missing or stale ----------------------------------------------------
+set +e
+# Nodes starting together plan one at a time: the first makes the plan, the others find it fresh.
+[[ -n "$NODES" ]] && exec 7>"$OUT/.lock-plan" && flock 7
+"${PLAN[@]}" --input "$INPUT" --output-dir "$OUT" $FORCE "${PRE_ARGS[@]}" >"$LOG_DIR/preprocess.log" 2>&1
+rc=$?
+[[ -n "$NODES" ]] && exec 7>&-
+set -e
+if [[ $rc -ne 0 ]]; then
+  if [[ $rc -ne $DISK_FULL_EXIT ]]; then
+    grep -E '^error:' "$LOG_DIR/preprocess.log" >&2 || tail -n 20 "$LOG_DIR/preprocess.log" >&2
+  fi
+  if [[ -n "$CREATED_OUT" && -z "$NODES" ]]; then rm -f "$OUT/.lock"; rmdir "$OUT" 2>/dev/null || true; fi
+  [[ $rc -eq $DISK_FULL_EXIT ]] && disk_full
+  [[ $rc -eq 2 ]] && exit 2
+  echo "run_all.sh: preprocessing failed unexpectedly (exit $rc); see $LOG_DIR/preprocess.log" >&2
+  exit 1
+fi
+if [[ -t 1 ]]; then grep -v -E '^[0-9]{4}-' "$LOG_DIR/preprocess.log" || true; fi
+
+# --- 4. MPS, slots, and stopping only what we started ---------------------------------------
+# shellcheck source=run/mps.sh
+source "$HERE/run/mps.sh"
+SLOT_PIDS=()
+MONITOR_PID=""
+cleanup() {
+  [[ -n "$MONITOR_PID" ]] && kill "$MONITOR_PID" 2>/dev/null || true
+  mps_stop
+}
+on_signal() {
+  trap - INT TERM
+  echo "run_all.sh: $1 received; stopping this run's slots" >&2
+  for pid in "${SLOT_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait || true
+  [[ "$1" == INT ]] && exit 130 || exit 143
+}
+trap cleanup EXIT
+trap 'on_signal INT' INT
+trap 'on_signal TERM' TERM
+
+if [[ "$ENGINE" == ray ]]; then
+  # The driver starts the slots (and each node's MPS daemon) on the cluster; it is this run's only child.
+  RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
+            --run-id "$RUN_ID" --log-dir "$LOG_DIR")
+  if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
+  "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>"$LOG_DIR/driver.log" &
+  SLOT_PIDS+=($!)
+  say "run $RUN_ID: slots on the Ray cluster at ${ADDRESS:-auto}; logs in $LOG_DIR (driver.log, slot-N.log)"
+else
+  if [[ "${SLOT_DEVICES[0]}" != cpu ]]; then mps_start "$MPS" "$LOG_DIR/mps"; fi
+  NODE_ARGS=()
+  [[ -n "$NODES" ]] && NODE_ARGS=(--node-rank "$NODE_RANK" --nodes "$NODES")
+  for ((rank = 0; rank < WORLD; rank++)); do
+    device="${SLOT_DEVICES[$rank]}"
+    if [[ "$device" == cpu ]]; then visible="" kind=cpu; else visible="$device" kind=cuda; fi
+    CUDA_VISIBLE_DEVICES="$visible" "${SLOT[@]}" --output-dir "$OUT" \
+      --rank "$rank" --world "$WORLD" --device "$kind" --run-id "$RUN_ID" --log-dir "$LOG_DIR" "${NODE_ARGS[@]}" \
+      >"$LOG_DIR/slot-$rank.log" 2>&1 &
+    SLOT_PIDS+=($!)
+  done
+  say "run $RUN_ID: $WORLD slot(s) on ${GPUS}${NODES:+, node $NODE_RANK of $NODES}; logs in $LOG_DIR"
+fi
+if [[ -t 1 && "$ENGINE" == bash ]]; then
+  "$PYTHON" -m convtts.run.progress "$OUT" --slots "$WORLD" --since "$STARTED" &
+  MONITOR_PID=$!
+fi
+
+SLOT_FAILED=0 SLOT_DISK_FULL=0
+if [[ "$ENGINE" == ray ]]; then
+  rc=0
+  wait "${SLOT_PIDS[0]}" || rc=$?
+  if [[ $rc -eq 2 ]]; then  # no cluster, or no slot resource in it: its line says which
+    grep -E '^error:' "$LOG_DIR/driver.log" >&2 || tail -n 5 "$LOG_DIR/driver.log" >&2
+    exit 2
+  elif [[ $rc -eq $DISK_FULL_EXIT ]]; then
+    SLOT_DISK_FULL=1
+  elif [[ $rc -ne 0 ]]; then
+    SLOT_FAILED=1
+    echo "run_all.sh: the Ray driver exited $rc; see $LOG_DIR/driver.log" >&2
+  fi
+  WORLD=0  # no slots of its own to wait for
+fi
+for ((rank = 0; rank < WORLD; rank++)); do
+  rc=0
+  wait "${SLOT_PIDS[$rank]}" || rc=$?
+  if [[ $rc -eq $DISK_FULL_EXIT ]]; then
+    SLOT_DISK_FULL=1  # its log names the file; the others stopped or will, on the same disk
+  elif [[ $rc -ne 0 ]]; then
+    SLOT_FAILED=1
+    echo "run_all.sh: slot $rank (${SLOT_DEVICES[$rank]}) exited $rc; see $LOG_DIR/slot-$rank.log" >&2
+  fi
+done
+if [[ -n "$MONITOR_PID" ]]; then kill "$MONITOR_PID" 2>/dev/null || true; wait "$MONITOR_PID" 2>/dev/null || true; MONITOR_PID=""; echo; fi
+
+# --- 5. merge and report ------------------------------------------------------------------
+# No merge on a full disk: it would rewrite manifest.jsonl beside the work files and fail too.
+[[ $SLOT_DISK_FULL -eq 1 ]] && disk_full
+rc=0
+# Sibling nodes merge one at a time; the last to finish writes outputs that hold every node's work.
+[[ -n "$NODES" ]] && exec 7>"$OUT/.lock-merge" && flock 7
+"$PYTHON" -m convtts.results.merge "$OUT" --run-id "$RUN_ID" --started "$STARTED" || rc=$?
+[[ $rc -eq $DISK_FULL_EXIT ]] && disk_full
+if [[ -n "$NODES" && $rc -eq 1 && $SLOT_FAILED -eq 0 ]]; then
+  echo "node $NODE_RANK of $NODES: its shards are all spoken; the outputs are whole once every node has finished"
+  exit 0
+fi
+if [[ $rc -ne 0 || $SLOT_FAILED -ne 0 ]]; then
+  echo "run_all.sh: not everything was spoken; see $OUT/failures.jsonl. Run the same command again to retry." >&2
+  exit 1
+fi
+exit 0

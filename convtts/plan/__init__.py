@@ -1,0 +1,1 @@
+"""Reading and planning: the input file, text cleaning and splitting, ids, voices, shards (entry: python -m convtts.plan)."""

@@ -1,0 +1,145 @@
+"""Check the config and input, then make (or keep) the plan: which segments to speak, in which shards."""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from convtts import EXIT_DISK_FULL, EXIT_OK
+from convtts.gate.quality import check_gate
+from convtts.speak import check_backend
+from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
+from convtts.config import ConfigError, dump_yaml
+from convtts.state.layout import Layout
+from convtts.plan.planner import (
+    PLAN_VERSION, earlier_version_with_same_ids, make_plan, missing_plan_files, plan_is_fresh, plan_matches,
+)
+from convtts.plan.reader import InputError
+from convtts.state.shardio import disk_full_text, is_disk_full, write_atomic
+
+log = logging.getLogger("preprocess")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--input", required=True, help="LLaVA / ShareGPT conversations: a JSON array or JSON lines")
+    parser.add_argument("--output-dir", required=True, help="where plan/, work/ and audio/ go")
+    add_config_args(parser)
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--fraction", type=float, help="speak this share of the conversations (select.fraction)")
+    chosen.add_argument("--count", type=int, help="speak this many conversations (select.count)")
+    parser.add_argument("--seed", type=int, help="selection seed (select.seed)")
+    parser.add_argument("--validate", action="store_true", help="check config and input, write nothing")
+    parser.add_argument("--force", action="store_true",
+                        help="replan even though synthesis work from another plan exists (that work is deleted)")
+    return parser.parse_args(argv)
+
+
+def selection_overrides(args: argparse.Namespace) -> list[str]:
+    """--fraction and --count replace each other, whatever the config file chose."""
+    extra = []
+    if args.fraction is not None:
+        extra += [f"select.fraction={args.fraction}", "select.count=null"]
+    if args.count is not None:
+        extra += [f"select.count={args.count}", "select.fraction=null"]
+    if args.seed is not None:
+        extra.append(f"select.seed={args.seed}")
+    return extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    config = load_config_or_exit(args, selection_overrides(args))
+    try:
+        check_backend(config)
+        check_gate(config.validate)  # the quality gate's recogniser runs in the same workers
+    except ConfigError as exc:
+        fail(f"config error: {exc}")
+    source = Path(args.input)
+    if not source.exists():
+        fail(f"input file not found: {source}")
+    if not source.is_file():
+        fail(f"input is not a file: {source}")
+    if args.validate:
+        log.info("config and input look usable")
+        return EXIT_OK
+    layout = Layout(args.output_dir)
+    try:
+        update_plan(source, layout, config, args.force)
+        write_config(layout, config)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        fail(f"{disk_full_text(exc)}; free space and run again", EXIT_DISK_FULL)
+    return EXIT_OK
+
+
+def update_plan(source: Path, layout: Layout, config, force: bool) -> None:
+    """Keep a plan that is up to date, remake one whose files went missing, or make a new one."""
+    if plan_is_fresh(source, layout, config):
+        log.info("the plan in %s is up to date with %s and the plan settings", layout.plan_dir, source)
+        return
+    missing = missing_plan_files(layout) if plan_matches(source, layout, config) else []
+    if missing:
+        log.warning("plan files missing: %s; remaking the plan from %s: the same input and settings give the "
+                    "same shards, so the work spoken for them is kept", ", ".join(p.name for p in missing), source)
+    older = earlier_version_with_same_ids(source, layout, config)
+    if older is not None:
+        log.warning("the plan in %s is in the format of plan version %d; remaking it in version %d from %s: "
+                    "the ids are the same, so the work spoken for them is kept", layout.plan_dir, older,
+                    PLAN_VERSION, source)
+    print(describe(build(source, layout, config, force, same_plan=bool(missing) or older is not None)))
+
+
+def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = False) -> dict:
+    """Make a new plan; refuse to orphan audio spoken from a different plan unless forced."""
+    stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
+    if stale_work and not force:
+        fail(f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
+             "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
+             "or --force to replan and delete that work")
+    created = not layout.root.exists()
+    try:
+        return make_plan(source, layout, config, before_install=lambda: discard_work(layout) if stale_work else None)
+    except (InputError, OSError) as exc:
+        if created:
+            shutil.rmtree(layout.root, ignore_errors=True)
+        if is_disk_full(exc):
+            raise
+        fail(f"bad input: {exc}" if isinstance(exc, InputError) else f"plan not made: {exc}")
+
+
+def discard_work(layout: Layout) -> None:
+    """Audio and manifests of the old plan would pass as done under the new one: remove them."""
+    log.warning("--force: deleting the synthesis work of the previous plan in %s", layout.root)
+    for path in (layout.work_dir, layout.audio_root):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (layout.manifest_file, layout.failures_file, layout.conversations_file, layout.summary_file):
+        path.unlink(missing_ok=True)
+
+
+def write_config(layout: Layout, config) -> None:
+    """The resolved config beside the output, written whole or not at all."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    write_atomic(layout.config_file, dump_yaml(config).encode())
+
+
+def describe(plan: dict) -> str:
+    shards = plan["shards"]
+    return (
+        f"Plan: {plan['conversations']:,} conversations ({plan['skipped_records']:,} unusable records skipped), "
+        f"{plan['turns']:,} turns to speak ({plan['skipped_turns']:,} skipped, see plan/skipped.jsonl), "
+        f"{plan['segments']:,} segments, {plan['words']:,} words, about {audio_length(plan['estimated_hours'])} "
+        f"of audio, in {len(shards):,} shards ({shards[0]} .. {shards[-1]})."
+    )
+
+
+def audio_length(hours: float) -> str:
+    return f"{hours:,.1f} hours" if hours >= 1 else f"{hours * 60:.0f} minutes"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""Make the plan: stable ids, a seeded selection, cleaned segments with voices, packed into shard files."""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+import multiprocessing
+import os
+import re
+import shutil
+import time
+from array import array
+from collections import Counter, deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+from convtts.config import PLAN_GROUPS, Config, SelectConfig, SpeakerConfig, to_dict
+from convtts.state.layout import Layout, shard_name
+from convtts.plan.reader import InputError, json_type, read_spans, records
+from convtts.plan.textclean import clean, split_segments
+
+log = logging.getLogger(__name__)
+
+PLAN_VERSION = 2  # bump when the plan's files or the cleaning and splitting change: old plans read as stale
+# Plans from this version on give the same ids for the same input and settings, so remaking one of
+# them keeps the spoken work (2: source_text only on a turn's first segment). Raise it to
+# PLAN_VERSION when a change gives different ids or texts.
+SAME_IDS_SINCE = 1
+PROGRESS_EVERY = 100_000
+MAX_ID_CHARS = 96  # room for '-000-00.flac' and a duplicate suffix within any file-name limit
+ROLES = {
+    "human": "human", "user": "human",
+    "gpt": "assistant", "assistant": "assistant", "model": "assistant", "chatgpt": "assistant",
+    "bing": "assistant", "bard": "assistant",
+    "system": "system",
+}
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+# --- ids ---------------------------------------------------------------------------------------
+
+def _digest(text: str, size: int) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).digest()
+
+
+def safe_id(raw: str) -> str:
+    """A file-name-safe id: [A-Za-z0-9._-] only, no leading dot or dash, at most MAX_ID_CHARS.
+
+    Whenever sanitising changes the id, a hash of the original is appended, so '../../x' and
+    '..\\x' stay apart: '../../x' -> '_.._x-55c35b3f', '..\\x' -> '_x-af7398ab'.
+    """
+    safe = _UNSAFE.sub("_", raw).lstrip(".-")
+    if safe == raw and len(raw) <= MAX_ID_CHARS:
+        return raw
+    digest = _digest(raw, 4).hex()
+    return f"{safe[: MAX_ID_CHARS - 9]}-{digest}" if safe else f"id-{digest}"
+
+
+def base_id(record: dict) -> str:
+    """The record's own id made safe, or one derived from its content when it has none."""
+    raw = record.get("id")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return safe_id(str(raw))
+    if isinstance(raw, str) and raw.strip():
+        return safe_id(raw)
+    content = orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode()
+    return "auto-" + _digest(content, 8).hex()
+
+
+def unique_ids(bases: list[str]) -> list[str]:
+    """Ids used once stay as they are; every occurrence of a repeated one gets -1, -2, ... in file order."""
+    counts = Counter(bases)
+    taken = {b for b, n in counts.items() if n == 1}
+    next_suffix: Counter = Counter()
+    out = []
+    for base in bases:
+        if counts[base] == 1:
+            out.append(base)
+            continue
+        while True:  # skip a suffixed name that another record already uses as its own id
+            next_suffix[base] += 1
+            name = f"{base}-{next_suffix[base]}"
+            if name not in taken:
+                break
+        taken.add(name)
+        out.append(name)
+    return out
+
+
+# --- selection and voices ------------------------------------------------------------------------
+
+def id_hash(seed: int, cid: str) -> int:
+    return int.from_bytes(_digest(f"{seed}\0{cid}", 8), "big")
+
+
+def select(ids: list[str], config: SelectConfig) -> list[int]:
+    """Indices of the selected ids, in file order; decided by each id's seeded hash alone."""
+    if config.fraction is None and config.count is None:
+        return list(range(len(ids)))
+    if config.fraction is not None:
+        limit = config.fraction * 2**64
+        return [i for i, cid in enumerate(ids) if id_hash(config.seed, cid) < limit]
+    if config.count >= len(ids):
+        log.warning("select.count=%d but only %d conversations: keeping all", config.count, len(ids))
+        return list(range(len(ids)))
+    return sorted(heapq.nsmallest(config.count, range(len(ids)), key=lambda i: (id_hash(config.seed, ids[i]), ids[i])))
+
+
+def _pick(pool: list[str], *key) -> str:
+    return pool[int.from_bytes(_digest("\0".join(map(str, key)), 8), "big") % len(pool)]
+
+
+def side_voices(cid: str, config: SpeakerConfig) -> dict[str, str]:
+    """by_role: a voice per side for this conversation, the two sides apart when 2+ voices allow."""
+    if config.policy == "single":
+        return dict.fromkeys(("human", "assistant", "system"), config.voices[0])
+    human = _pick(list(config.human or config.voices), config.seed, cid, "human")
+    pool = list(config.assistant or config.voices)
+    assistant = _pick([v for v in pool if v != human] or pool, config.seed, cid, "assistant")
+    rest = [v for v in config.voices if v not in (human, assistant)] or [assistant]
+    return {"human": human, "assistant": assistant, "system": _pick(rest, config.seed, cid, "system")}
+
+
+def turn_voice(cid: str, turn: int, side: str, voices: dict[str, str], config: SpeakerConfig) -> str:
+    if config.policy != "per_turn":
+        return voices[side]
+    pool = {"human": config.human, "assistant": config.assistant}.get(side) or config.voices
+    return _pick(list(pool), config.seed, cid, turn)
+
+
+# --- one conversation ----------------------------------------------------------------------------
+
+def turn_problem(item, side: str | None, config: Config) -> str | None:
+    """Why a turn is not spoken before its text is even cleaned, or None."""
+    if not isinstance(item, dict):
+        return f"turn is {json_type(item)}, not an object"
+    role = item.get("from", item.get("role"))
+    if side is None:
+        return f"unknown role {role!r}" if role is not None else "turn has no 'from' role"
+    if side not in config.text.speak_roles:
+        return f"role {side} is not in text.speak_roles"
+    value = item.get("value", item.get("content"))
+    if not isinstance(value, str):
+        return f"value is {json_type(value)}, not a string"
+    if len(value) > config.text.max_turn_chars:
+        return f"turn is longer than text.max_turn_chars ({len(value)} > {config.text.max_turn_chars})"
+    return None
+
+
+def plan_conversation(cid: str, record: dict, config: Config) -> tuple[list[dict], list[dict]]:
+    """(segments to speak, skipped turns) of one record; ids are {conversation}-{turn:03d}-{segment:02d}."""
+    voices = side_voices(cid, config.speakers)
+    segments, skipped = [], []
+    for turn, item in enumerate(record["conversations"]):
+        role = item.get("from", item.get("role")) if isinstance(item, dict) else None
+        side = ROLES.get(role.strip().lower()) if isinstance(role, str) else None
+        reason = turn_problem(item, side, config)
+        if reason is None:
+            source = item.get("value", item.get("content"))
+            text, reason = clean(source)
+        if reason is not None:
+            skipped.append({"id": f"{cid}-{turn:03d}", "conversation_id": cid, "source_id": record.get("id"),
+                            "turn": turn, "role": role, "status": "skipped", "reason": reason})
+            continue
+        speaker = turn_voice(cid, turn, side, voices, config.speakers)
+        for number, piece in enumerate(split_segments(text, config.text.max_words)):
+            segment = {
+                "id": f"{cid}-{turn:03d}-{number:02d}", "conversation_id": cid, "source_id": record.get("id"),
+                "turn": turn, "segment": number, "role": role, "side": side, "speaker": speaker,
+                "text": piece, "source_text": source, "words": len(piece.split()),
+            }
+            if number:  # the turn's text once, on its first segment: the plan grows with the text
+                del segment["source_text"]
+            segments.append(segment)
+    return segments, skipped
+
+
+# --- planning in batches, in worker processes when there is enough work ---------------------------
+
+PARALLEL_MIN = 20_000  # conversations below which worker processes cost more than they save
+BATCH = 500  # conversations sent to a worker at a time
+
+
+def plan_batch(batch: list[tuple[str, bytes]], config: Config) -> list[tuple]:
+    """Plan raw records: (segments, segment lines, conversation line, skipped lines, turns, words, skipped)."""
+    out = []
+    for cid, raw in batch:
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InputError(f"record {cid} no longer parses ({exc.msg}): did the input change?") from None
+        segments, skipped = plan_conversation(cid, record, config)
+        # The record as it came, byte for byte, when it fits on one line (compact arrays, JSON lines).
+        raw = raw.strip()
+        body = raw if b"\n" not in raw and b"\r" not in raw else orjson.dumps(record)
+        out.append((
+            len(segments), b"".join(orjson.dumps(s) + b"\n" for s in segments),
+            b'{"conversation_id":' + orjson.dumps(cid) + b',"record":' + body + b"}\n",
+            b"".join(orjson.dumps(s) + b"\n" for s in skipped),
+            len({s["turn"] for s in segments}), sum(s["words"] for s in segments), len(skipped),
+        ))
+    return out
+
+
+def _batches(items, size: int):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+_worker_config: Config | None = None
+
+
+def _init_worker(config: Config) -> None:
+    global _worker_config
+    _worker_config = config
+
+
+def _plan_in_worker(batch):
+    return plan_batch(batch, _worker_config)
+
+
+def _planned(items, config: Config, total: int, workers: int):
+    """plan_batch over all items, in order; a bounded number of batches in flight keeps memory flat."""
+    if total < PARALLEL_MIN or workers < 2:
+        for batch in _batches(items, BATCH):
+            yield from plan_batch(batch, config)
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_init_worker, initargs=(config,)) as pool:
+        pending: deque = deque()
+        for batch in _batches(items, BATCH):
+            pending.append(pool.apply_async(_plan_in_worker, (batch,)))
+            if len(pending) > 2 * workers:
+                yield from pending.popleft().get()
+        while pending:
+            yield from pending.popleft().get()
+
+
+# --- writing the plan ---------------------------------------------------------------------------
+
+class ShardWriter:
+    """Packs whole conversations, in order, into shards of about `target` segments."""
+
+    def __init__(self, layout: Layout, target: int):
+        self.layout, self.target = layout, target
+        self.names: list[str] = []
+        self.count = 0
+        self.segments_fh = self.records_fh = None
+
+    def add(self, segments: int, segment_lines: bytes, conversation_line: bytes) -> None:
+        # A conversation that would overfill a started shard opens the next one; one with no
+        # segments rides along so that it still reaches the final conversations file.
+        if self.segments_fh is None or (self.count and self.count + segments > self.target):
+            self._next()
+        self.segments_fh.write(segment_lines)
+        self.records_fh.write(conversation_line)
+        self.count += segments
+
+    def _next(self) -> None:
+        self.close()
+        name = shard_name(len(self.names))
+        self.names.append(name)
+        self.segments_fh = open(self.layout.shard_file(name), "wb")
+        self.records_fh = open(self.layout.shard_conversations(name), "wb")
+        self.count = 0
+
+    def close(self) -> None:
+        for fh in (self.segments_fh, self.records_fh):
+            if fh is not None:
+                fh.close()
+
+
+def input_info(path: str | Path) -> dict:
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        raise InputError(f"cannot read input file {path}: {exc.strerror or exc}") from None
+    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def fingerprint(input_path: str | Path, config: Config, info: dict | None = None, version: int = PLAN_VERSION) -> str:
+    """What the plan depends on: the input file's identity and the config groups in PLAN_GROUPS."""
+    groups = to_dict(config)
+    data = {"version": version, "input": info or input_info(input_path),
+            "config": {g: groups[g] for g in PLAN_GROUPS}}
+    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def plan_is_fresh(input_path: str | Path, layout: Layout, config: Config) -> bool:
+    return plan_matches(input_path, layout, config) and not missing_plan_files(layout)
+
+
+def plan_matches(input_path: str | Path, layout: Layout, config: Config) -> bool:
+    """plan.json was made from this input file with these plan settings (its files may be gone)."""
+    plan = _read_plan(layout)
+    try:
+        return plan.get("fingerprint") == fingerprint(input_path, config)
+    except InputError:
+        return False
+
+
+def earlier_version_with_same_ids(input_path: str | Path, layout: Layout, config: Config) -> int | None:
+    """The version of a plan made from this input and settings by an earlier convtts whose ids and
+    texts are ours (SAME_IDS_SINCE), or None: remaking such a plan keeps the spoken work."""
+    plan = _read_plan(layout)
+    version = plan.get("version")
+    if not isinstance(version, int) or not SAME_IDS_SINCE <= version < PLAN_VERSION:
+        return None
+    try:
+        return version if plan.get("fingerprint") == fingerprint(input_path, config, version=version) else None
+    except InputError:
+        return None
+
+
+def missing_plan_files(layout: Layout) -> list[Path]:
+    """Shard files plan.json lists that are not there (deleted by hand, or lost with a disk)."""
+    shards = _read_plan(layout).get("shards", [])
+    return [p for s in shards for p in (layout.shard_file(s), layout.shard_conversations(s)) if not p.is_file()]
+
+
+def _read_plan(layout: Layout) -> dict:
+    try:
+        plan = orjson.loads(layout.plan_file.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return plan if isinstance(plan, dict) else {}
+
+
+def make_plan(input_path: str | Path, layout: Layout, config: Config,
+              before_install: Callable[[], None] | None = None, workers: int | None = None) -> dict:
+    """Build the plan in a staging directory and swap it in whole; InputError leaves the old one."""
+    started = time.monotonic()
+    info = input_info(input_path)
+    log.info("reading %s (%.1f MB)", info["path"], info["size"] / 1e6)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(layout)
+    staging = Layout(layout.root / f"{_STAGING}{os.getpid()}")
+    staging.shards_dir.mkdir(parents=True)
+    try:
+        with open(staging.skipped_file, "wb") as skipped:
+            ids, spans, counts = _index(input_path, skipped)
+            chosen = select(ids, config.select)
+            log.info("selected %d of %d conversations", len(chosen), len(ids))
+            writer = ShardWriter(staging, config.shards.segments_per_shard)
+            try:
+                counts.update(_write_shards(input_path, ids, spans, chosen, config, writer, skipped,
+                                            workers or min(os.cpu_count() or 1, 8)))
+            finally:
+                writer.close()
+        if input_info(input_path) != info:
+            raise InputError(f"{input_path} changed while the plan was being made; run again")
+        plan = _summary(fingerprint(input_path, config, info), info, counts, writer.names, config)
+        staging.plan_file.write_bytes(orjson.dumps(plan, option=orjson.OPT_INDENT_2) + b"\n")
+        if before_install is not None:
+            before_install()
+        _install(staging.plan_dir, layout.plan_dir)
+    finally:
+        shutil.rmtree(staging.root, ignore_errors=True)
+    log.info("plan made in %.1f s: %d segments in %d shards", time.monotonic() - started,
+             plan["segments"], len(plan["shards"]))
+    return plan
+
+
+def _index(path, skipped) -> tuple[list[str], tuple[array, array], Counter]:
+    """First pass: every usable record's id and byte span; the others go to skipped.jsonl."""
+    bases, offsets, lengths = [], array("q"), array("q")
+    records_read = 0
+    for index, offset, length, value, problem in records(path):
+        records_read += 1
+        if problem is None:
+            bases.append(base_id(value))
+            offsets.append(offset)
+            lengths.append(length)
+        else:
+            source = value.get("id") if isinstance(value, dict) else None
+            skipped.write(orjson.dumps({"id": f"record-{index}", "conversation_id": None, "source_id": source,
+                                        "record": index, "turn": None, "role": None, "status": "skipped",
+                                        "reason": problem}) + b"\n")
+        if records_read % PROGRESS_EVERY == 0:
+            log.info("read %d records", records_read)
+    counts = Counter(records=records_read, skipped_records=records_read - len(bases))
+    return unique_ids(bases), (offsets, lengths), counts
+
+
+def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter, skipped, workers: int) -> Counter:
+    """Second pass: read only the chosen records, by their spans, and write their segments."""
+    offsets, lengths = spans
+    raws = read_spans(path, ((offsets[i], lengths[i]) for i in chosen))
+    items = zip((ids[i] for i in chosen), raws)
+    totals = [0, 0, 0, 0, 0]  # conversations, segments, turns, words, skipped turns
+    for segments, segment_lines, conversation_line, skipped_lines, turns, words, skips in _planned(
+            items, config, len(chosen), workers):
+        writer.add(segments, segment_lines, conversation_line)
+        skipped.write(skipped_lines)
+        for i, n in enumerate((1, segments, turns, words, skips)):
+            totals[i] += n
+        if totals[0] % PROGRESS_EVERY == 0:
+            log.info("planned %d/%d conversations, %d segments", totals[0], len(chosen), totals[1])
+    if not totals[1]:
+        raise InputError(f"{path}: nothing to speak: none of the {totals[0]} selected conversations has a turn "
+                         f"with speakable text ({totals[4]} turns skipped: empty, only placeholders, code or links, "
+                         "or roles not in text.speak_roles)")
+    return Counter(dict(zip(("conversations", "segments", "turns", "words", "skipped_turns"), totals)))
+
+
+def _summary(fp: str, info: dict, counts: Counter, shards: list[str], config: Config) -> dict:
+    return {
+        "version": PLAN_VERSION, "fingerprint": fp, "input": info,
+        "records": counts["records"], "skipped_records": counts["skipped_records"],
+        "conversations": counts["conversations"], "turns": counts["turns"],
+        "skipped_turns": counts["skipped_turns"], "segments": counts["segments"], "words": counts["words"],
+        "estimated_hours": round(counts["words"] / config.text.words_per_minute / 60, 3),
+        "shards": shards, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# Staging and retired plans live beside plan/ (one file system, so renames are atomic).
+_STAGING, _RETIRED = ".plan-new-", ".plan-old-"
+
+
+def _install(new: Path, current: Path) -> None:
+    """Rename the old plan away, the new one in, then delete the old: a crash leaves a whole plan or none."""
+    retired = current.with_name(f"{_RETIRED}{os.getpid()}")
+    if current.exists():
+        os.rename(current, retired)
+    os.rename(new, current)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _remove_leftovers(layout: Layout) -> None:
+    for prefix in (_STAGING, _RETIRED):
+        for path in layout.root.glob(f"{prefix}*"):
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,120 @@
+"""A worker's batched path: utterances handed to the backend's synthesize_many, results written as each finishes.
+
+Each utterance keeps what the one-at-a-time path gives it: its own seed, manifest row, attempt
+count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
+a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks;
+a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
+killed a worker before is spoken alone, so it cannot take a batch down with it again.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from convtts.run.utterance import (
+    Context, Host, failure_row, keep_audio, note_error, quality_failure_row, respeak,
+)
+from convtts.speak.base import OutOfMemory
+from convtts.state.shardio import is_disk_full
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Attempt:
+    segment: dict
+    attempt: int  # the number of the attempt under way
+    errors: list[str] = field(default_factory=list)
+    started: float = 0.0
+    seed: int = 0
+    refused: list = field(default_factory=list)  # the quality gate's reason for each refused take
+
+
+def can_batch(backend) -> bool:
+    return getattr(backend, "batch_rows", 1) > 1 and hasattr(backend, "synthesize_many")
+
+
+def speak_batched(host: Host, shard: str, segments: list[dict], crashes: dict[str, int]) -> None:
+    """Speak `segments` of `shard`; rebuilds (every N, memory limits) happen between batches."""
+    alone = [s for s in segments if crashes.get(s["id"], 0)]
+    queue = deque(Attempt(s, 1) for s in segments if not crashes.get(s["id"], 0))
+    for segment in alone:
+        host.speak(shard, segment, crashes[segment["id"]])
+    while queue:
+        reason = host.rebuild_reason()
+        if reason:
+            host.build(reason)
+        if not can_batch(host.context.backend):  # a rebuild can land on a backend without batching
+            while queue:
+                host.speak(shard, queue.popleft().segment, 0)
+            return
+        run_batch(host, shard, queue)
+
+
+def run_batch(host: Host, shard: str, queue: deque) -> None:
+    """Feed the backend from `queue` until it is empty or a rebuild is due; write every result."""
+    from convtts.gate.quality import take_seed
+
+    ctx = host.context
+    in_flight: dict[str, Attempt] = {}
+
+    def feed():
+        while queue and not host.rebuild_reason():
+            item = queue.popleft()
+            uid = item.segment["id"]
+            in_flight[uid] = item
+            item.started, item.seed = time.time(), take_seed(ctx.settings.seed, uid, len(item.refused))
+            host.started(uid)
+            yield uid, item.segment["text"], item.segment["speaker"], item.seed
+
+    try:
+        for uid, result in ctx.backend.synthesize_many(feed()):
+            finish(host, ctx, shard, in_flight.pop(uid), result, queue)
+    except OutOfMemory as exc:
+        rows = ctx.backend.shrink_batch()
+        log.warning("CUDA out of memory with %d utterances in flight; now %d rows", len(in_flight), rows)
+        for item in in_flight.values():
+            retry_or_fail(host, ctx, shard, item, exc, queue)
+    except Exception as exc:  # the batch as a whole broke: no single utterance is known to be at fault
+        if is_disk_full(exc):
+            raise
+        log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
+        for item in in_flight.values():
+            host.speak(shard, item.segment, item.attempt)  # this attempt counts, as a crash would
+
+
+def finish(host: Host, ctx: Context, shard: str, item: Attempt, result, queue: deque) -> None:
+    from convtts.gate.quality import QualityFailure
+
+    if isinstance(result, BaseException):
+        retry_or_fail(host, ctx, shard, item, result, queue)
+        return
+    try:
+        row = keep_audio(ctx, shard, item.segment, result, item.attempt, item.seed, item.started, item.refused)
+    except QualityFailure as bad:  # a new take (new seed) in a later batch, or the failure row
+        if respeak(item.segment["id"], bad, item.refused, ctx.settings.max_respeaks):
+            queue.append(item)
+        else:
+            row = quality_failure_row(ctx, item.segment, item.refused, item.attempt, item.errors)
+            host.record(shard, item.segment["id"], None, row)
+        return
+    except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
+        if is_disk_full(exc):
+            raise
+        retry_or_fail(host, ctx, shard, item, exc, queue)
+        return
+    host.record(shard, item.segment["id"], row, None)
+
+
+def retry_or_fail(host: Host, ctx: Context, shard: str, item: Attempt, exc: BaseException, queue: deque) -> None:
+    """Another attempt in a later batch, or the failure row once attempts run out."""
+    uid = item.segment["id"]
+    limit = ctx.settings.max_attempts
+    note_error(uid, item.attempt, limit, exc, item.errors)
+    if item.attempt < limit:
+        item.attempt += 1
+        queue.append(item)
+        return
+    host.record(shard, uid, None, failure_row(ctx, item.segment, item.errors, limit))

@@ -1,0 +1,111 @@
+"""One device slot: synthesise this slot's shards with K worker processes (started by run_all.sh)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from convtts import EXIT_DISK_FULL, EXIT_FAILURES
+from convtts.gate.quality import check_gate
+from convtts.speak import backend_rows, check_backend
+from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
+from convtts.config import ConfigError
+from convtts.state.layout import Layout
+from convtts.state.shardio import disk_full_text, is_disk_full
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--output-dir", required=True, help="output directory holding plan/ (made by preprocess.py)")
+    p.add_argument("--rank", type=int, default=0, help="this slot's index: it takes shards[rank::world]")
+    p.add_argument("--world", type=int, default=1, help="number of slots sharing the shards")
+    p.add_argument("--shards", help="comma-separated shard names instead of rank/world")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index: the node takes shards[node_rank::nodes]")
+    p.add_argument("--nodes", type=int, default=1, help="nodes sharing the shards; rank/world split the node's share")
+    p.add_argument("--feed", action="store_true",
+                   help="take shards one at a time from a driver: requests on stdout, answers on stdin (convtts.run.feed)")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: config, else automatic)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+    p.add_argument("--slots-on-node", type=int, default=0, help="slots sharing this node's cores (default: world)")
+    p.add_argument("--log-dir", help="folder for the workers' own log files")
+    p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"), help="tags this run's manifest rows")
+    add_config_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    layout = planned_layout(args.output_dir)
+    if args.config is None:
+        args.config = str(layout.config_file)
+    config = load_config_or_exit(args)
+    try:
+        check_backend(config)
+        check_gate(config.validate)  # the quality gate's recogniser runs in the same workers
+    except ConfigError as exc:
+        fail(str(exc))
+    if not 0 <= args.node_rank < args.nodes:
+        fail(f"--node-rank must be in 0..{args.nodes - 1} (--nodes {args.nodes}), got {args.node_rank}")
+    feed = open_feed() if args.feed else None
+    shards = [] if feed else args.shards.split(",") if args.shards else node_share(layout, args)
+    unknown = [s for s in shards if not layout.shard_file(s).is_file()]
+    if unknown:
+        fail(f"unknown shards: {unknown[:5]}")
+    prepare_environment(args.device)
+
+    from convtts.run.slot import Slot, SlotOptions, SlotStopped
+    from convtts.run.tuning import choose_workers, worker_gpu_mb
+
+    requested = args.workers or config.workers.per_slot
+    per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, backend_rows(config))
+    workers = choose_workers(requested, args.device, args.slots_on_node or args.world, per_worker)
+    # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
+    # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
+    # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
+    writer_prefix = f"{args.run_id}-s{args.rank}-" if feed else ""
+    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix)
+    slot = Slot(layout, config, shards, options, feed=feed)
+    try:
+        return slot.run()
+    except SlotStopped as exc:
+        print(f"slot {args.rank}: stopped by {exc}", file=sys.stderr)
+        return 130 if str(exc) == "SIGINT" else 143
+    except Exception as exc:  # noqa: BLE001 - logged, and the exit code tells cron
+        import logging
+
+        if is_disk_full(exc):  # outside the run loop, e.g. making the status folder before workers start
+            logging.getLogger("slot").error("slot %d: stopped: %s", args.rank, disk_full_text(exc))
+            return EXIT_DISK_FULL
+        logging.getLogger("slot").exception("slot %d failed", args.rank)
+        return EXIT_FAILURES
+
+
+def node_share(layout: Layout, args: argparse.Namespace) -> list[str]:
+    """This slot's fixed share: the node's shards[node_rank::nodes], then its slot's [rank::world] of those."""
+    return layout.shard_names()[args.node_rank :: args.nodes][args.rank :: args.world]
+
+
+def open_feed():
+    """The driver's pipes are stdin and stdout; stdout then becomes the log too, so that a stray print
+    from a library can never be read as a request."""
+    from convtts.run.feed import ShardFeed
+
+    requests = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    return ShardFeed(0, requests)
+
+
+def prepare_environment(device: str) -> None:
+    """Set before any worker starts (spawned workers inherit it): one thread each, and the device."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[name] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # never let a CPU slot's workers grab a GPU
+
+
+if __name__ == "__main__":
+    sys.exit(main())

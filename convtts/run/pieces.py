@@ -1,0 +1,257 @@
+"""A slot's unit of work: a piece, a run of one shard's not-yet-spoken ids, sized so no worker idles.
+
+A worker that asks for work gets the next piece of the oldest opened shard. Sizes follow guided
+self-scheduling: a piece holds about the work left divided by twice the workers, so a big run
+hands out pieces of MAX_PIECE and the last ones hold MIN_PIECE ids, and the workers finish within
+a couple of utterances of each other. One shard of 100 ids on 4 workers is cut 13, 11, 10, 9, 8,
+7, 6, 5, 4, 4, 3, 3, 3 and seven pieces of 2.
+
+Only the slot opens a shard (the resume bookkeeping, before any worker of this run is on it) and
+writes its stats file, once every piece of it has been reported done or handed back.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from convtts.state.layout import Layout, WorkListing
+from convtts.state.shardio import (
+    append_line, crash_counts, drop_torn_tail, load_done, read_jsonl, read_rows_checked, shard_complete_and_whole,
+    write_atomic, write_json_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+MIN_PIECE = 2  # the tail: workers finish within about this many utterances of each other
+# A piece is at most a minute or two of one CosyVoice worker, so progress, the stats of a shard
+# and the hand-back after a crash come in steadily even when the run is large.
+MAX_PIECE = 64
+PIECES_PER_WORKER = 2  # each cut takes 1/(this x workers) of the work left
+
+
+def cut_size(available: int, remaining: int, workers: int, rows: int = 1) -> int:
+    """How many of a shard's `available` ids the next piece takes, `remaining` ids being left in all.
+
+    A batched worker decodes `rows` utterances at once: its pieces hold at least that many, and up
+    to four times that, so its rows stay full and drain only at a piece's end.
+    """
+    low, high = max(MIN_PIECE, rows), max(MAX_PIECE, 4 * rows)
+    size = max(low, min(high, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
+    return available if available - size < low else size  # no runt left behind in the shard
+
+
+def preview_cuts(counts: list[int], workers: int, rows: int = 1) -> list[int]:
+    """The piece sizes a run with these pending counts per shard is cut into, if no worker dies."""
+    sizes, remaining = [], sum(counts)
+    for available in counts:
+        while available:
+            size = cut_size(available, remaining, workers, rows)
+            sizes.append(size)
+            available -= size
+            remaining -= size
+    return sizes
+
+
+@dataclass
+class Piece:
+    shard: str
+    ids: list[str]
+    crashes: dict[str, int]  # deaths of a worker on an id during this run: each counts as an attempt
+    started: set = field(default_factory=set)  # ids the worker said it began (a batch begins several)
+    reported: set = field(default_factory=set)  # ids the worker said it spoke or gave up on
+
+    def unreported(self) -> list[str]:
+        return [uid for uid in self.ids if uid not in self.reported]
+
+    def in_flight(self) -> list[str]:
+        return [uid for uid in self.unreported() if uid in self.started]
+
+
+@dataclass
+class ShardWork:
+    """An opened shard: the ids still to hand out, and what its pieces have reported."""
+
+    name: str
+    segments: int
+    pending: deque
+    already: int  # spoken before this run opened it
+    audio_seconds: float
+    crashes: Counter
+    out: int = 0  # pieces handed out and not yet reported back
+    pieces: int = 0
+    new: int = 0
+    failed: int = 0
+    started: float = field(default_factory=time.time)
+
+    def finished(self) -> bool:
+        return not self.pending and not self.out
+
+    def stats(self, run_id: str) -> dict:
+        return {
+            "shard": self.name, "segments": self.segments, "done": self.already + self.new, "failed": self.failed,
+            "pending": len(self.pending), "new": self.new, "pieces": self.pieces,
+            "audio_seconds": round(self.audio_seconds, 3), "seconds": round(time.time() - self.started, 3), "run": run_id,
+        }
+
+
+class WorkQueue:
+    """The pending shards of one slot, opened as workers need work, and the pieces handed out."""
+
+    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int,
+                 listing: WorkListing | None = None, feed=None):
+        self.layout, self.run_id, self.workers = layout, run_id, workers
+        self.feed = feed  # a ShardFeed: more shards, asked for one at a time once `shards` are all open
+        self.taken: list[str] = []  # shards the feed handed to this slot
+        self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
+        self.waiting = deque(shards)
+        self.estimates = {s: estimate_pending(layout, s, listing) for s in shards}
+        self.total = sum(self.estimates.values())  # utterances to speak in this run, exact once all are open
+        self.open: dict[str, ShardWork] = {}
+
+    def remaining(self) -> int:
+        return sum(len(w.pending) for w in self.open.values()) + sum(self.estimates[s] for s in self.waiting)
+
+    def has_work(self) -> bool:
+        more = self.feed is not None and not self.feed.exhausted
+        return more or bool(self.waiting) or any(w.pending for w in self.open.values())
+
+    def pending_counts(self) -> list[int]:
+        return [len(w.pending) for w in self.open.values()] + [self.estimates[s] for s in self.waiting]
+
+    def next_piece(self) -> Piece | None:
+        work = next((w for w in self.open.values() if w.pending), None) or self.open_until_pending()
+        if work is None:
+            return None
+        size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows)
+        ids = [work.pending.popleft() for _ in range(size)]
+        work.out += 1
+        work.pieces += 1
+        return Piece(work.name, ids, {uid: work.crashes[uid] for uid in ids if work.crashes[uid]})
+
+    def open_until_pending(self) -> ShardWork | None:
+        """Open waiting shards until one has ids to speak; those with none get their stats at once."""
+        while (shard := self.next_waiting()) is not None:
+            work = open_shard(self.layout, shard, self.run_id)
+            self.total += len(work.pending) - self.estimates.pop(shard, 0)
+            self.open[shard] = work
+            if work.pending:
+                return work
+            self.close(work)
+        return None
+
+    def next_waiting(self) -> str | None:
+        """The next shard to open: this slot's own list, then what the feed hands out.
+
+        A shard from the feed that is already complete (checked as a rerun checks) goes straight
+        back as done, so that check is spread over the slots rather than made by the driver.
+        """
+        if self.waiting:
+            return self.waiting.popleft()
+        while self.feed is not None and (shard := self.feed.next()) is not None:
+            self.taken.append(shard)
+            if not shard_complete_and_whole(self.layout, shard):  # logs any damage it finds
+                return shard
+            self.feed.finished(shard)
+        return None
+
+    def reported(self, piece: Piece, uid: str, ok: bool, audio_seconds: float) -> None:
+        work = self.open[piece.shard]
+        piece.reported.add(uid)
+        work.new += ok
+        work.failed += not ok
+        work.audio_seconds += audio_seconds
+
+    def piece_done(self, piece: Piece) -> None:
+        self.give_back(piece, [])
+
+    def worker_died(self, piece: Piece, exitcode: int | None, pid: int) -> list[str]:
+        """Record the death against each id in flight and hand the piece's unreported ids back.
+
+        Every id of a batch in flight is charged one attempt: which one killed the worker is not
+        known, and an id charged once is spoken alone from then on (batching.speak_batched), so the
+        culprit alone goes on dying until its attempts run out. Returns the ids charged.
+        """
+        charged = piece.in_flight()
+        for uid in charged:
+            append_line(self.layout.crashes(piece.shard), {"id": uid, "run": self.run_id, "exitcode": exitcode, "time": time.time()})
+            self.open[piece.shard].crashes[uid] += 1
+        for tmp in self.layout.audio_dir(piece.shard).glob(f".*.tmp{pid}*"):
+            if re.fullmatch(rf"\..+\.tmp{pid}(\..*)?", tmp.name):  # its own half-written audio, not pid 12 vs 123
+                tmp.unlink(missing_ok=True)
+        self.give_back(piece, piece.unreported())
+        return charged
+
+    def give_back(self, piece: Piece, ids: list[str]) -> None:
+        work = self.open[piece.shard]
+        work.pending.extendleft(reversed(ids))  # first in line again, in plan order
+        work.out -= 1
+        if work.finished():
+            self.close(work)
+
+    def close(self, work: ShardWork) -> None:
+        stats = work.stats(self.run_id)
+        write_json_atomic(self.layout.stats(work.name), stats)  # last: the shard's done marker
+        del self.open[work.name]
+        if self.feed is not None:
+            self.feed.finished(work.name)
+        log.info("%s finished: %d of %d spoken (%d now, in %d pieces), %d failed", work.name, stats["done"],
+                 work.segments, work.new, work.pieces, work.failed)
+
+
+def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
+    """The resume point of a shard: drop its stats, clean up after killed writers, list what is left."""
+    layout.stats(shard).unlink(missing_ok=True)
+    audio_dir = layout.audio_dir(shard)
+    audio_dir.mkdir(parents=True, exist_ok=True)
+    for tmp in audio_dir.glob(".*.tmp*"):
+        tmp.unlink(missing_ok=True)  # left by a worker killed mid-write
+    done = open_manifests(layout, shard)
+    ids = [row["id"] for row in read_jsonl(layout.shard_file(shard))]
+    spoken = [uid for uid in ids if uid in done]
+    return ShardWork(
+        shard, len(ids), deque(uid for uid in ids if uid not in done), already=len(spoken),
+        audio_seconds=sum(done[uid]["duration"] for uid in spoken), crashes=crash_counts(layout, shard, run_id),
+    )
+
+
+def open_manifests(layout: Layout, shard: str) -> dict[str, dict]:
+    """Ids already spoken, by row. Each file loses its torn tail (a kill), lines that are not rows,
+    rows whose audio is missing or not whole, and rows a later row of the same id replaced, so the
+    files hold what a rerun may trust. What was damaged is logged, naming the file."""
+    paths = layout.manifests(shard)
+    for path in paths:
+        drop_torn_tail(path)
+    problems: list[str] = []
+    done = load_done(layout, shard, problems)
+    for problem in problems:
+        log.warning("%s: %s", shard, problem)
+    for path in paths:
+        rows, bad = read_rows_checked(path)
+        kept = [r for r in rows if done.get(r["id"]) == r]
+        if bad or len(kept) != len(rows):
+            write_atomic(path, b"".join(_line(r) for r in kept))
+    return done
+
+
+def estimate_pending(layout: Layout, shard: str, listing: WorkListing | None = None) -> int:
+    """Ids of a shard not yet in a manifest, by counting lines (opening the shard gives the exact figure)."""
+    spoken = sum(_count_lines(path) for path in (listing or layout).manifests(shard))
+    return max(_count_lines(layout.shard_file(shard)) - spoken, 0)
+
+
+def _count_lines(path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def _line(row: dict) -> bytes:
+    import orjson
+
+    return orjson.dumps(row) + b"\n"

@@ -1,0 +1,250 @@
+"""One device slot: hands pieces of shards to K spawned workers, restarts the ones that die, reports progress."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
+from convtts.config import Config
+from convtts.state.layout import Layout, WorkListing
+from convtts.run.pieces import Piece, WorkQueue, preview_cuts
+from convtts.run.progress import SlotProgress
+from convtts.state.shardio import (
+    disk_full_text, is_disk_full, remove_temporaries, shard_complete, shard_complete_and_whole,
+)
+from convtts.run.messages import Built, DiskFull, Failed, PieceDone, Ready, SpeakPiece, Spoken, Started, Stop
+from convtts.run.worker import WorkerArgs, worker_main
+from convtts.speak import backend_rows
+
+log = logging.getLogger(__name__)
+
+# A worker that dies this many times in a row without finishing an utterance means the model
+# cannot run here at all (bad driver, no memory): stop instead of restarting forever.
+MAX_BARREN_DEATHS = 3
+
+
+# Which Slot method handles each message of a worker.
+HANDLERS = {Ready: "on_ready", Started: "on_started", Spoken: "on_spoken", Failed: "on_failed", Built: "on_built",
+            DiskFull: "on_disk_full", PieceDone: "on_piece_done"}
+
+
+class SlotStopped(Exception):
+    """SIGTERM or SIGINT reached the slot."""
+
+
+@dataclass
+class Handle:
+    wid: int
+    proc: object
+    conn: object
+    ready: bool = False
+    piece: Piece | None = None
+    uid: str | None = None
+    spoke: bool = False  # finished at least one utterance since it started
+
+
+@dataclass
+class SlotOptions:
+    rank: int
+    workers: int
+    run_id: str
+    log_dir: str | None = None
+    writer_prefix: str = ""  # names its workers' files: "" gives w0, w1 ... (see parallel_cosyvoice --feed)
+
+
+@dataclass
+class Slot:
+    layout: Layout
+    config: Config
+    shards: list[str]
+    options: SlotOptions
+    handles: dict[int, Handle] = field(default_factory=dict)
+    barren_deaths: int = 0
+    full_disk: str | None = None  # what could not be written: the run stops
+    feed: object | None = None  # a convtts.run.feed.ShardFeed: shards handed out by a driver, after `shards`
+
+    def run(self) -> int:
+        # work/ listed once: a glob per shard is quadratic, and nothing writes to these shards yet
+        listing = WorkListing(self.layout)
+        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing)]  # logs any damage
+        if not todo and self.feed is None:
+            log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
+            return EXIT_OK
+        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing, self.feed)
+        if not self.work.total:
+            self.work.open_until_pending()  # every id has a row: the shards may need only their stats
+        if self.feed is not None and not self.work.has_work():
+            log.info("slot %d: the driver had no shard left to hand out", self.options.rank)
+            return self.exit_code()
+        # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
+        # A slot fed by a driver gets more shards later: it starts all of its workers.
+        count = self.options.workers if self.feed is not None else min(self.options.workers, self.work.total)
+        self.work.workers = max(count, 1)
+        self.work.rows = backend_rows(self.config)
+        log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
+        self.progress = SlotProgress(self.layout, self.options.rank, self.work.total, self.config.workers)
+        self.ctx = _spawn_context()
+        _install_stop_handlers()
+        try:
+            for wid in range(count):
+                self.start_worker(wid)
+            self.supervise()
+        except OSError as exc:  # the slot's own writes: a crash line
+            if not is_disk_full(exc):
+                raise
+            self.stop_for_full_disk(disk_full_text(exc))
+        finally:
+            self.stop_workers()
+            self.progress.close()
+        return self.exit_code()
+
+    def plan_text(self, todo: list[str], count: int) -> str:
+        """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; starting 14 workers'."""
+        sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows) or [0]
+        text = (f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
+                f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; starting {count} workers")
+        if self.feed is not None:
+            text = f"shards handed out one at a time by the driver; starting {count} workers"
+        if self.work.rows > 1:
+            text += f" of {self.work.rows} rows each (tts.cosyvoice.batch_size)"
+        if count < self.options.workers:
+            text += f", not {self.options.workers}: no more than utterances to do"
+        return text
+
+    def start_worker(self, wid: int) -> None:
+        parent_conn, child_conn = self.ctx.Pipe()
+        log_file = f"{self.options.log_dir}/slot-{self.options.rank}-worker-{wid}.log" if self.options.log_dir else None
+        args = WorkerArgs(wid, self.options.rank, str(self.layout.root), self.config, self.options.run_id, os.getpid(), log_file,
+                          self.options.writer_prefix)
+        proc = self.ctx.Process(target=worker_main, args=(args, child_conn), name=f"slot{self.options.rank}-w{wid}", daemon=True)
+        proc.start()
+        child_conn.close()
+        self.handles[wid] = Handle(wid, proc, parent_conn)
+
+    def supervise(self) -> None:
+        while self.handles and not self.full_disk:
+            ready = wait([h.conn for h in self.handles.values()] + [h.proc.sentinel for h in self.handles.values()], timeout=1.0)
+            for handle in list(self.handles.values()):
+                if handle.conn in ready:
+                    self.drain(handle)
+                if handle.wid in self.handles and not handle.proc.is_alive():
+                    self.on_death(handle)
+            self.assign()
+            self.progress.retotal(self.work.total)  # exact once a shard is opened
+            self.progress.tick(alive=len(self.handles))
+
+    def drain(self, handle: Handle) -> None:
+        try:
+            while handle.conn.poll():
+                self.on_message(handle, handle.conn.recv())
+        except (EOFError, OSError):
+            pass  # the worker is gone; its sentinel reports the death
+
+    def on_message(self, handle: Handle, message) -> None:
+        getattr(self, HANDLERS[type(message)])(handle, message)
+
+    def on_ready(self, handle: Handle, message: Ready) -> None:
+        handle.ready = True
+
+    def on_started(self, handle: Handle, message: Started) -> None:
+        handle.uid = message.uid
+        handle.piece.started.add(message.uid)
+
+    def on_spoken(self, handle: Handle, message: Spoken) -> None:
+        self.on_reported(handle, message.uid, True, message.audio_seconds)
+
+    def on_failed(self, handle: Handle, message: Failed) -> None:
+        self.on_reported(handle, message.uid, False, 0.0)
+
+    def on_reported(self, handle: Handle, uid: str, ok: bool, seconds: float) -> None:
+        self.work.reported(handle.piece, uid, ok=ok, audio_seconds=seconds)
+        handle.uid, handle.spoke = None, True
+        self.barren_deaths = 0
+        self.progress.utterance(ok=ok, seconds=seconds)
+
+    def on_built(self, handle: Handle, message: Built) -> None:
+        self.progress.rebuild(message.reason, message.seconds, message.rss_mb, message.gpu_mb)
+
+    def on_disk_full(self, handle: Handle, message: DiskFull) -> None:
+        handle.piece, handle.uid, handle.ready = None, None, False  # it stops by itself: no crash; its shard stays open
+        self.stop_for_full_disk(message.what)
+
+    def on_piece_done(self, handle: Handle, message: PieceDone) -> None:
+        self.work.piece_done(handle.piece)  # the shard's stats, when it was its last piece out
+        handle.piece = None
+
+    def assign(self) -> None:
+        for handle in self.handles.values():
+            if handle.ready and handle.piece is None:
+                piece = None if self.full_disk else self.work.next_piece()
+                if piece is not None:
+                    handle.piece = piece
+                    handle.conn.send(SpeakPiece(piece.shard, piece.ids, piece.crashes))
+                elif self.full_disk or not self.work.has_work():  # a fed slot idles while the driver says wait
+                    handle.conn.send(Stop())
+                    handle.ready = False
+
+    def on_death(self, handle: Handle) -> None:
+        self.drain(handle)  # what it reported before dying still counts
+        handle.proc.join(timeout=5)
+        code = handle.proc.exitcode
+        del self.handles[handle.wid]
+        if handle.piece is None and not handle.ready and code == 0:
+            return  # told to stop, and it did
+        charged = self.work.worker_died(handle.piece, code, handle.proc.pid) if handle.piece else []
+        shard = handle.piece.shard if handle.piece else None
+        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, shard, charged or None)
+        self.barren_deaths = 0 if handle.spoke else self.barren_deaths + 1
+        if self.barren_deaths >= MAX_BARREN_DEATHS:
+            log.error("slot %d: workers died %d times in a row without speaking; giving up", self.options.rank, self.barren_deaths)
+            return
+        if self.work.has_work() and not self.full_disk:
+            self.start_worker(handle.wid)
+
+    def stop_for_full_disk(self, what: str) -> None:
+        """Hand out no more work; supervise returns and the other workers are stopped."""
+        log.error("slot %d: %s; stopping this slot's workers", self.options.rank, what)
+        self.full_disk = what  # assign hands out no more pieces
+
+    def stop_workers(self) -> None:
+        busy = {h.piece.shard for h in self.handles.values() if h.piece is not None and h.proc.is_alive()}
+        for handle in self.handles.values():
+            if handle.proc.is_alive():
+                handle.proc.terminate()
+        deadline = time.time() + 10
+        for handle in self.handles.values():
+            handle.proc.join(timeout=max(0.1, deadline - time.time()))
+            if handle.proc.is_alive():
+                handle.proc.kill()
+                handle.proc.join()
+        for shard in busy:  # a worker stopped mid-write leaves a temporary file: the disk may be full
+            remove_temporaries(self.layout, shard)
+
+    def exit_code(self) -> int:
+        if self.full_disk:
+            log.error("slot %d: stopped: %s; free space and run the same command again", self.options.rank, self.full_disk)
+            return EXIT_DISK_FULL
+        incomplete = [s for s in self.shards + self.work.taken if not shard_complete(self.layout, s)]
+        if incomplete:
+            log.warning("slot %d: %d shards have failed or unfinished utterances", self.options.rank, len(incomplete))
+            return EXIT_FAILURES
+        return EXIT_OK
+
+
+def _spawn_context():
+    import torch.multiprocessing as tmp
+
+    return tmp.get_context("spawn")
+
+
+def _install_stop_handlers() -> None:
+    def stop(signum, frame):
+        raise SlotStopped(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+

@@ -1,0 +1,54 @@
+"""TTS backends behind one interface; `check_backend` runs before any worker, `build_backend` inside each.
+
+`tts.backend` is `piper`, `cosyvoice`, `silence` (benchmarking: silence of the planned length), or
+`package.module:Class` for a backend of your own: a class
+taking the Config, with the Backend attributes and methods, and optionally a `check(config)` static
+method that raises ConfigError before any worker starts.
+"""
+from __future__ import annotations
+
+import importlib
+
+from convtts.speak.base import Backend, SynthesisError
+from convtts.config import Config, ConfigError
+
+__all__ = ["Backend", "SynthesisError", "backend_rows", "build_backend", "check_backend"]
+
+BUILT_IN = {
+    "piper": ("convtts.speak.piper", "PiperBackend"),
+    "cosyvoice": ("convtts.speak.cosyvoice.backend", "CosyVoiceBackend"),
+    "silence": ("convtts.speak.silence", "SilenceBackend"),
+}
+
+
+def backend_class(name: str):
+    module_name, _, class_name = name.partition(":")
+    module_name, class_name = BUILT_IN.get(name, (module_name, class_name))
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"tts.backend {name!r} cannot be loaded: {exc}") from None
+
+
+def check_backend(config: Config) -> None:
+    """Fail fast (ConfigError) on a backend that cannot run: missing model, unknown speakers."""
+    name = config.tts.backend
+    if name in BUILT_IN:
+        check = importlib.import_module(BUILT_IN[name][0]).check
+    else:
+        check = getattr(backend_class(name), "check", None)
+    if check is not None:
+        check(config)
+
+
+def build_backend(config: Config) -> Backend:
+    """Load the configured backend in this process."""
+    return backend_class(config.tts.backend)(config)
+
+
+def backend_rows(config: Config) -> int:
+    """Utterances one worker of this backend speaks at once (a batched backend's `rows(config)`), else 1."""
+    if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
+        return 1
+    rows = getattr(backend_class(config.tts.backend), "rows", None)
+    return int(rows(config)) if rows is not None else 1

@@ -1,0 +1,1 @@
+"""CosyVoice: finding its runtime, the backend workers build, and the batched engines."""

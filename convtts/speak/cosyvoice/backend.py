@@ -1,0 +1,321 @@
+"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3)."""
+from __future__ import annotations
+
+import gc
+import inspect
+import logging
+import random
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
+from convtts.config import Config, ConfigError, CosyVoiceConfig
+from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
+
+log = logging.getLogger(__name__)
+
+END_OF_PROMPT = "<|endofprompt|>"  # v3 asserts it in every prompt text
+MAX_PROMPT_SECONDS = 30.0  # upstream's speech tokenizer refuses longer prompts
+PROMPT_RATE = 16000  # rate of the prompt audio the frontend expects
+
+
+def builtin_speakers(model_dir: str) -> list[str]:
+    """Keys of the model's own spk2info.pt (v1 SFT speakers); [] if it has none."""
+    path = Path(model_dir) / "spk2info.pt"
+    if not path.is_file():
+        return []
+    import torch
+
+    try:
+        info = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a corrupt or foreign file: say which one
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    if not isinstance(info, dict):
+        raise ConfigError(f"{path} does not hold a speaker table")
+    return [str(name) for name in info]
+
+
+def check_prompts(cosy: CosyVoiceConfig, voices: list[str], version: int) -> None:
+    """Every prompted voice has a readable audio file of at most 30 s and a transcript."""
+    import soundfile
+
+    for voice in voices:
+        prompt = cosy.prompts[voice]
+        where = f"tts.cosyvoice.prompts.{voice}"
+        if not Path(prompt.audio).is_file():
+            raise ConfigError(f"{where}.audio: file not found: {prompt.audio}")
+        try:
+            seconds = soundfile.info(prompt.audio).duration
+        except Exception as exc:
+            raise ConfigError(f"{where}.audio: not readable as audio: {exc}") from None
+        if seconds > MAX_PROMPT_SECONDS:
+            raise ConfigError(f"{where}.audio is {seconds:.1f} s; CosyVoice takes prompts of at most 30 s")
+        if not prompt.text.strip():
+            raise ConfigError(f"{where}.text must hold the prompt's transcript")
+        if version == 3 and END_OF_PROMPT not in prompt.text:
+            raise ConfigError(f"{where}.text must contain {END_OF_PROMPT} for a CosyVoice3 model")
+
+
+def check(config: Config) -> None:
+    """Fail before any worker starts: runtime, model files, and that every voice can be spoken."""
+    cosy = config.tts.cosyvoice
+    check_runtime(cosy)
+    version = check_model_dir(cosy)
+    voices = list(config.speakers.voices)
+    check_prompts(cosy, [v for v in voices if v in cosy.prompts], version)
+    builtin = [v for v in voices if v not in cosy.prompts]
+    if not builtin:
+        return
+    if version >= 2:
+        raise ConfigError(
+            f"speakers.voices {builtin} need prompts: a CosyVoice{version} model has no built-in "
+            "speakers, define each voice in tts.cosyvoice.prompts (audio, text)"
+        )
+    known = builtin_speakers(cosy.model_dir)
+    unknown = [v for v in builtin if v not in known]
+    if unknown:
+        raise ConfigError(
+            f"speakers.voices {unknown} are not speakers of {cosy.model_dir}; its spk2info.pt holds "
+            f"{known or 'none'} (or define them as zero-shot voices in tts.cosyvoice.prompts)"
+        )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator upstream draws from; each model load resets them to 1986."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    torch.manual_seed(seed)  # the CPU generator and, lazily, every CUDA device
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+@contextmanager
+def thread_errors():
+    """Collect exceptions raised in threads started meanwhile.
+
+    Upstream decodes speech tokens in a thread; when that thread raises (CUDA out of memory, a
+    sampling failure), the caller still gets audio for the tokens decoded so far and no error.
+    """
+    caught: list[BaseException] = []
+    previous = threading.excepthook
+
+    def hook(args):
+        caught.append(args.exc_value)
+        log.debug("exception in upstream thread %s", args.thread, exc_info=args.exc_value)
+
+    threading.excepthook = hook
+    try:
+        yield caught
+    finally:
+        threading.excepthook = previous
+
+
+def load_prompt_16k(path: str):
+    """A prompt file as a [1, N] float tensor at 16 kHz, read with soundfile (no torchcodec)."""
+    import soundfile
+    import torch
+    import torchaudio.functional
+
+    samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
+    audio = torch.from_numpy(samples.mean(axis=1)).unsqueeze(0)
+    return torchaudio.functional.resample(audio, rate, PROMPT_RATE) if rate != PROMPT_RATE else audio
+
+
+class CosyVoiceBackend:
+    """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
+
+    name = "cosyvoice"
+
+    def __init__(self, config: Config):
+        import torch
+
+        # One intra-op thread: parallelism comes from worker processes (9 s against 0.38 s per
+        # v1 call on 2 cores with torch's default thread count).
+        torch.set_num_threads(1)
+        self.cosy = config.tts.cosyvoice
+        self.model = load_model(self.cosy)  # checks the directory before upstream can download
+        self.sample_rate = int(self.model.sample_rate)
+        self.uses_cuda = torch.cuda.is_available()
+        self.builtin = set(self.model.list_available_spks())
+        self.engine = self._engine()
+        self.prompts: dict[str, tuple[str, object]] = {}
+        for voice in config.speakers.voices:
+            if voice in self.cosy.prompts:
+                self.prompts[voice] = self._register(voice)
+            elif voice not in self.builtin:
+                raise ConfigError(
+                    f"speaker {voice!r} is neither a speaker of {self.cosy.model_dir} "
+                    f"({sorted(self.builtin) or 'none'}) nor defined in tts.cosyvoice.prompts"
+                )
+
+    def _engine(self):
+        """The batched engine when batch_size asks for one and the model suits it; else None."""
+        from convtts.speak.cosyvoice import batch as cosyvoice_batch, batch_qwen as cosyvoice_batch_qwen
+
+        if self.cosy.batch_size <= 1:
+            return None
+        for module, engine in ((cosyvoice_batch, cosyvoice_batch.BatchEngine),
+                               (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine)):
+            if module.supports(self.model):
+                return engine(self.model, self.cosy.batch_size)
+        log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
+                    "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
+                    self.cosy.batch_size)
+        return None
+
+    @staticmethod
+    def rows(config: Config) -> int:
+        """Rows a worker of this backend asks for (the slot sizes its pieces by them): batch_size."""
+        return config.tts.cosyvoice.batch_size
+
+    @property
+    def batch_rows(self) -> int:
+        """How many utterances synthesize_many decodes at once (1: no batched path)."""
+        return self.engine.max_rows if self.engine is not None else 1
+
+    def shrink_batch(self) -> int:
+        """Halve the rows after a CUDA out-of-memory; returns the new count."""
+        self.engine.max_rows = max(1, self.engine.max_rows // 2)
+        if self.uses_cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+        return self.engine.max_rows
+
+    def synthesize_many(self, items):
+        """Speak (key, text, speaker, seed) items through the batched engine.
+
+        Reads `items` lazily, as rows free up; yields (key, audio) or (key, exception) per item as
+        soon as it is final. A CUDA out-of-memory raises OutOfMemory: items handed over and not yet
+        yielded are the caller's to retry.
+        """
+        from convtts.speak.cosyvoice.batch import Request
+
+        def requests():
+            for key, text, speaker, seed in items:
+                request = Request(key, [], seed)
+                try:
+                    request.chunks = self._chunks(text, speaker)
+                except Exception as exc:  # the frontend refused this text: this utterance only
+                    request.error = exc
+                yield request
+
+        try:
+            for request in self.engine.speak(requests(), speed=self.cosy.speed):
+                yield request.key, self._result(request)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise OutOfMemory(f"CUDA out of memory: {exc}") from exc
+            raise
+
+    def _chunks(self, text: str, speaker: str) -> list[dict]:
+        """The frontend inputs of each text chunk, built as inference_sft / inference_zero_shot do."""
+        frontend, tf = self.model.frontend, self.cosy.text_frontend
+        if speaker in self.prompts:
+            prompt_text, audio = self.prompts[speaker]
+            prompt_text = frontend.text_normalize(prompt_text, split=False, text_frontend=tf)
+            # A copy per chunk: some releases hand back the registered voice's own dict with the
+            # text set in it, so every chunk of a batch would otherwise speak the last text.
+            return [dict(frontend.frontend_zero_shot(part, prompt_text, audio, self.sample_rate, speaker))
+                    for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
+        if speaker in self.builtin:
+            return [dict(frontend.frontend_sft(part, speaker)) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {sorted(self.builtin | set(self.prompts))}")
+
+    @staticmethod
+    def _result(request):
+        if request.error is not None:
+            error = request.error
+            return error if isinstance(error, SynthesisError) else SynthesisError(f"{type(error).__name__}: {error}")
+        audio = np.concatenate(request.audio) if request.audio else np.zeros(0, np.float32)
+        if audio.size == 0:
+            return SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
+        return audio.astype(np.float32, copy=False)
+
+    def _register(self, voice: str) -> tuple[str, object]:
+        """Register a named zero-shot voice once per load; returns (prompt text, audio argument)."""
+        prompt = self.cosy.prompts[voice]
+        # Official code since 2025 takes the prompt as a file path (prompt_wav); older releases
+        # and cosyvoice2-eu take a 16 kHz tensor (prompt_speech_16k).
+        takes_path = list(inspect.signature(self.model.add_zero_shot_spk).parameters)[1] == "prompt_wav"
+        audio = prompt.audio if takes_path else load_prompt_16k(prompt.audio)
+        self.model.add_zero_shot_spk(prompt.text, audio, voice)
+        return prompt.text, audio
+
+    def _outputs(self, text: str, speaker: str):
+        options = dict(stream=False, speed=self.cosy.speed, text_frontend=self.cosy.text_frontend)
+        if speaker in self.prompts:
+            prompt_text, audio = self.prompts[speaker]
+            return self.model.inference_zero_shot(text, prompt_text, audio, zero_shot_spk_id=speaker, **options)
+        if speaker in self.builtin:
+            return self.model.inference_sft(text, speaker, **options)
+        known = sorted(self.builtin | set(self.prompts))
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {known}")
+
+    def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
+        if self.model is None:
+            raise SynthesisError("the CosyVoice backend is closed")
+        seed_everything(seed)
+        chunks = []
+        try:
+            with thread_errors() as caught:
+                outputs = self._outputs(text, speaker)
+                try:
+                    # Run to the end: upstream frees per-call state only after its last yield.
+                    chunks = [out["tts_speech"] for out in outputs]
+                finally:
+                    outputs.close()
+            if caught:
+                raise caught[0]
+        except SynthesisError:
+            raise
+        except Exception as exc:
+            self._forget_calls()
+            if is_out_of_memory(exc):
+                raise OutOfMemory(f"CUDA out of memory: {exc}") from exc
+            raise SynthesisError(f"{type(exc).__name__}: {exc}") from exc
+        if not chunks or sum(c.shape[-1] for c in chunks) == 0:
+            raise SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
+        audio = np.concatenate([c.detach().float().cpu().numpy().reshape(-1) for c in chunks])
+        return audio.astype(np.float32, copy=False)
+
+    def _forget_calls(self) -> None:
+        """A failed call leaves its entries in upstream's per-call dicts; nothing else is running."""
+        inner = getattr(self.model, "model", None)
+        for attr in ("tts_speech_token_dict", "llm_end_dict", "mel_overlap_dict", "flow_cache_dict", "hift_cache_dict"):
+            table = getattr(inner, attr, None)
+            if isinstance(table, dict):
+                table.clear()
+
+    def gpu_memory_mb(self, kind: str = "reserved") -> float:
+        """torch.cuda's allocated or reserved memory of this process in MiB; 0 without CUDA."""
+        if kind not in ("allocated", "reserved"):
+            raise ValueError(f"kind must be allocated or reserved, got {kind!r}")
+        if not self.uses_cuda:
+            return 0.0
+        import torch
+
+        used = torch.cuda.memory_allocated() if kind == "allocated" else torch.cuda.memory_reserved()
+        return used / 2**20
+
+    def close(self) -> None:
+        self.model = None
+        self.engine = None
+        self.prompts = {}
+        self.builtin = set()
+        gc.collect()  # the model holds reference cycles; free it now, not at some later collection
+        if self.uses_cuda:
+            import torch
+
+            # Upstream makes a new CUDA stream at every load, and torch keeps one cuBLAS workspace
+            # per stream it has seen (32 MiB on Hopper): an H200 run measured +34 MiB reserved per
+            # rebuild until these were dropped. The next cuBLAS call allocates a fresh one.
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:
+                clear_workspaces()
+            torch.cuda.empty_cache()

@@ -1,0 +1,1 @@
+"""The output directory on disk: its names (layout), atomic writes and the checks a rerun trusts (shardio, verify)."""
