@@ -62,7 +62,7 @@ def measure(args, batch: int, texts: list[str]) -> dict:
     import torch
 
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
-    from convtts.speak.cosyvoice.batch import BatchEngine
+    from convtts.speak.cosyvoice.engine.engine import BatchEngine
     from convtts.config import load_config
 
     config = load_config(args.config, [f"tts.cosyvoice.model_dir={args.model_dir}", f"tts.cosyvoice.batch_size={batch}"])

@@ -105,6 +105,24 @@ class PromptVoice:
     text: str  # its transcript
 
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Number formats of the batched engines, per part: fp32 (the reference), tf32 (fp32 storage, TF32
+    matrix products), bf16 or fp16. The one-at-a-time path keeps upstream's own (see fp16)."""
+
+    llm: str = "fp32"
+    flow: str = "fp32"
+    vocoder: str = "fp32"
+
+    def check(self) -> None:
+        for part in ("llm", "flow", "vocoder"):
+            if getattr(self, part) not in PRECISIONS:
+                raise ConfigError(f"tts.cosyvoice.precision.{part} must be one of {PRECISIONS}, got {getattr(self, part)!r}")
+
+
 @dataclass(frozen=True)
 class CosyVoiceConfig:
     model_dir: str = ""
@@ -117,6 +135,7 @@ class CosyVoiceConfig:
     text_frontend: bool = True
     # Utterances a worker decodes at once (v1, v2 and v3 in fp32; 1 is upstream's own one-at-a-time path).
     batch_size: int = 1
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
 
 
@@ -142,6 +161,7 @@ class TTSConfig:
             raise ConfigError("tts.cosyvoice.model_dir is required for the cosyvoice backend")
         if not 1 <= self.cosyvoice.batch_size <= 256:
             raise ConfigError(f"tts.cosyvoice.batch_size must be between 1 and 256, got {self.cosyvoice.batch_size}")
+        self.cosyvoice.precision.check()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import pytest
 from conftest import run_short_of_memory, speak_with_two_refused
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
-from convtts.speak.cosyvoice.batch import BatchEngine
+from convtts.speak.cosyvoice.engine.engine import BatchEngine
 from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts

@@ -15,7 +15,7 @@ import torch
 from conftest import run_short_of_memory, speak_with_two_refused
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
-from convtts.speak.cosyvoice.batch_qwen import QwenBatchEngine
+from convtts.speak.cosyvoice.engine.qwen import QwenBatchEngine
 from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import text_token_counts

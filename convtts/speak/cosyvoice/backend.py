@@ -155,14 +155,14 @@ class CosyVoiceBackend:
 
     def _engine(self):
         """The batched engine when batch_size asks for one and the model suits it; else None."""
-        from convtts.speak.cosyvoice import batch as cosyvoice_batch, batch_qwen as cosyvoice_batch_qwen
+        from convtts.speak.cosyvoice.engine import engine as cosyvoice_batch, qwen as cosyvoice_batch_qwen
 
         if self.cosy.batch_size <= 1:
             return None
         for module, engine in ((cosyvoice_batch, cosyvoice_batch.BatchEngine),
                                (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine)):
             if module.supports(self.model):
-                return engine(self.model, self.cosy.batch_size)
+                return engine(self.model, self.cosy.batch_size, self.cosy.precision)
         log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
                     "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
                     self.cosy.batch_size)
@@ -194,7 +194,7 @@ class CosyVoiceBackend:
         soon as it is final. A CUDA out-of-memory raises OutOfMemory: items handed over and not yet
         yielded are the caller's to retry.
         """
-        from convtts.speak.cosyvoice.batch import Request
+        from convtts.speak.cosyvoice.engine.requests import Request
 
         def requests():
             for key, text, speaker, seed in items:

@@ -2,7 +2,7 @@
 
 The v2 and v3 LLMs are a Hugging Face Qwen2 model between upstream's speech embeddings and its
 speech-token head; upstream decodes one utterance per call, each step a full pass of Python and
-small kernels. This engine keeps v1's loop (convtts.speak.cosyvoice.batch: continuous
+small kernels. This engine keeps v1's loop (convtts.speak.cosyvoice.engine.engine: continuous
 batching, each row sampling by upstream's rule on its own random stream) and changes what is
 model specific:
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from convtts.speak.cosyvoice.batch import BatchEngine, Row, embed_flow_tokens, euler, flow_speakers, llm_kind, plain_flow
+from convtts.speak.cosyvoice.engine.engine import BatchEngine, llm_kind, plain_flow
+from convtts.speak.cosyvoice.engine.flow import flow_batch_causal
+from convtts.speak.cosyvoice.engine.requests import Row
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
 
@@ -50,8 +52,8 @@ def make_cache(tensors: list[torch.Tensor]):
 class QwenBatchEngine(BatchEngine):
     """BatchEngine for Qwen2LM (v2) and CosyVoice3LM (v3)."""
 
-    def __init__(self, model, max_rows: int):
-        super().__init__(model, max_rows)
+    def __init__(self, model, max_rows: int, precision=None):
+        super().__init__(model, max_rows, precision)
         self.causal_lm = self.llm.llm.model  # Qwen2ForCausalLM
         self.backbone = self.causal_lm.model  # without the text head
         self.is_v3 = type(self.llm).__name__ == "CosyVoice3LM"
@@ -96,31 +98,3 @@ class QwenBatchEngine(BatchEngine):
 
     def _flow(self, rows: list[Row]) -> list[torch.Tensor]:
         return flow_batch_causal(self.flow, rows, self.device)
-
-
-def flow_batch_causal(flow, rows: list[Row], device) -> list[torch.Tensor]:
-    """v2/v3 flow (CausalMaskedDiffWithXvec / CausalMaskedDiffWithDiT .inference) for several rows at once.
-
-    Rows are padded on the right. Every layer that mixes frames is causal (convolutions padded on
-    the left) or masked (attention), and the norms are per frame, so a row's frames do not see the
-    padding: a row in a batch matches its solo rendering up to float rounding. Like upstream, each
-    row starts from the decoder's fixed noise and gets the mel frames after its prompt's.
-    """
-    feats = [row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80))[0] for row in rows]
-    embedded, lengths = embed_flow_tokens(flow, rows, device)
-    if hasattr(flow, "encoder"):  # v2: a conformer encoder that upsamples to mel frames
-        h, _ = flow.encoder(embedded, lengths, streaming=False)
-        h = flow.encoder_proj(h)
-    else:  # v3: the look-ahead convolution, each token repeated for its mel frames
-        h = flow.pre_lookahead_layer(embedded).repeat_interleave(flow.token_mel_ratio, dim=1)
-    frames = [int(n) * flow.token_mel_ratio for n in lengths.tolist()]
-    width = h.shape[1]
-    mask = (torch.arange(width, device=device)[None, :] < torch.tensor(frames, device=device)[:, None]).unsqueeze(1).to(h.dtype)
-    mu = h.transpose(1, 2).contiguous() * mask
-    cond = torch.zeros_like(mu)
-    for i, feat in enumerate(feats):
-        cond[i, :, :feat.shape[0]] = feat.to(device).transpose(0, 1)
-    noise = flow.decoder.rand_noise[:, :, :width].to(device=device, dtype=mu.dtype)
-    x = euler(flow.decoder, noise.expand(len(rows), -1, -1).contiguous(), mask, mu, flow_speakers(flow, rows, device), cond,
-              streaming=False)
-    return [x[i:i + 1, :, feat.shape[0]:frames[i]].float() for i, feat in enumerate(feats)]

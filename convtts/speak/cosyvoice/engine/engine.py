@@ -1,63 +1,24 @@
-"""Batched CosyVoice v1 synthesis: many utterances share each LLM decode step and each flow pass.
-
-Upstream speaks one utterance per call (its decode asserts a batch of one), so a worker's GPU
-waits on kernel launches most of the time. This engine drives upstream's own modules and weights
-as the official classes loaded them, in a loop of ours:
-
-- the text frontend runs per utterance, exactly as `inference_sft` / `inference_zero_shot` do;
-- the LLM prefill runs per utterance through upstream's `forward_chunk`; the decode steps then
-  run all live rows through the encoder layers together, with a left-padded KV cache and masks,
-  and rows join as others finish (continuous batching);
-- each row samples with upstream's own sampling rule on its own random stream, so an utterance
-  sounds the same whichever rows it shared a batch with (up to float rounding);
-- flow matching runs for the finished rows together (padding and masks), the vocoder per row.
-"""
+"""v1's batched engine: continuous batching of the LLM decode, the flow for rows of close lengths, the vocoder."""
 from __future__ import annotations
 
 import inspect
 import logging
 from collections import deque
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from convtts.config import PrecisionConfig
 from convtts.speak.base import is_out_of_memory
+from convtts.speak.cosyvoice.engine.flow import flow_batch, length_groups
+from convtts.speak.cosyvoice.engine.requests import Request, Row
+from convtts.speak.cosyvoice.engine.sampler import Sampler
+from convtts.speak.cosyvoice.engine.vocoder import finalizes, vocode_one
 
 log = logging.getLogger(__name__)
 
-SAMPLING_K = 25  # upstream's default `sampling` argument of TransformerLM.inference
 MAX_SILENT = 5  # upstream keeps at most this many silent tokens in a row
-
-
-@dataclass(eq=False)
-class Request:
-    """One utterance: the caller's key for it, its frontend inputs (one dict per text chunk), its seed."""
-    key: object
-    chunks: list[dict]
-    seed: int
-    generator: torch.Generator = None  # this utterance's own random stream (CPU)
-    audio: list[np.ndarray] = field(default_factory=list)
-    error: BaseException | None = None
-    next_chunk: int = 0
-
-    def __post_init__(self):
-        self.generator = torch.Generator().manual_seed(self.seed)
-
-
-@dataclass(eq=False)
-class Row:
-    """One text chunk in the decode: its cache padding, sampled tokens and bounds."""
-    request: Request
-    chunk: dict
-    min_len: int
-    max_len: int
-    pad: int = 0
-    tokens: list[int] = field(default_factory=list)  # every sampled token (the repetition window)
-    kept: list[int] = field(default_factory=list)  # what the flow gets (long silences trimmed)
-    silent_run: int = 0
 
 
 def supports(model) -> bool:
@@ -77,23 +38,12 @@ def plain_flow(model) -> bool:
     return getattr(inner, "fp16", False) is False and isinstance(estimator, torch.nn.Module)
 
 
-@contextmanager
-def own_random_stream(request: Request):
-    """Run upstream code that draws from torch's global CPU generator on this request's stream."""
-    saved = torch.get_rng_state()
-    torch.set_rng_state(request.generator.get_state())
-    try:
-        yield
-    finally:
-        request.generator.set_state(torch.get_rng_state())
-        torch.set_rng_state(saved)
-
-
 class BatchEngine:
     """Speaks lists of utterances with up to `max_rows` decoding at once."""
 
-    def __init__(self, model, max_rows: int):
+    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None):
         inner = model.model
+        self.precision = precision or PrecisionConfig()
         self.inner = inner
         self.llm, self.flow, self.hift = inner.llm, inner.flow, inner.hift
         self.device = inner.device
@@ -108,7 +58,7 @@ class BatchEngine:
         self.failed_early: list[Request] = []
         self.decoded: list[Row] = []  # rows whose decode ended, waiting for the flow
         self.sampler = Sampler(self.llm)
-        self.hift_finalizes = "finalize" in inspect.signature(self.hift.inference).parameters  # v3's HiFT
+        self.hift_finalizes = finalizes(self.hift)
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.min_ratio = float(bounds["min_token_text_ratio"].default)
@@ -347,197 +297,4 @@ class BatchEngine:
         return flow_batch(self.flow, rows, self.device)
 
     def _hift(self, request: Request, mel: torch.Tensor, speed: float) -> np.ndarray:
-        """Upstream's non-streaming vocoder call for one utterance (v3's HiFT takes `finalize`)."""
-        if speed != 1.0:
-            mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
-        if self.device.type == "cuda":
-            torch.cuda.manual_seed(request.seed)  # the vocoder's noise, drawn on the GPU
-        with own_random_stream(request):
-            if self.hift_finalizes:
-                speech, _ = self.hift.inference(speech_feat=mel, finalize=True)
-            else:
-                speech, _ = self.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0))
-        return speech.float().cpu().numpy().reshape(-1)
-
-
-class Sampler:
-    """The model's sampling rule for all rows of a step, each row drawing from its own generator.
-
-    CosyVoice's yaml names ras_sampling (nucleus sampling within top_p and top_k; a token seen in
-    the last win_size draws is re-drawn from the whole distribution). For that rule this does the
-    sort and the cumulative sums for all rows at once and draws exactly as the installed upstream
-    does (one multinomial on the kept probabilities, then one on the full distribution if needed,
-    without the repeated token in newer releases); any other
-    rule is called as upstream calls it, row by row.
-    """
-
-    def __init__(self, llm):
-        rule = llm.sampling
-        self.llm = llm
-        self.options = None
-        if getattr(getattr(rule, "func", None), "__name__", "") == "ras_sampling":
-            defaults = {k: v.default for k, v in inspect.signature(rule.func).parameters.items()}
-            self.options = {k: rule.keywords.get(k, defaults[k]) for k in ("top_p", "top_k", "win_size", "tau_r")}
-            self.masks_repeat = self._masks_repeat(rule)
-
-    @staticmethod
-    def _masks_repeat(rule) -> bool:
-        """Whether this upstream's re-draw leaves the repeated token out (newer releases) or not.
-
-        Asked of upstream's own function: a distribution with all its mass on token 0, which the
-        last draws repeat, is re-drawn; only a rule that masks token 0 can return another token.
-        """
-        scores = torch.full((8,), -1e4)
-        scores[0] = 0.0
-        with torch.random.fork_rng(devices=[]):
-            return int(rule(scores, [0] * 20, SAMPLING_K)) != 0
-
-    def draw(self, scores: torch.Tensor, rows: list) -> list:
-        if self.options is None:
-            return [self._upstream(scores[i], row) for i, row in enumerate(rows)]
-        top_p, top_k = self.options["top_p"], self.options["top_k"]
-        probs = scores.softmax(dim=-1)
-        values, index = stable_top(probs, min(top_k, probs.shape[-1]))
-        before = torch.cat([torch.zeros_like(values[:, :1]), values.cumsum(dim=-1)[:, :-1]], dim=-1)
-        kept = (before < top_p).sum(dim=-1).tolist()
-        tokens = []
-        for i, row in enumerate(rows):
-            g = row.request.generator
-            token = int(index[i, torch.multinomial(values[i, :kept[i]], 1, replacement=True, generator=g)])
-            recent = row.tokens[-self.options["win_size"]:]
-            if recent.count(token) >= self.options["win_size"] * self.options["tau_r"]:
-                again = scores[i].clone()
-                if self.masks_repeat:
-                    again[token] = -float("inf")
-                token = int(torch.multinomial(again.softmax(dim=0), 1, replacement=True, generator=g))
-            tokens.append(token)
-        return tokens
-
-    def _upstream(self, scores: torch.Tensor, row):
-        try:
-            with own_random_stream(row.request):
-                return int(self.llm.sampling(scores.clone(), row.tokens, SAMPLING_K))
-        except Exception as exc:
-            return exc
-
-
-def stable_top(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first k of each row's stable descending sort (equal values: lower index first), fast.
-
-    Upstream sorts the whole distribution (stable); a random-weight model has exact ties often
-    enough that topk's arbitrary order among them changes draws. topk finds the set, a stable sort
-    of those k orders it, and a row with a tie across the k-th place is sorted in full.
-    """
-    values, index = probs.topk(k, dim=-1)
-    index, by_index = index.sort(dim=-1)
-    values, order = values.gather(-1, by_index).sort(dim=-1, descending=True, stable=True)
-    index = index.gather(-1, order)
-    crowded = ((probs >= values[:, -1:]).sum(dim=-1) > k).nonzero().flatten().tolist()
-    for row in crowded:
-        full_values, full_index = probs[row].sort(descending=True, stable=True)
-        values[row], index[row] = full_values[:k], full_index[:k]
-    return values, index
-
-
-SPREAD = 1.25  # longest over shortest row in one flow pass
-
-
-def length_groups(rows: list[Row]) -> list[list[Row]]:
-    """Rows by decoded length, cut where the longest would pass SPREAD times the shortest.
-
-    A flow pass pads its rows to the longest, and the estimator's group norms count the padded
-    frames: rows of close lengths keep each one near its solo rendering and waste little work.
-    """
-    groups: list[list[Row]] = []
-    for row in sorted(rows, key=lambda r: len(r.kept)):
-        if groups and len(row.kept) <= SPREAD * len(groups[-1][0].kept):
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-    return groups
-
-
-def flow_batch(flow, rows: list[Row], device) -> list[torch.Tensor]:
-    """v1 flow (MaskedDiffWithXvec.inference) for several rows at once; returns each row's mel."""
-    prompt_tokens = [flow_prompt_tokens(row).shape[1] for row in rows]
-    feats = [row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80)) for row in rows]
-    embedded, lengths = embed_flow_tokens(flow, rows, device)
-    h, _ = flow.encoder(embedded, lengths)
-    h = flow.encoder_proj(h)
-    mels = []
-    for i, row in enumerate(rows):
-        len1, total = prompt_tokens[i], int(lengths[i])
-        mel_len1 = feats[i].shape[1]
-        mel_len2 = int((total - len1) / flow.input_frame_rate * 22050 / 256)
-        mel, _ = flow.length_regulator.inference(h[i:i + 1, :len1], h[i:i + 1, len1:total], mel_len1, mel_len2, flow.input_frame_rate)
-        mels.append((mel[0], mel_len1, mel_len2))
-    return solve(flow.decoder, rows, mels, feats, flow_speakers(flow, rows, device), device)
-
-
-def flow_prompt_tokens(row: Row) -> torch.Tensor:
-    return row.chunk.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
-
-
-def embed_flow_tokens(flow, rows: list[Row], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's prompt speech tokens and decoded tokens, padded on the right and embedded
-    (padding zeroed), as the flow's inference embeds one row; returns them and the lengths."""
-    # The frontend leaves prompt tensors on the model's device; the tokens are assembled on the CPU.
-    tokens = [torch.cat([flow_prompt_tokens(row).reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)])
-              for row in rows]
-    lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
-    padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True).to(device)
-    keep = (torch.arange(padded.shape[1], device=device)[None, :] < lengths[:, None]).unsqueeze(-1)
-    return flow.input_embedding(torch.clamp(padded, min=0)) * keep, lengths
-
-
-def flow_speakers(flow, rows: list[Row], device) -> torch.Tensor:
-    """The rows' speaker embeddings, normalised and projected as the flow's inference does."""
-    embeddings = [row.chunk.get("flow_embedding", torch.zeros(1, 192)).to(device).reshape(1, -1) for row in rows]
-    return flow.spk_embed_affine_layer(F.normalize(torch.cat(embeddings), dim=1))
-
-
-def solve(decoder, rows, mels, feats, spks, device) -> list[torch.Tensor]:
-    """Upstream's Euler solve with classifier-free guidance, for padded rows under one mask."""
-    width = max(m.shape[0] for m, _, _ in mels)
-    batch = len(rows)
-    mu = torch.zeros(batch, 80, width, device=device, dtype=spks.dtype)
-    cond = torch.zeros_like(mu)
-    mask = torch.zeros(batch, 1, width, device=device, dtype=spks.dtype)
-    x = torch.zeros_like(mu)
-    for i, (row, (mel, len1, len2)) in enumerate(zip(rows, mels)):
-        size = mel.shape[0]
-        mu[i, :, :size] = mel.transpose(0, 1)
-        mask[i, :, :size] = 1
-        if len1:
-            cond[i, :, :len1] = feats[i][0].to(device).transpose(0, 1)
-        with own_random_stream(row.request):  # upstream: randn_like(mu), drawn after the decode
-            x[i, :, :size] = torch.randn(1, 80, size)[0].to(device)
-    x = euler(decoder, x, mask, mu, spks, cond)
-    return [x[i:i + 1, :, len1:len1 + len2].float() for i, (_, len1, len2) in enumerate(mels)]
-
-
-def euler(decoder, x, mask, mu, spks, cond, **options) -> torch.Tensor:
-    """Upstream's 10 Euler steps with classifier-free guidance (solve_euler), for any number of rows.
-
-    The first half of each estimator call is conditioned, the second has mu, speaker and prompt
-    zeroed; `options` go to the estimator (v2/v3 take streaming=False).
-    """
-    batch = x.shape[0]
-    t_span = torch.linspace(0, 1, 11, device=x.device, dtype=mu.dtype)  # upstream's n_timesteps=10
-    if decoder.t_scheduler == "cosine":
-        t_span = 1 - torch.cos(t_span * 0.5 * torch.pi)
-    t, dt = t_span[0].unsqueeze(0), t_span[1] - t_span[0]
-    zeros = torch.zeros_like(mu)
-    rate = decoder.inference_cfg_rate
-    for step in range(1, len(t_span)):
-        out = decoder.forward_estimator(
-            torch.cat([x, x]), torch.cat([mask, mask]), torch.cat([mu, zeros]),
-            t.expand(2 * batch).contiguous(), torch.cat([spks, torch.zeros_like(spks)]), torch.cat([cond, zeros]),
-            **options,
-        )
-        guided, free = torch.split(out, [batch, batch], dim=0)
-        x = x + dt * ((1.0 + rate) * guided - rate * free)
-        t = t + dt
-        if step < len(t_span) - 1:
-            dt = t_span[step + 1] - t
-    return x
+        return vocode_one(self.hift, request, mel, speed, self.hift_finalizes)
