@@ -12,6 +12,8 @@ from convtts.config import load_config
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
+pytestmark = [pytest.mark.cosyvoice, pytest.mark.e2e]
+
 RATIO = 3  # speech tokens per text token: short audio keeps the test fast
 VOICES = ("英文女", "英文男")
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 import fcntl
 
 import orjson
+import pytest
 
 from conftest import assert_complete, llava_conversations, plan_ids, read_jsonl, run_all, script_env, write_input
+
+pytestmark = pytest.mark.e2e
 
 SMALL_SHARDS = "shards.segments_per_shard=8"
 
