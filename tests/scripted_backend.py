@@ -11,6 +11,7 @@ WORD `@build` acts when a backend is built: `@build=kill:all` kills every worker
 
 ScriptedBatchTone speaks through synthesize_many, CONVTTS_TEST_ROWS (3) utterances at a time.
 """
+
 from __future__ import annotations
 
 import errno

@@ -119,7 +119,8 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
 
     # Spoken again in a fresh process by upstream's own path (inference_zero_shot), by a model
     # never rebuilt: same seed, same audio (batched: the same tokens, and the flow within float
-    # rounding of the solo rendering); lengths as pinned (RATIO speech tokens per text token, 960 samples per speech token).
+    # rounding of the solo rendering); lengths as pinned (RATIO speech tokens per text token, 960
+    # samples per speech token).
     probe = tmp_path / "probe"
     probe.mkdir()
     (tmp_path / "settings.json").write_text(json.dumps({"config": str(config), "overrides": settings}))

@@ -1,4 +1,5 @@
-"""Work comes in pieces of shards: a one-shard job keeps every worker busy to the end, and a kill mid-piece loses nothing.
+"""Work comes in pieces of shards: a one-shard job keeps every worker busy to the end, and a kill
+mid-piece loses nothing.
 
 The voice here is tests/paced_backend.py: a fixed wait per utterance and a real tone, so four
 workers can overlap on a 2-core machine the way GPU workers do (Piper would need a core each).

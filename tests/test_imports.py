@@ -1,6 +1,7 @@
 """The import graph, read from the source: no circles among convtts's modules, no test module importing
 another. Every explicit import counts, those inside functions too; the implicit import of a parent
 package does not, so a package that imports its own submodules in __init__ is not a circle."""
+
 from __future__ import annotations
 
 import ast
@@ -50,7 +51,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for target in sorted(graph[node]):
             if state.get(target) == "open":
-                found.append(path[path.index(target):] + [target])
+                found.append(path[path.index(target) :] + [target])
             elif target not in state:
                 visit(target, [*path, target])
         state[node] = "done"
@@ -91,7 +92,10 @@ def test_no_test_module_imports_another():
     offenders = []
     for path in sorted((REPO / "tests").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             offenders += [f"{path.name}: {name}" for name in names if name.split(".")[0].startswith("test_")]
     assert offenders == []

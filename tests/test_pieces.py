@@ -1,5 +1,6 @@
 """A slot's pieces of work: their sizes, the tail, the hand-back after a worker dies, and each shard's
 stats file written last, on a real output folder (plan files, manifests, audio) and no processes."""
+
 from __future__ import annotations
 
 import math
@@ -19,6 +20,7 @@ RUN = "run1"
 
 # -- sizes ------------------------------------------------------------------------------------------
 
+
 def test_one_shard_on_four_workers_is_cut_as_the_module_says():
     assert preview_cuts([100], 4) == [13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3, 3, 3] + [MIN_PIECE] * 7
 
@@ -29,9 +31,17 @@ def test_a_big_run_starts_with_the_largest_pieces_and_ends_with_the_tail():
     assert sizes[-8:] == [MIN_PIECE] * 8  # every one of eight workers ends on a piece of two
 
 
-@pytest.mark.parametrize("counts, workers, rows", [
-    ([100], 4, 1), ([7, 1, 30, 2], 3, 1), ([5, 1, 30], 2, 4), ([500, 3, 64], 16, 8), ([3], 1, 1), ([1000], 1, 32),
-])
+@pytest.mark.parametrize(
+    "counts, workers, rows",
+    [
+        ([100], 4, 1),
+        ([7, 1, 30, 2], 3, 1),
+        ([5, 1, 30], 2, 4),
+        ([500, 3, 64], 16, 8),
+        ([3], 1, 1),
+        ([1000], 1, 32),
+    ],
+)
 def test_every_piece_is_within_bounds_and_no_shard_leaves_a_runt(counts, workers, rows):
     low, high = max(MIN_PIECE, rows), max(MAX_PIECE, 4 * rows)
     sizes, remaining = [], sum(counts)
@@ -57,6 +67,7 @@ def test_a_batched_worker_gets_pieces_of_whole_rows():
 
 # -- a real output folder ---------------------------------------------------------------------------
 
+
 def plan(root, *sizes: int) -> Layout:
     """A plan of shards holding `sizes` segments each: ids s{shard}-{index:03d}, in plan order."""
     layout = Layout(root / "out")
@@ -73,8 +84,10 @@ def spoken_before(layout: Layout, shard: str, uid: str, writer: str = "w0") -> N
     audio = layout.audio_dir(shard) / f"{uid}.wav"
     audio.parent.mkdir(parents=True, exist_ok=True)
     sf.write(audio, np.full(1600, 0.1, dtype=np.float32), 16000)
-    append_line(layout.manifest(shard, writer), {"id": uid, "audio": str(audio.relative_to(layout.root)),
-                                                 "num_samples": 1600, "duration": 0.1, "run": "run0"})
+    append_line(
+        layout.manifest(shard, writer),
+        {"id": uid, "audio": str(audio.relative_to(layout.root)), "num_samples": 1600, "duration": 0.1, "run": "run0"},
+    )
 
 
 def speak_all(queue: WorkQueue, piece, ok: bool = True) -> None:

@@ -4,6 +4,7 @@ A real Worker (utterance.Host) speaks pieces of a real plan into a real output f
 of the pipe is read back. The voice is tests/scripted_backend.py: a tone, except where the script
 makes a text fail; the quality gate is the real one, without its recogniser.
 """
+
 from __future__ import annotations
 
 import errno
@@ -16,22 +17,25 @@ from conftest import read_jsonl, write_input
 from convtts.config import load_config
 from convtts.gate.quality import take_seed
 from convtts.plan.planner import make_plan
-from convtts.run.pieces import open_shard
 from convtts.run.messages import Built, Failed, PieceDone, SpeakPiece, Spoken, Started
+from convtts.run.pieces import open_shard
 from convtts.run.worker import Worker, WorkerArgs
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures
 
 SEED = 1234  # workers.seed's default
 ZEBRA = "farm-001-00"  # the one segment whose text holds the script's word
-CONVERSATION = {"id": "farm", "conversations": [
-    {"from": "human", "value": "What animals are in the field today?"},
-    {"from": "gpt", "value": "A zebra stands beside two brown horses."},
-    {"from": "human", "value": "What is the weather like there?"},
-    {"from": "gpt", "value": "The sky is clear and the grass is dry."},
-    {"from": "human", "value": "Is anyone riding the horses?"},
-    {"from": "gpt", "value": "No, they are grazing near the fence."},
-]}
+CONVERSATION = {
+    "id": "farm",
+    "conversations": [
+        {"from": "human", "value": "What animals are in the field today?"},
+        {"from": "gpt", "value": "A zebra stands beside two brown horses."},
+        {"from": "human", "value": "What is the weather like there?"},
+        {"from": "gpt", "value": "The sky is clear and the grass is dry."},
+        {"from": "human", "value": "Is anyone riding the horses?"},
+        {"from": "gpt", "value": "No, they are grazing near the fence."},
+    ],
+}
 IDS = [f"farm-{turn:03d}-00" for turn in range(6)]
 
 
@@ -47,8 +51,15 @@ class Run:
     """A worker on a planned output, and what it told its slot."""
 
     def __init__(self, root, backend: str, *overrides: str):
-        self.config = load_config(None, [f"tts.backend=scripted_backend:{backend}", "validate.enabled=true",
-                                         "validate.recogniser=none", *overrides])
+        self.config = load_config(
+            None,
+            [
+                f"tts.backend=scripted_backend:{backend}",
+                "validate.enabled=true",
+                "validate.recogniser=none",
+                *overrides,
+            ],
+        )
         self.layout = Layout(root / "out")
         make_plan(write_input(root / "in.json", [CONVERSATION]), self.layout, self.config, workers=1)
         self.shard = self.layout.shard_names()[0]
@@ -84,6 +95,7 @@ def run(tmp_path, monkeypatch, script: str, backend: str = "ScriptedTone", *over
 
 
 # -- one at a time ----------------------------------------------------------------------------------
+
 
 def test_an_error_is_tried_again_with_the_same_seed_until_it_succeeds(tmp_path, monkeypatch, tally):
     worker = run(tmp_path, monkeypatch, "zebra=error:2")
@@ -158,8 +170,9 @@ def test_a_full_disk_stops_the_piece_and_records_no_failure(tmp_path, monkeypatc
 
 # -- batched ----------------------------------------------------------------------------------------
 
+
 def paths(tally) -> dict[str, list[str]]:
-    """The path each call of a segment took (one | many), by the segment's first words."""
+    """The paths the calls of each text took (one | many), by text."""
     taken: dict[str, list[str]] = {}
     for call in read_jsonl(tally / "calls.jsonl"):
         if call["path"] != "build":
@@ -188,8 +201,11 @@ def test_out_of_memory_in_a_batch_halves_the_rows_and_retries_what_was_in_flight
     assert [c["path"] for c in calls(tally)] == ["many", "many"]
 
 
-@pytest.mark.xfail(strict=True, reason="batching.speak_batched: once an out-of-memory leaves one row, the queued "
-                   "utterances are spoken alone as new ones: their attempts, errors and refused takes are forgotten")
+@pytest.mark.xfail(
+    strict=True,
+    reason="batching.speak_batched: once an out-of-memory leaves one row, the queued "
+    "utterances are spoken alone as new ones: their attempts, errors and refused takes are forgotten",
+)
 def test_utterances_keep_their_attempts_when_the_rows_fall_to_one(tmp_path, monkeypatch, tally):
     monkeypatch.setenv("CONVTTS_TEST_ROWS", "2")
     worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")

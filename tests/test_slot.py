@@ -4,6 +4,7 @@ workers started again, and a slot that gives up when its workers die before spea
 A real Slot runs in the test process and spawns real workers (about half a second each); their voice
 is tests/scripted_backend.py, which kills its worker with SIGKILL where the script says.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,14 +22,17 @@ from convtts.state.shardio import load_done, load_failures, read_json
 
 SHARD = "shard-00000"
 ZEBRA = "farm-001-00"
-CONVERSATION = {"id": "farm", "conversations": [
-    {"from": "human", "value": "What animals are in the field today?"},
-    {"from": "gpt", "value": "A zebra stands beside two brown horses."},
-    {"from": "human", "value": "What is the weather like there?"},
-    {"from": "gpt", "value": "The sky is clear and the grass is dry."},
-    {"from": "human", "value": "Is anyone riding the horses?"},
-    {"from": "gpt", "value": "No, they are grazing near the fence."},
-]}
+CONVERSATION = {
+    "id": "farm",
+    "conversations": [
+        {"from": "human", "value": "What animals are in the field today?"},
+        {"from": "gpt", "value": "A zebra stands beside two brown horses."},
+        {"from": "human", "value": "What is the weather like there?"},
+        {"from": "gpt", "value": "The sky is clear and the grass is dry."},
+        {"from": "human", "value": "Is anyone riding the horses?"},
+        {"from": "gpt", "value": "No, they are grazing near the fence."},
+    ],
+}
 IDS = [f"farm-{turn:03d}-00" for turn in range(6)]
 
 
@@ -110,8 +114,9 @@ def test_deaths_with_speech_between_them_never_stop_the_slot(slot_run, caplog):
 def test_workers_that_die_before_speaking_anything_stop_the_slot(slot_run, caplog):
     assert slot_run("@build=kill:all", workers=1) == EXIT_FAILURES
     assert len(deaths(caplog)) == MAX_BARREN_DEATHS
-    assert any(f"died {MAX_BARREN_DEATHS} times in a row without speaking; giving up" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        f"died {MAX_BARREN_DEATHS} times in a row without speaking; giving up" in r.getMessage() for r in caplog.records
+    )
     assert not slot_run.layout.stats(SHARD).exists()  # nothing was marked done
     builds = [c for c in read_jsonl(slot_run.tally / "calls.jsonl") if c["path"] == "build"]
     assert len(builds) == MAX_BARREN_DEATHS  # no worker was started after the last death
