@@ -13,6 +13,7 @@ pytestmark = pytest.mark.e2e
 SMALL_SHARDS = "shards.segments_per_shard=8"
 
 
+@pytest.mark.slow
 def test_end_to_end_two_cpu_slots(tmp_path, small_input):
     out = tmp_path / "out"
     result = run_all("--input", small_input, "--output-dir", out, "--gpus", "cpu:2", "--set", SMALL_SHARDS,

@@ -37,6 +37,7 @@ def test_eight_random_kills_then_a_rerun_leave_every_utterance_once(tmp_path):
     assert figures["restarts"] >= kills["run"]
 
 
+@pytest.mark.slow  # up to fifty merges started and killed
 def test_a_merge_killed_before_its_renames_leaves_nothing_behind_after_the_rerun(tmp_path):
     """Found by the soak: a SIGKILL during the merge left .manifest.jsonl.tmpPID (and two more) for good."""
     source, out = write_input(tmp_path / "in.json", llava_conversations(1)), tmp_path / "out"
