@@ -53,6 +53,7 @@ test: $(TEST_VENV)/.installed
 test-quick: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python -m pytest -q -m "$(QUICK_TIER)" --timeout=120 tests
 
+# ruff from pip install 'convtts[lint]' (the version pinned there), or RUFF=/path/to/ruff.
 RUFF ?= ruff
 lint:
 	$(RUFF) check .
