@@ -86,6 +86,7 @@ def overrides(model, prompts, version: int) -> list[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("version, runtime, batch", [(2, "installed", 1), (2, "checkout", 1), (3, "checkout", 1), (3, "checkout", 2)],
                          ids=["v2-installed", "v2-checkout", "v3-checkout", "v3-checkout-batched"])
 def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, runtime, batch):
