@@ -12,6 +12,8 @@ from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
+pytestmark = pytest.mark.cosyvoice
+
 RATIO = 4  # speech tokens per text token
 VOICES = ("英文女", "英文男")
 TEXTS = [

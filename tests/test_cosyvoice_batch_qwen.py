@@ -21,6 +21,8 @@ from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import text_token_counts
 from convtts.testing.cosyvoice_qwen import expected_samples
 
+pytestmark = pytest.mark.cosyvoice
+
 RATIO = 3  # speech tokens per text token
 TOLERANCE = 1e-3  # of full scale, for rows that shared a flow pass (v1's padded flow needs 2e-2)
 PROMPT = "Hello, this is a short prompt for a new voice."

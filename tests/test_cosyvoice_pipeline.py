@@ -12,6 +12,8 @@ from convtts.config import load_config
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
+pytestmark = [pytest.mark.cosyvoice, pytest.mark.e2e]
+
 RATIO = 3  # speech tokens per text token: short audio keeps the test fast
 VOICES = ("英文女", "英文男")
 
@@ -27,6 +29,7 @@ def cosyvoice_args(model_dir, *extra):
             "--set", "shards.segments_per_shard=6", *extra)
 
 
+@pytest.mark.slow
 def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
     source = write_input(tmp_path / "in.json", llava_conversations(2))
     out, log = tmp_path / "out", tmp_path / "log"
@@ -61,6 +64,7 @@ def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
         assert np.array_equal(audio, as_written(backend.synthesize(row["text"], row["speaker"], row["seed"]))), row["id"]
 
 
+@pytest.mark.slow
 def test_run_all_speaks_batched(tmp_path, model_dir):
     """The batched engine through the whole pipeline: rows share decode steps, rebuilds fall between batches."""
     source = write_input(tmp_path / "in.json", llava_conversations(2))
@@ -86,6 +90,7 @@ def test_run_all_speaks_batched(tmp_path, model_dir):
         assert np.abs(audio.astype(int) - solo.astype(int)).max() <= 650, row["id"]  # 0.02 of full scale
 
 
+@pytest.mark.slow
 def test_a_broken_batch_is_spoken_one_at_a_time(tmp_path, model_dir):
     source = write_input(tmp_path / "in.json", llava_conversations(1))
     out, log = tmp_path / "out", tmp_path / "log"

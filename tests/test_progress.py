@@ -9,6 +9,7 @@ import sys
 import time
 
 import orjson
+import pytest
 
 from conftest import REPO, run_all, script_env
 
@@ -48,6 +49,7 @@ def test_monitor_draws_a_bar_per_slot_on_a_terminal_without_a_size(tmp_path):
     assert "4.00 audio s/s" in screen  # the finished slot: 40 s of audio over its 10 s, frozen at its end
 
 
+@pytest.mark.e2e
 def test_under_cron_progress_is_plain_lines_in_the_slot_log_and_stdout_is_the_summary(tmp_path, small_input):
     log = tmp_path / "log"
     result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--workers", "2",
