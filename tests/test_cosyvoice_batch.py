@@ -112,6 +112,7 @@ def test_batch_size_is_checked_up_front():
     from convtts.config import ConfigError, load_config
 
     assert load_config(None, ["tts.cosyvoice.batch_size=16"]).tts.cosyvoice.batch_size == 16
-    for bad in ("0", "257", "two"):
+    assert load_config(None, ["tts.cosyvoice.batch_size=0"]).tts.cosyvoice.batch_size == 0  # automatic
+    for bad in ("-1", "257", "two"):
         with pytest.raises(ConfigError, match="batch_size"):
             load_config(None, [f"tts.cosyvoice.batch_size={bad}"])
