@@ -293,6 +293,7 @@ class BatchEngine:
         for seq in seqs:
             if not seq.kept and seq.request.error is None:
                 seq.request.error = RuntimeError("the LLM produced no speech tokens")
+            seq.request.tokens.append(seq.kept)
             request = self.scheduler.complete(seq)
             if request is not None:
                 yield request

@@ -23,6 +23,7 @@ class Request:
     seed: int
     generator: torch.Generator = None  # this utterance's own random stream (CPU)
     audio: list[np.ndarray] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # the speech tokens each chunk decoded, as the flow got them
     error: BaseException | None = None
     next_chunk: int = 0
     pending: object = None
