@@ -239,3 +239,30 @@ def test_buckets():
     assert row_buckets(12) == [1, 2, 4, 8, 12] and row_buckets(1) == [1] and row_buckets(4) == [1, 2, 4]
     assert [row_bucket(n, 32) for n in (1, 3, 5, 9, 17, 32)] == [1, 4, 8, 16, 24, 32]
     assert [length_bucket(n, 1000) for n in (1, 128, 129, 999)] == [128, 128, 256, 1000]
+
+
+def test_the_compiled_step_is_the_eager_step():
+    """torch.compile's kernels for the static step (what the GPU graphs capture when compile is on)."""
+    from torch._dynamo.utils import counters
+
+    from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner
+
+    llm = v1_llm(blocks=2)
+    eager = TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=512))
+    compiled = TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=512, compile=True))
+    counters.clear()
+    with torch.inference_mode():
+        pairs = []
+        for runner in (eager, compiled):
+            runner.prepare(4)
+            pairs.append([sequence(0, 5, 400), sequence(2, 9, 401)])
+            for seq in pairs[-1]:
+                runner.prefill(seq)
+        for step in range(140):  # two length buckets
+            logps = []
+            for runner, seqs in zip((eager, compiled), pairs):
+                for seq in seqs:
+                    seq.tokens.append(step % 50)
+                logps.append(runner.step(seqs))
+            torch.testing.assert_close(logps[1], logps[0], **FP32)
+    assert counters["stats"]["unique_graphs"] >= 1  # it did compile
