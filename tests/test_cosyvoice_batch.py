@@ -181,3 +181,18 @@ def test_a_half_precision_llm_speaks_every_utterance(model_dir, precision):
         assert len(alone) == len(results[1])
     finally:
         backend.close()
+
+
+def test_decode_settings_are_checked_up_front():
+    from convtts.config import ConfigError, load_config
+
+    cosy = load_config(None, ["tts.cosyvoice.sampler=gpu", "tts.cosyvoice.compile=true", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
+    assert (cosy.decode, cosy.sampler, cosy.compile, cosy.cuda_graphs) == ("static", "gpu", True, False)
+    for bad, message in ((["tts.cosyvoice.decode=fast"], "decode must be one of"),
+                         (["tts.cosyvoice.sampler=tpu"], "sampler must be one of"),
+                         (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.sampler=gpu"], "sampler=gpu needs"),
+                         (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.compile=true"], "compile needs"),
+                         (["tts.cosyvoice.cuda_graphs=yes please"], "cuda_graphs must be true or false"),
+                         (["tts.cosyvoice.max_row_tokens=-5"], "max_row_tokens")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, bad)
