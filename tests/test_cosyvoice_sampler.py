@@ -104,3 +104,16 @@ def test_streams_are_counters():
     assert float(many.min()) >= 0 and float(many.max()) < 1
     assert float(((counts - 10_000) ** 2 / 10_000).sum()) < 40  # chi-square, 9 degrees of freedom: p < 1e-5
     assert abs(float(many.mean()) - 0.5) < 5 * math.sqrt(1 / 12 / 100_000)
+
+
+def test_the_top_k_is_the_stable_sorts():
+    from convtts.speak.cosyvoice.engine.sampler import stable_top_k
+
+    probs = torch.tensor([[0.1, 0.3, 0.1, 0.3, 0.0, 0.2], [0.0, 0.0, 0.5, 0.0, 0.5, 0.0]])
+    values, order = stable_top_k(probs, 4)
+    full_values, full_order = probs.sort(dim=-1, descending=True, stable=True)
+    assert torch.equal(order, full_order[:, :4]) and torch.equal(values, full_values[:, :4])
+    assert order.tolist() == [[1, 3, 5, 0], [2, 4, 0, 1]]
+    many = torch.rand(64, 4097).softmax(dim=-1)
+    many[:, 100:140] = many[:, 99:100]  # ties across the k-th place
+    assert torch.equal(stable_top_k(many, 25)[1], many.sort(dim=-1, descending=True, stable=True)[1][:, :25])

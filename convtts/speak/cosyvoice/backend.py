@@ -240,7 +240,7 @@ class CosyVoiceBackend:
 
     def shrink_batch(self) -> int:
         """Halve the rows after a CUDA out-of-memory; returns the new count."""
-        self.engine.max_rows = max(1, self.engine.max_rows // 2)
+        self.engine.resize(max(1, self.engine.max_rows // 2))  # its KV cache goes now, before empty_cache
         if self.uses_cuda:
             import torch
 

@@ -129,6 +129,11 @@ class BatchEngine:
         """Whether the LLM's weights were cast (upstream's own path can no longer run them)."""
         return self.runner.casts
 
+    def resize(self, rows: int) -> None:
+        """Decode with `rows` rows from the next call on; what the decode held on the device is dropped now."""
+        self.max_rows = rows
+        self.runner.release_all()
+
     @property
     def flow_rows(self) -> int:
         """The flow runs once this many rows are decoded (or nothing else is left to decode)."""

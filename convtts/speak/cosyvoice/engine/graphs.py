@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from convtts.speak.base import is_out_of_memory
+
 log = logging.getLogger(__name__)
 
 LENGTH_STEP = 128  # cache length buckets: attention reads this many more positions at most
@@ -39,11 +41,13 @@ class StepGraphs:
     `state` lists the small tensors the step updates in place (lengths, next tokens, sampler
     state): the warm-up run before a capture is undone on them, so capturing never advances a
     row. The KV positions it writes are written again, with the same values, by the real step.
+    A capture or a compilation that fails leaves the step eager (logged once), never the run.
     """
 
     def __init__(self, step: Callable[[int, int], None], device: torch.device, graphs: bool, compile: bool,
                  state: list[torch.Tensor]):
-        self.step = compile_step(step) if compile else step
+        self.step = step
+        self.compiled = compile_step(step) if compile else None
         self.capture = graphs and device.type == "cuda"
         self.state = state
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -52,28 +56,47 @@ class StepGraphs:
             log.info("CUDA graphs asked for on %s: the decode step runs eagerly", device)
 
     def run(self, rows: int, length: int) -> None:
-        if not self.capture:
-            self.step(rows, length)
-            return
-        graph = self.graphs.get((rows, length))
-        if graph is None:
-            graph = self._capture(rows, length)
-        graph.replay()
+        if self.capture:
+            graph = self.graphs.get((rows, length)) or self._capture(rows, length)
+            if graph is not None:
+                graph.replay()
+                return
+        self._eager(rows, length)
 
-    def _capture(self, rows: int, length: int) -> torch.cuda.CUDAGraph:
+    def _eager(self, rows: int, length: int) -> None:
+        if self.compiled is not None:
+            try:
+                self.compiled(rows, length)
+                return
+            except Exception as exc:  # compilation failed (before any kernel ran): eager from now on
+                if is_out_of_memory(exc):
+                    raise
+                log.warning("torch.compile of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc)
+                self.compiled = None
+        self.step(rows, length)
+
+    def _capture(self, rows: int, length: int) -> torch.cuda.CUDAGraph | None:
         saved = [t.clone() for t in self.state]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: kernels picked, workspaces and lazy state made
-            self.step(rows, length)
+        with torch.cuda.stream(side):  # warm-up: kernels picked, workspaces and lazy state made (and compiled)
+            self._eager(rows, length)
         torch.cuda.current_stream().wait_stream(side)
         for tensor, before in zip(self.state, saved):
             tensor.copy_(before)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.step(rows, length)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                (self.compiled or self.step)(rows, length)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise
+            log.warning("CUDA graph capture of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc)
+            self.capture = False
+            self.clear()
+            return None
         self.graphs[(rows, length)] = graph
         log.debug("captured the decode step for %d rows over %d positions (%d graphs)", rows, length, len(self.graphs))
         return graph
@@ -91,5 +114,7 @@ def compile_step(step: Callable[[int, int], None]) -> Callable[[int, int], None]
     """
     import torch._dynamo
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), 64))
     return torch.compile(step, dynamic=None)

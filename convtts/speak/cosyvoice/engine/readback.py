@@ -12,24 +12,22 @@ class TokenReadback:
     def __init__(self, rows: int, device: torch.device):
         self.cuda = device.type == "cuda"
         self.buffers = [torch.zeros(2, rows, dtype=torch.long, pin_memory=self.cuda) for _ in range(DEPTH)]
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(DEPTH)]
         self.next = 0
 
     def start(self, io: torch.Tensor, rows: int):
-        """Queue the copy of io[:, :rows] (after the step that fills it); returns what wait() takes."""
-        buffer = self.buffers[self.next]
+        """Queue the copy of io (after the step that fills it); returns what wait() takes."""
+        slot = self.next
         self.next = (self.next + 1) % DEPTH
-        buffer[:, :rows].copy_(io[:, :rows], non_blocking=self.cuda)
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-        return buffer, event, rows
+        self.buffers[slot].copy_(io, non_blocking=self.cuda)  # whole and contiguous: a plain asynchronous copy
+        if self.events[slot] is not None:
+            self.events[slot].record()
+        return slot, rows
 
-    @staticmethod
-    def wait(pending) -> tuple[list[int], list[int]]:
-        """(tokens fed in, tokens drawn) per slot, once the copy is done."""
-        buffer, event, rows = pending
-        if event is not None:
-            event.synchronize()
-        fed, drawn = buffer[:, :rows].tolist()
+    def wait(self, pending) -> tuple[list[int], list[int]]:
+        """(tokens fed in, tokens drawn) per slot of the step's rows, once the copy is done."""
+        slot, rows = pending
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()
+        fed, drawn = self.buffers[slot][:, :rows].tolist()
         return fed, drawn

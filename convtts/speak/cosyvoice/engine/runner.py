@@ -10,6 +10,7 @@ Two kinds per family (runner_v1, runner_qwen):
 """
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from convtts.speak.cosyvoice.engine.kvcache import PaddedCache, StaticCache, rou
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 HEADROOM = 2  # cache positions past a row's decode bound: the step launched before its end is read
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,17 @@ class Runner:
         """Speech-token log-probabilities in fp32 from the last hidden states [rows, width]."""
         return self.llm.llm_decoder(hidden.float()).log_softmax(dim=-1)
 
+    def release_all(self) -> None:
+        """Drop what the decode holds on the device (the next prepare allocates again)."""
+
 
 class UpstreamRunner(Runner):
     """Upstream's layers over one left-padded cache of the live rows (they step in admission order)."""
 
     def prepare(self, rows: int, sampler=None) -> None:
+        self.cache = PaddedCache()
+
+    def release_all(self) -> None:
         self.cache = PaddedCache()
 
     def prefill(self, seq) -> torch.Tensor:
@@ -140,7 +149,7 @@ class StaticRunner(Runner):
     def release_all(self) -> None:
         if self.graphs is not None:
             self.graphs.clear()
-        self.cache = self.sampler = self.graphs = None
+        self.cache = self.sampler = self.graphs = self.logps = None
 
     def prefill(self, seq) -> torch.Tensor:
         """The chunk's prompt into its slot; returns the first token's log-probabilities [1, vocab]."""
@@ -157,11 +166,8 @@ class StaticRunner(Runner):
         """Grow the cache (and start new graphs) when a row needs more positions than it has."""
         if positions <= self.cache.capacity:
             return
-        import logging
-
         capacity = round_capacity(positions)
-        logging.getLogger(__name__).info("static KV cache grows from %d to %d positions per row (a chunk needs %d)",
-                                         self.cache.capacity, capacity, positions)
+        log.info("static KV cache grows from %d to %d positions per row (a chunk needs %d)", self.cache.capacity, capacity, positions)
         self.cache = self.cache.grown(capacity)
         self._rebuild()
 

@@ -168,8 +168,7 @@ class GpuSampler:
         ban = (drawn < self.min_len[part]) | (drawn == 0)  # upstream's ignore_eos; never an empty utterance
         scores = logp.float().masked_fill(ban[:, None] & self.stop, -float("inf"))
         probs = scores.softmax(dim=-1)
-        values, order = probs.sort(dim=-1, descending=True, stable=True)
-        values, order = values[:, :self.top_k], order[:, :self.top_k]
+        values, order = stable_top_k(probs, self.top_k)
         kept = values * ((values.cumsum(dim=-1) - values) < self.top_p)  # the nucleus: mass before it under top_p
         first = order.gather(1, pick(kept, uniform(keys, drawn, 0))[:, None]).squeeze(1)
         again = probs.scatter(1, first[:, None], 0.0) if self.masks_repeat else probs
@@ -178,6 +177,23 @@ class GpuSampler:
         history.scatter_(1, (drawn % self.window)[:, None], token[:, None])
         drawn += 1
         return token
+
+
+INDEX_BITS = 20  # vocabularies up to a million tokens
+
+
+def stable_top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first k of each row's stable descending order (equal values: lower index first), without a sort.
+
+    A full sort is what upstream does, but CUDA graphs cannot always capture a segmented sort.
+    topk over keys that are unique per row (a probability's bits, then the index reversed) has
+    one answer whatever algorithm or batch size topk picks: ties broken as the stable sort does.
+    """
+    bits = probs.float().view(torch.int32).to(torch.long)  # non-negative floats: their bits order as they do
+    index = torch.arange(probs.shape[-1], device=probs.device)
+    keys = (bits << INDEX_BITS) | ((1 << INDEX_BITS) - 1 - index)
+    order = (1 << INDEX_BITS) - 1 - (keys.topk(k, dim=-1).values & ((1 << INDEX_BITS) - 1))
+    return probs.gather(-1, order), order
 
 
 def pick(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
