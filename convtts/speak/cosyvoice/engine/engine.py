@@ -175,7 +175,8 @@ class BatchEngine:
         while not scheduler.finished():
             scheduler.fill(source)
             yield from scheduler.take_failed()
-            logp = self._admit(logp)
+            for new in self._admit():
+                logp = new if logp is None else torch.cat([logp, new])
             if scheduler.running:
                 self._sample(logp)
                 logp = self._step() if scheduler.running else None
@@ -190,7 +191,7 @@ class BatchEngine:
         while not scheduler.finished():
             scheduler.fill(source)
             yield from scheduler.take_failed()
-            self._admit(None)
+            self._admit()  # first tokens drawn on the GPU: nothing comes back
             if scheduler.running:
                 launched.append(self._step())
             while len(launched) > (1 if scheduler.running else 0):
@@ -200,19 +201,18 @@ class BatchEngine:
             yield from scheduler.take_failed()
 
     # -- decode ------------------------------------------------------------------------------
-    def _admit(self, logp):
-        """Prefill the chunks that take free rows; returns `logp` with their first log-probabilities appended."""
+    def _admit(self) -> list[torch.Tensor]:
+        """Prefill the chunks that take free rows; their first log-probabilities, in admission order."""
+        logps = []
         for seq in self.scheduler.admit():
             try:
                 with self.timer("prefill"):
-                    new = self.runner.prefill(seq)
+                    logps.append(self.runner.prefill(seq))
             except Exception as exc:  # this utterance only
                 if is_out_of_memory(exc):
                     raise
                 self.scheduler.abandon(seq, exc)
-                continue
-            logp = new if logp is None else torch.cat([logp, new])
-        return logp
+        return logps
 
     def _step(self):
         """One decode step for every live row.

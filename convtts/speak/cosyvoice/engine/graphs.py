@@ -88,7 +88,8 @@ class StepGraphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: the text frontend's thread may copy to the GPU meanwhile; only this thread is captured
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 (self.compiled or self.step)(rows, length)
         except Exception as exc:
             if is_out_of_memory(exc):

@@ -24,7 +24,7 @@ def v1_prompt(llm, chunk: dict, sos: int, device, dtype) -> torch.Tensor:
     text = chunk["text"].to(device)
     prompt_text = chunk.get("prompt_text", torch.zeros(1, 0, dtype=torch.int32)).to(device)
     text = torch.concat([prompt_text, text], dim=1)
-    text_len = torch.tensor([text.shape[1]], dtype=torch.int32, device=device)
+    text_len = torch.full((1,), text.shape[1], dtype=torch.int32, device=device)  # a fill: no copy that waits for the GPU
     text, _ = llm.encode(llm.text_embedding(text), text_len)
     embedding = chunk.get("llm_embedding", torch.zeros(0, 192)).to(device)
     if embedding.shape[0] != 0:
