@@ -33,6 +33,7 @@ import orjson
 from sample_text import ANSWERS, DEFAULT_TEXT, QUESTIONS, read_conversations, turn_texts  # bench/ is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 CONFIGS = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
 V1_VOICES = ("英文女", "英文男")
 PROMPT_TEXT = "This is a short prompt for a new voice, about ten words."
