@@ -25,7 +25,7 @@ from convtts.speak.cosyvoice.engine.audio import AudioStage
 from convtts.speak.cosyvoice.engine.readback import TokenReadback
 from convtts.speak.cosyvoice.engine.requests import RUNNING, Sequence
 from convtts.speak.cosyvoice.engine.runner import DecodeOptions
-from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, sos_of, supports_static
+from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, supports_static
 from convtts.speak.cosyvoice.engine.sampler import GpuSampler, Sampler
 from convtts.speak.cosyvoice.engine.scheduler import Scheduler
 
@@ -86,7 +86,6 @@ class BatchEngine:
         self.device = torch.device(inner.device)
         self.max_rows = max_rows
         self.silent = set(getattr(inner, "silent_tokens", []) or [])
-        self.sos = sos_of(self.llm)
         # Tokens that end a decode: v1 has one; v2 and v3 name theirs (3 and 200).
         self.stops = list(getattr(self.llm, "stop_token_ids", [self.llm.speech_token_size]))
         self.stop_set = set(self.stops)
@@ -111,13 +110,12 @@ class BatchEngine:
         return supports_static(self.llm)
 
     def _gpu_sampling(self) -> bool:
-        wanted = self.options.sampler
-        if wanted == "auto":
-            wanted = "gpu" if self.device.type == "cuda" and self.runner.static else "cpu"
-        if wanted == "gpu" and (not self.runner.static or self.sampler.options is None):
+        possible = self.runner.static and self.sampler.options is not None
+        if self.options.sampler == "auto":
+            return possible and self.device.type == "cuda"
+        if self.options.sampler == "gpu" and not possible:
             log.warning("tokens are drawn on the CPU: GPU sampling needs the static decode and upstream's ras_sampling rule")
-            return False
-        return wanted == "gpu"
+        return self.options.sampler == "gpu" and possible
 
     @property
     def rows(self) -> list[Sequence]:

@@ -103,6 +103,9 @@ class StepGraphs:
         return graph
 
     def clear(self) -> None:
+        """Drop the graphs (a replay may still run: it ends first)."""
+        if self.graphs:
+            torch.cuda.current_stream().synchronize()
         self.graphs.clear()
         self.pool = None
 
