@@ -102,7 +102,7 @@ def measure(args, setting: str, rows: int, texts: list[str], overrides: list[str
     engine = backend.engine
     if engine is not None:
         engine.timer.sync = not engine.gpu_sampling
-    _speak(backend, texts[: max(4, rows)], speaker)  # kernels chosen, graphs of the common buckets captured
+    _speak(backend, texts[: max(4, rows // 2)], speaker)  # kernels chosen, the first graphs captured
     graphs_before = _graphs(engine)
     if engine is not None:
         engine.timer.seconds.clear()
@@ -160,7 +160,7 @@ def main() -> int:
     p.add_argument("--text", default=str(DEFAULT_TEXT))
     p.add_argument("--settings", default="today,static,graphs,gpu-sampler,bf16", help=f"any of {', '.join(SETTINGS)}")
     p.add_argument("--batch-sizes", default="32,64")
-    p.add_argument("--utterances", type=int, default=128, help="per measurement (the upstream setting speaks a sixteenth)")
+    p.add_argument("--utterances", type=int, default=192, help="per measurement (the upstream setting speaks a sixteenth)")
     p.add_argument("--max-words", type=int, default=10)
     p.add_argument("--set", action="append", default=[], help="a further config override for every measurement")
     p.add_argument("--out", required=True)

@@ -10,8 +10,9 @@
 #   VERSIONS=1 SETTINGS=bf16 ROWS=64 MEMORY_UTTERANCES=5000 bash bench/gpu_engine.sh   # memory over 10 rebuilds
 #
 # Knobs (defaults in brackets): VERSIONS ["1"], SETTINGS [v1: today,static,graphs,gpu-sampler,bf16; v2/v3:
-# today,gpu-sampler,bf16], ROWS ["32,64"], UTTERANCES [96], MAX_WORDS [10], EXTRA (more --set items for
-# batch_engine.py, space-separated), MEMORY_UTTERANCES [0: skip], MEMORY_REBUILD_EVERY [500], WHEELS [.whl].
+# today,gpu-sampler,bf16], ROWS ["32,64"], UTTERANCES [192], MAX_WORDS [10], EXTRA (more --set items for
+# batch_engine.py, space-separated), MEMORY_UTTERANCES [0: skip], MEMORY_REBUILD_EVERY [500], WHEELS [.whl],
+# SIZE [full; tiny for a dry run], SETUP [1; 0 where the runtime is installed already].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -20,7 +21,7 @@ mkdir -p "$out"
 checkout="${COSYVOICE_ROOT:-}"
 unset COSYVOICE_ROOT
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
-MODEL_SIZE=none bash bench/gpu_setup.sh "${WHEELS:-.whl}"
+[[ "${SETUP:-1}" == 0 ]] || MODEL_SIZE=none bash bench/gpu_setup.sh "${WHEELS:-.whl}"
 extra=()
 for item in ${EXTRA:-}; do extra+=(--set "$item"); done
 
@@ -30,13 +31,13 @@ for version in ${VERSIONS:-1}; do
     [[ -n "$checkout" ]] || { echo "v$version needs COSYVOICE_ROOT (a CosyVoice checkout); skipped"; continue; }
     runtime=(COSYVOICE_ROOT="$checkout") settings="${SETTINGS:-today,gpu-sampler,bf16}"
   fi
-  env "${runtime[@]}" python3 bench/batch_engine.py --version "$version" --size full --settings "$settings" \
-    --batch-sizes "${ROWS:-32,64}" --utterances "${UTTERANCES:-96}" --max-words "${MAX_WORDS:-10}" "${extra[@]}" \
+  env "${runtime[@]}" python3 bench/batch_engine.py --version "$version" --size "${SIZE:-full}" --settings "$settings" \
+    --batch-sizes "${ROWS:-32,64}" --utterances "${UTTERANCES:-192}" --max-words "${MAX_WORDS:-10}" "${extra[@]}" \
     --out "$out/engine-v$version.json" 2>"$out/engine-v$version.log" || { echo "v$version failed:"; tail -n 30 "$out/engine-v$version.log"; }
   echo "v$version settings done at $((SECONDS - started)) s"
   if [[ "${MEMORY_UTTERANCES:-0}" != 0 ]]; then
     rows="${ROWS:-64}"
-    env "${runtime[@]}" python3 bench/engine_memory.py --version "$version" --size full --rows "${rows##*,}" \
+    env "${runtime[@]}" python3 bench/engine_memory.py --version "$version" --size "${SIZE:-full}" --rows "${rows##*,}" \
       --utterances "$MEMORY_UTTERANCES" --rebuild-every "${MEMORY_REBUILD_EVERY:-500}" --max-words "${MAX_WORDS:-10}" \
       "${extra[@]}" --out "$out/memory-v$version.json" 2>"$out/memory-v$version.log" \
       || { echo "v$version memory run failed:"; tail -n 30 "$out/memory-v$version.log"; }
