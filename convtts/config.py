@@ -133,10 +133,39 @@ class CosyVoiceConfig:
     load_vllm: bool = False
     speed: float = 1.0
     text_frontend: bool = True
-    # Utterances a worker decodes at once (v1, v2 and v3 in fp32; 1 is upstream's own one-at-a-time path).
+    # Utterances a worker decodes at once (v1, v2 and v3; 1 is upstream's own one-at-a-time path; 0 chooses
+    # from the GPU memory a row's KV cache takes at precision.llm, see convtts.run.tuning).
     batch_size: int = 1
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    # The batched engine's LLM decode: static (our step over a preallocated KV cache) or upstream (upstream's
+    # layers over a cache grown by concatenation, the reference); CUDA graphs and torch.compile for the static
+    # step; sampler cpu (upstream's exact rule on the CPU), gpu (the same rule drawn on the GPU) or auto (gpu
+    # on CUDA with the static decode); KV positions per row to start with (0: from text.max_words and the prompts).
+    decode: str = "static"
+    cuda_graphs: bool = True
+    compile: bool = False
+    sampler: str = "auto"
+    max_row_tokens: int = 0
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if not 0 <= self.batch_size <= 256:
+            raise ConfigError(f"tts.cosyvoice.batch_size must be between 0 (automatic) and 256, got {self.batch_size}")
+        self.precision.check()
+        if self.decode not in DECODES:
+            raise ConfigError(f"tts.cosyvoice.decode must be one of {DECODES}, got {self.decode!r}")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"tts.cosyvoice.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.sampler == "gpu" and self.decode != "static":
+            raise ConfigError("tts.cosyvoice.sampler=gpu needs tts.cosyvoice.decode=static")
+        if self.compile and self.decode != "static":
+            raise ConfigError("tts.cosyvoice.compile needs tts.cosyvoice.decode=static")
+        if not 0 <= self.max_row_tokens <= 65536:
+            raise ConfigError(f"tts.cosyvoice.max_row_tokens must be between 0 (automatic) and 65536, got {self.max_row_tokens}")
+
+
+DECODES = ("static", "upstream")
+SAMPLERS = ("auto", "cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -159,9 +188,7 @@ class TTSConfig:
             raise ConfigError(f"tts.backend must be one of {BACKENDS} or module:Class, got {self.backend!r}")
         if self.backend == "cosyvoice" and not self.cosyvoice.model_dir:
             raise ConfigError("tts.cosyvoice.model_dir is required for the cosyvoice backend")
-        if not 1 <= self.cosyvoice.batch_size <= 256:
-            raise ConfigError(f"tts.cosyvoice.batch_size must be between 1 and 256, got {self.cosyvoice.batch_size}")
-        self.cosyvoice.precision.check()
+        self.cosyvoice.check()
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,24 @@ def test_unknown_speaker_and_missing_model_stop_before_any_work(tmp_path, model_
     missing = run_all("--input", source, "--output-dir", tmp_path / "b", *cosyvoice_args(tmp_path / "no-such-model"))
     assert missing.returncode == 2 and "no-such-model" in missing.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_run_all_with_automatic_rows_and_the_fast_decode(tmp_path, model_dir):
+    """batch_size 0: the slot picks the rows (8 on a CPU) and hands them to its workers; tokens drawn by the
+    GPU sampler's rule (run here on the CPU), the LLM in bf16: every segment at its pinned length."""
+    source = write_input(tmp_path / "in.json", llava_conversations(1))
+    out, log = tmp_path / "out", tmp_path / "log"
+    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *cosyvoice_args(
+        model_dir, "--set", "tts.cosyvoice.batch_size=0", "--set", "tts.cosyvoice.sampler=gpu",
+        "--set", "tts.cosyvoice.precision.llm=bf16", "--workers", "1"))
+    assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
+    rows = assert_complete(out)
+    slot_log = "".join(p.read_text() for p in log.rglob("slot-*.log"))
+    assert "rows: 8 per worker (automatic, CPU)" in slot_log and "of 8 rows each" in slot_log
+
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+
+    config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.batch_size=1"])
+    frontend = CosyVoiceBackend(config).model.frontend
+    for row in rows:
+        assert row["num_samples"] == expected_samples(text_token_counts(frontend, row["text"]), RATIO), row["id"]

@@ -8,7 +8,7 @@ import time
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES
 from convtts.gate.quality import check_gate
-from convtts.speak import backend_rows, check_backend
+from convtts.speak import backend_row_mb, backend_rows, check_backend, with_rows
 from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
 from convtts.config import ConfigError
 from convtts.state.layout import Layout
@@ -56,11 +56,8 @@ def main(argv=None) -> int:
     prepare_environment(args.device)
 
     from convtts.run.slot import Slot, SlotOptions, SlotStopped
-    from convtts.run.tuning import choose_workers, worker_gpu_mb
 
-    requested = args.workers or config.workers.per_slot
-    per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, backend_rows(config))
-    workers = choose_workers(requested, args.device, args.slots_on_node or args.world, per_worker)
+    workers, config = size_workers(config, args)
     # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
     # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
     # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
@@ -80,6 +77,20 @@ def main(argv=None) -> int:
             return EXIT_DISK_FULL
         logging.getLogger("slot").exception("slot %d failed", args.rank)
         return EXIT_FAILURES
+
+
+def size_workers(config, args: argparse.Namespace):
+    """The slot's worker count and the config its workers get: rows set when the backend's are automatic (0)."""
+    from convtts.run.tuning import choose_layout, choose_workers, worker_gpu_mb
+
+    requested = args.workers or config.workers.per_slot
+    slots = args.slots_on_node or args.world
+    rows = backend_rows(config)
+    if rows == 0:
+        workers, rows = choose_layout(requested, args.device, slots, config.workers.gpu_mb_per_worker, backend_row_mb(config))
+        return workers, with_rows(config, rows)
+    per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, rows)
+    return choose_workers(requested, args.device, slots, per_worker), config
 
 
 def node_share(layout: Layout, args: argparse.Namespace) -> list[str]:

@@ -83,6 +83,34 @@ def check(config: Config) -> None:
         )
 
 
+class _Inline:
+    """An executor that runs the call at once (a backend given an engine without its frontend thread)."""
+
+    @staticmethod
+    def submit(fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
+_INLINE = _Inline()
+
+
+def decode_options(config: Config):
+    """How the batched engine runs the LLM, from tts.cosyvoice (and the KV positions a row needs)."""
+    from convtts.speak.cosyvoice.engine.runner import DecodeOptions
+    from convtts.speak.cosyvoice.sizes import row_tokens
+
+    cosy = config.tts.cosyvoice
+    return DecodeOptions(decode=cosy.decode, cuda_graphs=cosy.cuda_graphs, compile=cosy.compile, sampler=cosy.sampler,
+                         row_tokens=row_tokens(config))
+
+
 def seed_everything(seed: int) -> None:
     """Seed every generator upstream draws from; each model load resets them to 1986."""
     import torch
@@ -137,11 +165,16 @@ class CosyVoiceBackend:
         # One intra-op thread: parallelism comes from worker processes (9 s against 0.38 s per
         # v1 call on 2 cores with torch's default thread count).
         torch.set_num_threads(1)
+        self.config = config
         self.cosy = config.tts.cosyvoice
         self.model = load_model(self.cosy)  # checks the directory before upstream can download
         self.sample_rate = int(self.model.sample_rate)
         self.uses_cuda = torch.cuda.is_available()
         self.builtin = set(self.model.list_available_spks())
+        # Upstream's frontend serves one caller at a time: the batched engine's look-ahead thread,
+        # or upstream's own one-at-a-time path.
+        self.frontend_lock = threading.Lock()
+        self.frontend = None  # the thread that runs the text frontend of the next utterances
         self.engine = self._engine()
         self.prompts: dict[str, tuple[str, object]] = {}
         for voice in config.speakers.voices:
@@ -157,21 +190,48 @@ class CosyVoiceBackend:
         """The batched engine when batch_size asks for one and the model suits it; else None."""
         from convtts.speak.cosyvoice.engine import engine as cosyvoice_batch, qwen as cosyvoice_batch_qwen
 
-        if self.cosy.batch_size <= 1:
+        rows = self.cosy.batch_size or self._automatic_rows()
+        if rows <= 1:
             return None
         for module, engine in ((cosyvoice_batch, cosyvoice_batch.BatchEngine),
                                (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine)):
             if module.supports(self.model):
-                return engine(self.model, self.cosy.batch_size, self.cosy.precision)
+                from concurrent.futures import ThreadPoolExecutor
+
+                self.frontend = ThreadPoolExecutor(1, thread_name_prefix="cosyvoice-frontend")
+                return engine(self.model, rows, self.cosy.precision, decode_options(self.config))
         log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
                     "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
                     self.cosy.batch_size)
         return None
 
+    def _automatic_rows(self) -> int:
+        """batch_size 0 outside a slot (which sets it before workers start): as the slot would for one worker."""
+        from convtts.run.tuning import choose_layout
+
+        _, rows = choose_layout(1, "cuda" if self.uses_cuda else "cpu", 1, self.config.workers.gpu_mb_per_worker,
+                                self.row_gpu_mb(self.config))
+        return rows
+
     @staticmethod
     def rows(config: Config) -> int:
-        """Rows a worker of this backend asks for (the slot sizes its pieces by them): batch_size."""
+        """Rows a worker of this backend asks for (the slot sizes its pieces by them): batch_size, 0 automatic."""
         return config.tts.cosyvoice.batch_size
+
+    @staticmethod
+    def row_gpu_mb(config: Config) -> float:
+        """GPU MiB per batch row: its static KV cache at the LLM's precision, and its share of the flow's work."""
+        from convtts.speak.cosyvoice.sizes import FLOW_MB_PER_ROW, row_kv_mb
+
+        return row_kv_mb(config) + FLOW_MB_PER_ROW
+
+    @staticmethod
+    def with_rows(config: Config, rows: int) -> Config:
+        """The config with tts.cosyvoice.batch_size set to `rows` (the slot's automatic choice)."""
+        import dataclasses
+
+        cosy = dataclasses.replace(config.tts.cosyvoice, batch_size=rows)
+        return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
 
     @property
     def batch_rows(self) -> int:
@@ -180,7 +240,7 @@ class CosyVoiceBackend:
 
     def shrink_batch(self) -> int:
         """Halve the rows after a CUDA out-of-memory; returns the new count."""
-        self.engine.max_rows = max(1, self.engine.max_rows // 2)
+        self.engine.resize(max(1, self.engine.max_rows // 2))  # its KV cache goes now, before empty_cache
         if self.uses_cuda:
             import torch
 
@@ -199,10 +259,8 @@ class CosyVoiceBackend:
         def requests():
             for key, text, speaker, seed in items:
                 request = Request(key, [], seed)
-                try:
-                    request.chunks = self._chunks(text, speaker)
-                except Exception as exc:  # the frontend refused this text: this utterance only
-                    request.error = exc
+                # the frontend runs in its thread while the engine decodes; a refused text fails alone
+                request.pending = (self.frontend or _INLINE).submit(self._chunks, text, speaker)
                 yield request
 
         try:
@@ -215,6 +273,10 @@ class CosyVoiceBackend:
 
     def _chunks(self, text: str, speaker: str) -> list[dict]:
         """The frontend inputs of each text chunk, built as inference_sft / inference_zero_shot do."""
+        with self.frontend_lock:
+            return self._frontend_chunks(text, speaker)
+
+    def _frontend_chunks(self, text: str, speaker: str) -> list[dict]:
         frontend, tf = self.model.frontend, self.cosy.text_frontend
         if speaker in self.prompts:
             prompt_text, audio = self.prompts[speaker]
@@ -260,10 +322,12 @@ class CosyVoiceBackend:
     def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
         if self.model is None:
             raise SynthesisError("the CosyVoice backend is closed")
+        if self.engine is not None and self.engine.casts_llm:
+            return self._synthesize_batched(text, speaker, seed)
         seed_everything(seed)
         chunks = []
         try:
-            with thread_errors() as caught:
+            with thread_errors() as caught, self.frontend_lock:
                 outputs = self._outputs(text, speaker)
                 try:
                     # Run to the end: upstream frees per-call state only after its last yield.
@@ -283,6 +347,13 @@ class CosyVoiceBackend:
             raise SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
         audio = np.concatenate([c.detach().float().cpu().numpy().reshape(-1) for c in chunks])
         return audio.astype(np.float32, copy=False)
+
+    def _synthesize_batched(self, text: str, speaker: str, seed: int) -> np.ndarray:
+        """One utterance through the batched engine: its LLM weights are cast, which upstream's path cannot run."""
+        [(_, result)] = list(self.synthesize_many([(0, text, speaker, seed)]))
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _forget_calls(self) -> None:
         """A failed call leaves its entries in upstream's per-call dicts; nothing else is running."""
@@ -304,6 +375,9 @@ class CosyVoiceBackend:
         return used / 2**20
 
     def close(self) -> None:
+        if self.frontend is not None:
+            self.frontend.shutdown(wait=True)
+            self.frontend = None
         self.model = None
         self.engine = None
         self.prompts = {}
