@@ -151,3 +151,16 @@ def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, w
     logs = "".join(p.read_text() for p in (tmp_path / "log").rglob("*.log"))
     assert "quality gate on (recogniser hf-whisper, 4 takes at a time)" in logs
     assert "Whisper from" in logs and "on cpu in float32" in logs
+
+
+def test_gpu_memory_a_worker_adds_for_its_recogniser(whisper_dir, recogniser):
+    """The slot sizes its workers with it: weights at asr_precision from the safetensors headers, plus a batch's activations."""
+    from convtts.gate.whisper import checkpoint_parameters, recogniser_gpu_mb
+
+    parameters = sum(p.numel() for p in recogniser.model.parameters())
+    assert checkpoint_parameters(whisper_dir) == parameters
+    per_take = 2 * 1500 * 2 * (1 * 64 + 128)  # bf16, 1500 frames: 1 decoder layer of 64, an encoder FFN of 128
+    config = gate_config(whisper_dir)
+    assert recogniser_gpu_mb(config) == round((parameters * 2 + 16 * per_take) / 2**20)
+    assert recogniser_gpu_mb(dataclasses.replace(config, asr_device="cpu")) == 0
+    assert recogniser_gpu_mb(dataclasses.replace(config, recogniser="pocketsphinx", model_path="")) == 0

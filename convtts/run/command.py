@@ -8,6 +8,7 @@ import time
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES
 from convtts.gate.quality import check_gate
+from convtts.gate.whisper import recogniser_gpu_mb
 from convtts.speak import backend_rows, check_backend
 from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
 from convtts.config import ConfigError
@@ -60,6 +61,7 @@ def main(argv=None) -> int:
 
     requested = args.workers or config.workers.per_slot
     per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, backend_rows(config))
+    per_worker += recogniser_gpu_mb(config.validate) if args.device == "cuda" else 0  # each worker's own Whisper
     workers = choose_workers(requested, args.device, args.slots_on_node or args.world, per_worker)
     # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
     # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
