@@ -61,12 +61,19 @@ class SpeakerConfig:
     human: tuple[str, ...] = ()  # restrict the human side to these voices (default: all)
     assistant: tuple[str, ...] = ()
     seed: int = 0
+    # A pool of zero-shot voices instead of speakers.voices: a directory of recordings with .txt
+    # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/plan/voices.py).
+    pool: str = ""
 
     def check(self) -> None:
         if not self.voices:
             raise ConfigError("speakers.voices must name at least one voice")
         if self.policy not in SPEAKER_POLICIES:
             raise ConfigError(f"speakers.policy must be one of {SPEAKER_POLICIES}, got {self.policy!r}")
+        if self.pool:
+            if not Path(self.pool).exists():
+                raise ConfigError(f"speakers.pool not found: {self.pool}")
+            return  # human and assistant name the pool's voices: checked when it is read
         for side in ("human", "assistant"):
             stray = [v for v in getattr(self, side) if v not in self.voices]
             if stray:
@@ -137,6 +144,9 @@ class CosyVoiceConfig:
     batch_size: int = 1
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
+    # Zero-shot voices whose prompt features a worker keeps (least recently used go first): with a
+    # pool of thousands, memory stays flat; a voice that left is computed again when next spoken.
+    prompt_cache: int = 64
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,8 @@ class TTSConfig:
             raise ConfigError(f"tts.backend must be one of {BACKENDS} or module:Class, got {self.backend!r}")
         if self.backend == "cosyvoice" and not self.cosyvoice.model_dir:
             raise ConfigError("tts.cosyvoice.model_dir is required for the cosyvoice backend")
+        if self.cosyvoice.prompt_cache < 1:
+            raise ConfigError(f"tts.cosyvoice.prompt_cache must be at least 1, got {self.cosyvoice.prompt_cache}")
         if not 1 <= self.cosyvoice.batch_size <= 256:
             raise ConfigError(f"tts.cosyvoice.batch_size must be between 1 and 256, got {self.cosyvoice.batch_size}")
         self.cosyvoice.precision.check()
@@ -303,6 +315,9 @@ class Config:
     def check(self) -> None:
         for group in dataclasses.fields(self):
             getattr(self, group.name).check()
+        if self.speakers.pool and self.tts.backend == "piper":
+            raise ConfigError("speakers.pool holds prompt recordings for zero-shot voices: it needs tts.backend "
+                              "cosyvoice (Piper speaks only the voices of tts.piper.voices)")
         if self.tts.backend == "piper":  # a custom backend's own check() says which voices it has
             check_piper_voices(self)
 

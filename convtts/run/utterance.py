@@ -164,6 +164,9 @@ def manifest_row(ctx: Context, segment: dict, rel: str, audio, attempt: int, see
         backend=ctx.backend.name, status="ok", attempts=attempt, seed=seed,
         synthesis_seconds=round(seconds, 4), run=ctx.settings.run_id,
     )
+    prompt_audio = getattr(ctx.backend, "prompt_audio", None)  # a zero-shot voice's recording
+    if prompt_audio is not None:
+        row["prompt_audio"] = prompt_audio(segment.get("speaker"))
     return row
 
 

@@ -1,4 +1,4 @@
-"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3)."""
+"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3), a few or a pool of thousands."""
 from __future__ import annotations
 
 import gc
@@ -6,13 +6,16 @@ import inspect
 import logging
 import random
 import threading
+import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
-from convtts.config import Config, ConfigError, CosyVoiceConfig
+from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice
+from convtts.plan.voices import read_pool
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
 log = logging.getLogger(__name__)
@@ -38,25 +41,42 @@ def builtin_speakers(model_dir: str) -> list[str]:
     return [str(name) for name in info]
 
 
-def check_prompts(cosy: CosyVoiceConfig, voices: list[str], version: int) -> None:
-    """Every prompted voice has a readable audio file of at most 30 s and a transcript."""
+def check_prompt(where: str, audio: str, text: str, version: int) -> None:
+    """A prompt recording reads whole as audio of at most 30 s, and its transcript is there (with v3's marker)."""
     import soundfile
 
+    if not Path(audio).is_file():
+        raise ConfigError(f"{where}: file not found: {audio}")
+    try:
+        info = soundfile.info(audio)
+        frames = len(soundfile.read(audio, dtype="float32", always_2d=True)[0])
+    except Exception as exc:
+        raise ConfigError(f"{where}: {audio} is not readable as audio: {exc}") from None
+    if frames == 0 or frames < info.frames:
+        raise ConfigError(f"{where}: {audio} holds {frames} of the {info.frames} frames its header announces (cut short?)")
+    if info.duration > MAX_PROMPT_SECONDS:
+        raise ConfigError(f"{where}: {audio} is {info.duration:.1f} s; CosyVoice takes prompts of at most 30 s")
+    if not text.strip():
+        raise ConfigError(f"{where}: the transcript is empty")
+    if version == 3 and END_OF_PROMPT not in text:
+        raise ConfigError(f"{where}: the transcript must contain {END_OF_PROMPT} for a CosyVoice3 model")
+
+
+def check_prompts(cosy: CosyVoiceConfig, voices: list[str], version: int) -> None:
+    """Every prompted voice of tts.cosyvoice.prompts has a readable audio file of at most 30 s and a transcript."""
     for voice in voices:
         prompt = cosy.prompts[voice]
-        where = f"tts.cosyvoice.prompts.{voice}"
-        if not Path(prompt.audio).is_file():
-            raise ConfigError(f"{where}.audio: file not found: {prompt.audio}")
-        try:
-            seconds = soundfile.info(prompt.audio).duration
-        except Exception as exc:
-            raise ConfigError(f"{where}.audio: not readable as audio: {exc}") from None
-        if seconds > MAX_PROMPT_SECONDS:
-            raise ConfigError(f"{where}.audio is {seconds:.1f} s; CosyVoice takes prompts of at most 30 s")
-        if not prompt.text.strip():
-            raise ConfigError(f"{where}.text must hold the prompt's transcript")
-        if version == 3 and END_OF_PROMPT not in prompt.text:
-            raise ConfigError(f"{where}.text must contain {END_OF_PROMPT} for a CosyVoice3 model")
+        check_prompt(f"tts.cosyvoice.prompts.{voice}.audio", prompt.audio, prompt.text, version)
+
+
+def check_pool(pool: str, version: int) -> int:
+    """Every recording of the voice pool, before anything starts: the first bad one is named. Returns the count."""
+    started = time.time()
+    voices = read_pool(pool)
+    for voice in voices:
+        check_prompt(f"speakers.pool {voice.where}: voice {voice.name!r}", voice.audio, voice.text, version)
+    log.info("speakers.pool %s: %d voices, every recording read in %.1f s", pool, len(voices), time.time() - started)
+    return len(voices)
 
 
 def check(config: Config) -> None:
@@ -64,6 +84,9 @@ def check(config: Config) -> None:
     cosy = config.tts.cosyvoice
     check_runtime(cosy)
     version = check_model_dir(cosy)
+    if config.speakers.pool:
+        check_pool(config.speakers.pool, version)
+        return
     voices = list(config.speakers.voices)
     check_prompts(cosy, [v for v in voices if v in cosy.prompts], version)
     builtin = [v for v in voices if v not in cosy.prompts]
@@ -72,7 +95,7 @@ def check(config: Config) -> None:
     if version >= 2:
         raise ConfigError(
             f"speakers.voices {builtin} need prompts: a CosyVoice{version} model has no built-in "
-            "speakers, define each voice in tts.cosyvoice.prompts (audio, text)"
+            "speakers, define each voice in tts.cosyvoice.prompts (audio, text), or give speakers.pool"
         )
     known = builtin_speakers(cosy.model_dir)
     unknown = [v for v in builtin if v not in known]
@@ -126,6 +149,50 @@ def load_prompt_16k(path: str):
     return torchaudio.functional.resample(audio, rate, PROMPT_RATE) if rate != PROMPT_RATE else audio
 
 
+def prompted_voices(config: Config) -> dict[str, PromptVoice]:
+    """The zero-shot voices by name: the pool's (speakers.pool), or those of speakers.voices in tts.cosyvoice.prompts."""
+    if config.speakers.pool:
+        return {voice.name: PromptVoice(voice.audio, voice.text) for voice in read_pool(config.speakers.pool)}
+    prompts = config.tts.cosyvoice.prompts
+    return {voice: prompts[voice] for voice in config.speakers.voices if voice in prompts}
+
+
+class PromptCache:
+    """The zero-shot voices registered with the model's frontend: at most `size`, the least recently spoken leaving first.
+
+    Registering computes a voice's prompt features (upstream's add_zero_shot_spk: the speech tokens,
+    mel frames and speaker embedding of its recording) and keeps them in the frontend's spk2info
+    under a key of ours, so no pool voice can replace a built-in speaker of the same name. A voice
+    that left is registered again when next spoken, with the same features.
+    """
+
+    PREFIX = "convtts-prompt:"
+
+    def __init__(self, model, voices: dict[str, PromptVoice], size: int):
+        self.model, self.voices, self.size = model, voices, size
+        self.order: OrderedDict[str, None] = OrderedDict()
+        # Official code since 2025 takes the prompt as a file path (prompt_wav); older releases
+        # and cosyvoice2-eu take a 16 kHz tensor (prompt_speech_16k).
+        self.takes_path = list(inspect.signature(model.add_zero_shot_spk).parameters)[1] == "prompt_wav"
+
+    def key(self, voice: str) -> str:
+        """The voice's key in spk2info, registered now if it is not."""
+        if voice in self.order:
+            self.order.move_to_end(voice)
+        else:
+            self.register(voice)
+        return self.PREFIX + voice
+
+    def register(self, voice: str) -> None:
+        prompt = self.voices[voice]
+        audio = prompt.audio if self.takes_path else load_prompt_16k(prompt.audio)
+        self.model.add_zero_shot_spk(prompt.text, audio, self.PREFIX + voice)
+        self.order[voice] = None
+        while len(self.order) > self.size:
+            gone, _ = self.order.popitem(last=False)
+            del self.model.frontend.spk2info[self.PREFIX + gone]
+
+
 class CosyVoiceBackend:
     """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
 
@@ -143,11 +210,10 @@ class CosyVoiceBackend:
         self.uses_cuda = torch.cuda.is_available()
         self.builtin = set(self.model.list_available_spks())
         self.engine = self._engine()
-        self.prompts: dict[str, tuple[str, object]] = {}
-        for voice in config.speakers.voices:
-            if voice in self.cosy.prompts:
-                self.prompts[voice] = self._register(voice)
-            elif voice not in self.builtin:
+        self.prompts = prompted_voices(config)
+        self.registered = PromptCache(self.model, self.prompts, self.cosy.prompt_cache)
+        for voice in config.speakers.voices if not config.speakers.pool else ():
+            if voice not in self.prompts and voice not in self.builtin:
                 raise ConfigError(
                     f"speaker {voice!r} is neither a speaker of {self.cosy.model_dir} "
                     f"({sorted(self.builtin) or 'none'}) nor defined in tts.cosyvoice.prompts"
@@ -217,15 +283,17 @@ class CosyVoiceBackend:
         """The frontend inputs of each text chunk, built as inference_sft / inference_zero_shot do."""
         frontend, tf = self.model.frontend, self.cosy.text_frontend
         if speaker in self.prompts:
-            prompt_text, audio = self.prompts[speaker]
-            prompt_text = frontend.text_normalize(prompt_text, split=False, text_frontend=tf)
+            key, prompt = self.registered.key(speaker), self.prompts[speaker]
+            prompt_text = frontend.text_normalize(prompt.text, split=False, text_frontend=tf)
             # A copy per chunk: some releases hand back the registered voice's own dict with the
-            # text set in it, so every chunk of a batch would otherwise speak the last text.
-            return [dict(frontend.frontend_zero_shot(part, prompt_text, audio, self.sample_rate, speaker))
+            # text set in it, so every chunk of a batch would otherwise speak the last text. The
+            # copy also keeps the voice's features for this utterance should the cache let it go.
+            # The recording's path stands for the audio: a registered voice's features are used instead.
+            return [dict(frontend.frontend_zero_shot(part, prompt_text, prompt.audio, self.sample_rate, key))
                     for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
         if speaker in self.builtin:
             return [dict(frontend.frontend_sft(part, speaker)) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
-        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {sorted(self.builtin | set(self.prompts))}")
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
 
     @staticmethod
     def _result(request):
@@ -237,25 +305,23 @@ class CosyVoiceBackend:
             return SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
         return audio.astype(np.float32, copy=False)
 
-    def _register(self, voice: str) -> tuple[str, object]:
-        """Register a named zero-shot voice once per load; returns (prompt text, audio argument)."""
-        prompt = self.cosy.prompts[voice]
-        # Official code since 2025 takes the prompt as a file path (prompt_wav); older releases
-        # and cosyvoice2-eu take a 16 kHz tensor (prompt_speech_16k).
-        takes_path = list(inspect.signature(self.model.add_zero_shot_spk).parameters)[1] == "prompt_wav"
-        audio = prompt.audio if takes_path else load_prompt_16k(prompt.audio)
-        self.model.add_zero_shot_spk(prompt.text, audio, voice)
-        return prompt.text, audio
+    def prompt_audio(self, speaker: str) -> str | None:
+        """The prompt recording a zero-shot voice speaks from (for the manifest); None for a built-in speaker."""
+        prompt = self.prompts.get(speaker)
+        return str(Path(prompt.audio).resolve()) if prompt is not None else None
 
     def _outputs(self, text: str, speaker: str):
         options = dict(stream=False, speed=self.cosy.speed, text_frontend=self.cosy.text_frontend)
         if speaker in self.prompts:
-            prompt_text, audio = self.prompts[speaker]
-            return self.model.inference_zero_shot(text, prompt_text, audio, zero_shot_spk_id=speaker, **options)
+            key, prompt = self.registered.key(speaker), self.prompts[speaker]
+            return self.model.inference_zero_shot(text, prompt.text, prompt.audio, zero_shot_spk_id=key, **options)
         if speaker in self.builtin:
             return self.model.inference_sft(text, speaker, **options)
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
+
+    def _known(self) -> str:
         known = sorted(self.builtin | set(self.prompts))
-        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {known}")
+        return f"{known[:10]}{f' and {len(known) - 10} more' if len(known) > 10 else ''}"
 
     def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
         if self.model is None:
@@ -307,6 +373,7 @@ class CosyVoiceBackend:
         self.model = None
         self.engine = None
         self.prompts = {}
+        self.registered = None
         self.builtin = set()
         gc.collect()  # the model holds reference cycles; free it now, not at some later collection
         if self.uses_cuda:
