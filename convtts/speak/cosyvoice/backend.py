@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 END_OF_PROMPT = "<|endofprompt|>"  # v3 asserts it in every prompt text
 MAX_PROMPT_SECONDS = 30.0  # upstream's speech tokenizer refuses longer prompts
+MIN_PROMPT_SECONDS = 0.5  # shorter gives the model a dozen speech tokens of the voice, or none
 PROMPT_RATE = 16000  # rate of the prompt audio the frontend expects
 
 
@@ -52,8 +53,11 @@ def check_prompt(where: str, audio: str, text: str, version: int) -> None:
         frames = len(soundfile.read(audio, dtype="float32", always_2d=True)[0])
     except Exception as exc:
         raise ConfigError(f"{where}: {audio} is not readable as audio: {exc}") from None
-    if frames == 0 or frames < info.frames:
+    if frames < info.frames:
         raise ConfigError(f"{where}: {audio} holds {frames} of the {info.frames} frames its header announces (cut short?)")
+    if frames < MIN_PROMPT_SECONDS * info.samplerate:  # a WAV cut short reads as a short one: libsndfile sizes it by the file
+        raise ConfigError(f"{where}: {audio} holds {frames / info.samplerate:.2f} s of audio; a prompt needs at least "
+                          f"{MIN_PROMPT_SECONDS} s")
     if info.duration > MAX_PROMPT_SECONDS:
         raise ConfigError(f"{where}: {audio} is {info.duration:.1f} s; CosyVoice takes prompts of at most 30 s")
     if not text.strip():
