@@ -238,6 +238,9 @@ class ValidateConfig:
     max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
+    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test;
+    # without pocketsphinx's dictionary that test misses about 1 English segment in 6)
+    assume_english: bool = False
     asr_batch: int = 16  # hf-whisper: takes recognised at once (the batched path judges its takes in groups of this)
     asr_precision: str = "bf16"  # hf-whisper on CUDA: bf16 | fp16 | fp32 (always fp32 on the CPU)
     asr_device: str = "auto"  # hf-whisper: auto (the worker's GPU if it has one) | cuda | cpu

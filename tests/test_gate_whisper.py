@@ -164,3 +164,16 @@ def test_gpu_memory_a_worker_adds_for_its_recogniser(whisper_dir, recogniser):
     assert recogniser_gpu_mb(config) == round((parameters * 2 + 16 * per_take) / 2**20)
     assert recogniser_gpu_mb(dataclasses.replace(config, asr_device="cpu")) == 0
     assert recogniser_gpu_mb(dataclasses.replace(config, recogniser="pocketsphinx", model_path="")) == 0
+
+
+def test_assume_english_checks_what_the_common_word_test_would_skip(whisper_dir, recogniser):
+    """Without pocketsphinx's dictionary (a GPU node may lack it), an English sentence of rarer words
+    reads as not English; validate.assume_english gives it the ASR check all the same."""
+    from convtts.gate.quality import Gate
+
+    text = "Jagged peaks rise on both sides under a clear blue sky."
+    audio = (np.sin(np.arange(22050 * 3) * 0.05) * 0.3).astype(np.float32)
+    config = gate_config(whisper_dir, "validate.max_wer=100")
+    assert Gate(config, recogniser, None).judge(audio, 22050, text)["asr"] == "skipped: not English"
+    assumed = Gate(dataclasses.replace(config, assume_english=True), recogniser, None)
+    assert assumed.judge(audio, 22050, text)["asr"] == "hf-whisper"

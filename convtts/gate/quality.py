@@ -227,7 +227,7 @@ class Gate:
             scores["asr"] = "skipped: not sampled"
         elif len(spoken_words(take.text)) < self.cfg.min_asr_words:
             scores["asr"] = f"skipped: under {self.cfg.min_asr_words} words"
-        elif not looks_english(take.text, self.lexicon):
+        elif not self.cfg.assume_english and not looks_english(take.text, self.lexicon):
             scores["asr"] = "skipped: not English"
         if "asr" in scores:
             scores["gate_seconds"] = round(scores["gate_seconds"], 4)

@@ -60,8 +60,8 @@ class FasterWhisper:
 
 
 # name -> (class, module it imports, what to pip install)
-RECOGNISER_CLASSES = {"pocketsphinx": (PocketSphinx, "pocketsphinx", "pocketsphinx"),
-                      "hf-whisper": (TransformersWhisper, "transformers", "transformers"),
+RECOGNISER_CLASSES = {"pocketsphinx": (PocketSphinx, "pocketsphinx", "pocketsphinx==5.0.4"),
+                      "hf-whisper": (TransformersWhisper, "transformers", "transformers>=5"),
                       "whisper": (OpenAIWhisper, "whisper", "openai-whisper"),
                       "faster-whisper": (FasterWhisper, "faster_whisper", "faster-whisper")}
 
@@ -74,7 +74,8 @@ def check_recogniser_installed(cfg: ValidateConfig) -> None:
     for module, package in needed:
         if importlib.util.find_spec(module) is None:
             extra = "validate-gpu" if cfg.recogniser == "hf-whisper" else "validate"
-            raise ConfigError(f"validate.recogniser={cfg.recogniser} needs {package}: pip install {package} "
+            spec = f"'{package}'" if any(c in package for c in "<>") else package  # quoted for the shell
+            raise ConfigError(f"validate.recogniser={cfg.recogniser} needs {package}: pip install {spec} "
                               f"(or pip install 'convtts[{extra}]'), or set validate.recogniser=none")
 
 
