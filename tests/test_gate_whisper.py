@@ -122,8 +122,9 @@ def test_a_checkpoint_missing_a_file_is_refused_up_front(tmp_path, whisper_dir, 
     (copy / missing).unlink()
     with pytest.raises(ConfigError, match=re.escape(message)):
         gate_config(copy)
-    with pytest.raises(ConfigError, match="validate.asr_precision"):
-        gate_config(whisper_dir, "validate.asr_precision=int8")
+    for bad in ("validate.asr_precision=int8", "validate.asr_batch=0", "validate.asr_device=tpu"):
+        with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0])):
+            gate_config(whisper_dir, bad)
 
 
 def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, whisper_dir):

@@ -175,6 +175,7 @@ class PromptCache:
     def __init__(self, model, voices: dict[str, PromptVoice], size: int):
         self.model, self.voices, self.size = model, voices, size
         self.order: OrderedDict[str, None] = OrderedDict()
+        self.made, self.reused, self.seconds = 0, 0, 0.0  # for the log line at close: a pool's cost
         # Official code since 2025 takes the prompt as a file path (prompt_wav); older releases
         # and cosyvoice2-eu take a 16 kHz tensor (prompt_speech_16k).
         self.takes_path = list(inspect.signature(model.add_zero_shot_spk).parameters)[1] == "prompt_wav"
@@ -183,15 +184,19 @@ class PromptCache:
         """The voice's key in spk2info, registered now if it is not."""
         if voice in self.order:
             self.order.move_to_end(voice)
+            self.reused += 1
         else:
             self.register(voice)
         return self.PREFIX + voice
 
     def register(self, voice: str) -> None:
+        started = time.perf_counter()
         prompt = self.voices[voice]
         audio = prompt.audio if self.takes_path else load_prompt_16k(prompt.audio)
         self.model.add_zero_shot_spk(prompt.text, audio, self.PREFIX + voice)
         self.order[voice] = None
+        self.made += 1
+        self.seconds += time.perf_counter() - started
         while len(self.order) > self.size:
             gone, _ = self.order.popitem(last=False)
             del self.model.frontend.spk2info[self.PREFIX + gone]
@@ -374,6 +379,10 @@ class CosyVoiceBackend:
         return used / 2**20
 
     def close(self) -> None:
+        cache = self.registered
+        if cache is not None and cache.made:
+            log.info("prompt features: %d voices registered in %.2f s, %d reused (at most %d kept) since the model "
+                     "was built", cache.made, cache.seconds, cache.reused, cache.size)
         self.model = None
         self.engine = None
         self.prompts = {}
