@@ -178,3 +178,17 @@ def test_assume_english_checks_what_the_common_word_test_would_skip(whisper_dir,
     assert Gate(config, recogniser, None).judge(audio, 22050, text)["asr"] == "skipped: not English"
     assumed = Gate(dataclasses.replace(config, assume_english=True), recogniser, None)
     assert assumed.judge(audio, 22050, text)["asr"] == "hf-whisper"
+
+
+def test_a_cpu_slot_is_not_asked_for_whisper_on_a_gpu(tmp_path, whisper_dir):
+    """validate.asr_device=cuda with --gpus cpu:1: the slot stops before any worker starts (else every
+    worker would die loading Whisper), its log says why, and nothing is spoken. (The device is the
+    slot's: preprocess cannot know it, so run_all.sh reports a failed slot, exit 1, not 2.)"""
+    source = write_input(tmp_path / "in.json", CONVERSATIONS[1:])
+    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--log-dir", tmp_path / "log",
+                     "--set", "validate.enabled=true", "--set", "validate.recogniser=hf-whisper",
+                     "--set", f"validate.model_path={whisper_dir}", "--set", "validate.asr_device=cuda")
+    assert result.returncode == 1 and "slot 0 (cpu) exited 2" in result.stderr
+    slot_log = next((tmp_path / "log").rglob("slot-0.log")).read_text()
+    assert "validate.asr_device=cuda, but this slot runs on the CPU" in slot_log and "worker" not in slot_log
+    assert not (tmp_path / "out" / "audio").exists()

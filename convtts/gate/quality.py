@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from convtts.config import ValidateConfig
+from convtts.config import ConfigError, ValidateConfig
 from convtts.gate.recognisers import check_recogniser_installed, load_recogniser
 
 log = logging.getLogger(__name__)
@@ -148,10 +148,14 @@ def to_asr_rate(audio: np.ndarray, rate: int) -> np.ndarray:
     return audio if rate == ASR_RATE else soxr.resample(audio, rate, ASR_RATE).astype(np.float32, copy=False)
 
 
-def check_gate(cfg: ValidateConfig) -> None:
-    """Before anything starts: the packages the enabled gate needs are installed."""
-    if cfg.enabled:
-        check_recogniser_installed(cfg)
+def check_gate(cfg: ValidateConfig, device: str | None = None) -> None:
+    """Before anything starts: the packages the enabled gate needs are installed, and a slot on the
+    CPU (`device`) is not asked to run Whisper on a GPU."""
+    if not cfg.enabled:
+        return
+    check_recogniser_installed(cfg)
+    if device == "cpu" and cfg.recogniser == "hf-whisper" and cfg.asr_device == "cuda":
+        raise ConfigError("validate.asr_device=cuda, but this slot runs on the CPU: set validate.asr_device=auto or cpu")
 
 
 # -- the gate -------------------------------------------------------------------------------------

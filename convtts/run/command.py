@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     config = load_config_or_exit(args)
     try:
         check_backend(config)
-        check_gate(config.validate)  # the quality gate's recogniser runs in the same workers
+        check_gate(config.validate, args.device)  # the quality gate's recogniser runs in the same workers
     except ConfigError as exc:
         fail(str(exc))
     if not 0 <= args.node_rank < args.nodes:
