@@ -17,9 +17,10 @@ import soundfile as sf
 
 from conftest import REPO, assert_complete, read_jsonl, run_all, script_env, write_input
 from convtts.config import Config, ConfigError, CosyVoiceConfig, SpeakerConfig, TTSConfig, load_config
-from convtts.plan.planner import Casting, _pick, make_plan, plan_is_fresh
-from convtts.plan.voices import read_pool, voice_names
-from convtts.speak.cosyvoice.backend import CosyVoiceBackend, PromptCache, check_pool
+from convtts.plan.planner import make_plan, plan_is_fresh
+from convtts.plan.voices import Casting, _pick, read_pool, voice_names
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+from convtts.speak.cosyvoice.prompts import PromptCache, check_pool
 from convtts.state.layout import Layout
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import SPEAKERS
@@ -284,8 +285,8 @@ def test_a_broken_recording_in_the_pool_stops_the_run_before_it_starts(tmp_path,
             target.with_suffix(".flac").write_bytes(data)
         with pytest.raises(ConfigError, match=f"voice 'voice-0613': .*{message}"):
             check_pool(str(manifest), 2)
-    sf.write(target.with_suffix(".flac"), samples[: rate // 4], rate)
-    with pytest.raises(ConfigError, match="holds 0.25 s of audio; a prompt needs at least 0.5 s"):
+    sf.write(target.with_suffix(".flac"), samples[: rate // 10], rate)
+    with pytest.raises(ConfigError, match="holds 0.10 s of audio; a prompt needs at least 0.2 s"):
         check_pool(str(manifest), 2)
     sf.write(target.with_suffix(".flac"), np.tile(samples, 40)[: rate * 31], rate)
     with pytest.raises(ConfigError, match="is 31.0 s; CosyVoice takes prompts of at most 30 s"):

@@ -74,7 +74,8 @@ class TransformersWhisper:
 
         settings, tokens = self.model.generation_config, self.tokenizer.convert_tokens_to_ids
         self.end = tokens("<|endoftext|>")
-        self.prompt = [tokens("<|startoftranscript|>"), tokens("<|en|>"), tokens("<|transcribe|>"), tokens("<|notimestamps|>")]
+        task = [tokens("<|en|>"), tokens("<|transcribe|>")] if getattr(settings, "is_multilingual", True) else []
+        self.prompt = [tokens("<|startoftranscript|>"), *task, tokens("<|notimestamps|>")]  # an .en model: no task tokens
         vocab = self.model.config.vocab_size
         # Text only: no special token or timestamp after the prompt, and the checkpoint's own list
         # (the released ones suppress symbols Whisper was not trained to say).

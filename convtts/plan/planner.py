@@ -11,18 +11,17 @@ import shutil
 import time
 from array import array
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
 
-from convtts.config import PLAN_GROUPS, Config, SelectConfig, SpeakerConfig, to_dict
+from convtts.config import PLAN_GROUPS, Config, SelectConfig, to_dict
 from convtts.state.layout import Layout, shard_name
 from convtts.plan.reader import InputError, json_type, read_spans, records
 from convtts.plan.textclean import clean, split_segments
-from convtts.plan.voices import names_digest, voice_names
+from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ def unique_ids(bases: list[str]) -> list[str]:
     return out
 
 
-# --- selection and voices ------------------------------------------------------------------------
+# --- selection (voices: convtts/plan/voices.py) ---------------------------------------------
 
 def id_hash(seed: int, cid: str) -> int:
     return int.from_bytes(_digest(f"{seed}\0{cid}", 8), "big")
@@ -108,77 +107,6 @@ def select(ids: list[str], config: SelectConfig) -> list[int]:
         log.warning("select.count=%d but only %d conversations: keeping all", config.count, len(ids))
         return list(range(len(ids)))
     return sorted(heapq.nsmallest(config.count, range(len(ids)), key=lambda i: (id_hash(config.seed, ids[i]), ids[i])))
-
-
-def _number(*key) -> int:
-    return int.from_bytes(_digest("\0".join(map(str, key)), 8), "big")
-
-
-def _pick(pool: Sequence[str], *key) -> str:
-    return pool[_number(*key) % len(pool)]
-
-
-def _pick_without(pool: Sequence[str], places: dict[str, tuple[int, ...]], left_out: tuple[str, ...], *key) -> str | None:
-    """_pick from `pool` with the voices `left_out` taken out of it, without copying it (None if none is left).
-
-    The same voice as _pick([v for v in pool if v not in left_out], *key), in constant time for a pool
-    of thousands: the n-th voice left is found by stepping over the places of those taken out.
-    """
-    gone = sorted({place for voice in left_out for place in places.get(voice, ())})
-    if len(gone) == len(pool):
-        return None
-    index = _number(*key) % (len(pool) - len(gone))
-    for place in gone:
-        if index >= place:
-            index += 1
-    return pool[index]
-
-
-def places_of(pool: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    places: dict[str, list[int]] = {}
-    for place, voice in enumerate(pool):
-        places.setdefault(voice, []).append(place)
-    return {voice: tuple(found) for voice, found in places.items()}
-
-
-@dataclass(frozen=True)
-class Casting:
-    """Who speaks what: the voices (speakers.voices, or the pool's), each side's choice, and the seeded rule."""
-
-    config: SpeakerConfig
-    voices: tuple[str, ...]
-    human: tuple[str, ...]
-    assistant: tuple[str, ...]
-    voice_places: dict
-    assistant_places: dict
-
-    @classmethod
-    def of(cls, config: SpeakerConfig, voices: tuple[str, ...] | None = None) -> Casting:
-        """`voices` as voice_names(config) gives them (read once by the caller: a pool is a file to read)."""
-        voices = tuple(config.voices if voices is None else voices)
-        human, assistant = tuple(config.human or voices), tuple(config.assistant or voices)
-        return cls(config, voices, human, assistant, places_of(voices), places_of(assistant))
-
-    def sides(self, cid: str) -> dict[str, str]:
-        """by_role: a voice per side for this conversation, the two sides apart when 2+ voices allow."""
-        seed = self.config.seed
-        if self.config.policy == "single":
-            return dict.fromkeys(("human", "assistant", "system"), self.voices[0])
-        human = _pick(self.human, seed, cid, "human")
-        assistant = (_pick_without(self.assistant, self.assistant_places, (human,), seed, cid, "assistant")
-                     or _pick(self.assistant, seed, cid, "assistant"))
-        system = _pick_without(self.voices, self.voice_places, (human, assistant), seed, cid, "system") or assistant
-        return {"human": human, "assistant": assistant, "system": system}
-
-    def turn(self, cid: str, turn: int, side: str, sides: dict[str, str]) -> str:
-        if self.config.policy != "per_turn":
-            return sides[side]
-        pool = {"human": self.human, "assistant": self.assistant}.get(side, self.voices)
-        return _pick(pool, self.config.seed, cid, turn)
-
-
-def side_voices(cid: str, config: SpeakerConfig, voices: tuple[str, ...] | None = None) -> dict[str, str]:
-    return Casting.of(config, voices).sides(cid)
 
 
 # --- one conversation ----------------------------------------------------------------------------
