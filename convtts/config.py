@@ -61,12 +61,19 @@ class SpeakerConfig:
     human: tuple[str, ...] = ()  # restrict the human side to these voices (default: all)
     assistant: tuple[str, ...] = ()
     seed: int = 0
+    # A pool of zero-shot voices instead of speakers.voices: a directory of recordings with .txt
+    # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/plan/voices.py).
+    pool: str = ""
 
     def check(self) -> None:
         if not self.voices:
             raise ConfigError("speakers.voices must name at least one voice")
         if self.policy not in SPEAKER_POLICIES:
             raise ConfigError(f"speakers.policy must be one of {SPEAKER_POLICIES}, got {self.policy!r}")
+        if self.pool:
+            if not Path(self.pool).exists():
+                raise ConfigError(f"speakers.pool not found: {self.pool}")
+            return  # human and assistant name the pool's voices: checked when it is read
         for side in ("human", "assistant"):
             stray = [v for v in getattr(self, side) if v not in self.voices]
             if stray:
@@ -147,8 +154,13 @@ class CosyVoiceConfig:
     sampler: str = "auto"
     max_row_tokens: int = 0
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
+    # Zero-shot voices whose prompt features a worker keeps (least recently used go first): with a
+    # pool of thousands, memory stays flat; a voice that left is computed again when next spoken.
+    prompt_cache: int = 64
 
     def check(self) -> None:
+        if self.prompt_cache < 1:
+            raise ConfigError(f"tts.cosyvoice.prompt_cache must be at least 1, got {self.prompt_cache}")
         if not 0 <= self.batch_size <= 256:
             raise ConfigError(f"tts.cosyvoice.batch_size must be between 0 (automatic) and 256, got {self.batch_size}")
         self.precision.check()
@@ -229,7 +241,9 @@ class OutputConfig:
             raise ConfigError(f"output.subtype {self.subtype!r} does not suit {self.audio_format}")
 
 
-RECOGNISERS = ("none", "pocketsphinx", "whisper", "faster-whisper")
+RECOGNISERS = ("none", "pocketsphinx", "hf-whisper", "whisper", "faster-whisper")
+ASR_PRECISIONS = ("bf16", "fp16", "fp32")
+ASR_DEVICES = ("auto", "cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -244,11 +258,19 @@ class ValidateConfig:
     max_silence_share: float = 0.6
     clip_level: float = 0.999  # a sample at or above this magnitude counts as clipped
     max_clipped_share: float = 0.01
-    recogniser: str = "pocketsphinx"  # pocketsphinx | whisper | faster-whisper | none (no ASR check)
-    model_path: str = ""  # whisper: a local .pt checkpoint; faster-whisper: a local model directory
+    recogniser: str = "pocketsphinx"  # pocketsphinx | hf-whisper | whisper | faster-whisper | none (no ASR check)
+    # hf-whisper: a local transformers checkpoint directory; whisper: a local .pt checkpoint;
+    # faster-whisper: a local CTranslate2 model directory
+    model_path: str = ""
     max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
+    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test;
+    # without pocketsphinx's dictionary that test misses about 1 English segment in 6)
+    assume_english: bool = False
+    asr_batch: int = 16  # hf-whisper: takes recognised at once (the batched path judges its takes in groups of this)
+    asr_precision: str = "bf16"  # hf-whisper on CUDA: bf16 | fp16 | fp32 (always fp32 on the CPU)
+    asr_device: str = "auto"  # hf-whisper: auto (the worker's GPU if it has one) | cuda | cpu
 
     def check(self) -> None:
         if not 0 <= self.max_respeaks <= 20:
@@ -265,12 +287,18 @@ class ValidateConfig:
             raise ConfigError(f"validate.max_wer must be positive, got {self.max_wer}")
         if self.min_asr_words < 1:
             raise ConfigError(f"validate.min_asr_words must be at least 1, got {self.min_asr_words}")
+        if not 1 <= self.asr_batch <= 256:
+            raise ConfigError(f"validate.asr_batch must be between 1 and 256, got {self.asr_batch}")
+        if self.asr_precision not in ASR_PRECISIONS:
+            raise ConfigError(f"validate.asr_precision must be one of {ASR_PRECISIONS}, got {self.asr_precision!r}")
+        if self.asr_device not in ASR_DEVICES:
+            raise ConfigError(f"validate.asr_device must be one of {ASR_DEVICES}, got {self.asr_device!r}")
         self.check_recogniser()
 
     def check_recogniser(self) -> None:
         if self.recogniser not in RECOGNISERS:
             raise ConfigError(f"validate.recogniser must be one of {RECOGNISERS}, got {self.recogniser!r}")
-        if self.recogniser in ("whisper", "faster-whisper"):
+        if self.recogniser in ("hf-whisper", "whisper", "faster-whisper"):
             if not self.model_path:
                 raise ConfigError(f"validate.model_path is required for validate.recogniser={self.recogniser} "
                                   "(local weights: nothing is downloaded)")
@@ -280,8 +308,27 @@ class ValidateConfig:
             if not wanted(Path(self.model_path)):
                 kind = "a checkpoint file (.pt)" if self.recogniser == "whisper" else "a model directory"
                 raise ConfigError(f"validate.model_path must be {kind} for {self.recogniser}: {self.model_path}")
+            if self.recogniser == "hf-whisper":
+                check_whisper_dir(Path(self.model_path))
         elif self.model_path:
-            raise ConfigError(f"validate.model_path is only for whisper and faster-whisper, not {self.recogniser}")
+            raise ConfigError(f"validate.model_path is only for the Whisper recognisers, not {self.recogniser}")
+
+
+# What transformers reads from a Whisper checkpoint directory (the tokenizer: vocab.json and
+# merges.txt, or tokenizer.json; the weights: model.safetensors, sharded or not, or pytorch_model.bin).
+WHISPER_FILES = ("config.json", "preprocessor_config.json", "tokenizer_config.json")
+
+
+def check_whisper_dir(path: Path) -> None:
+    """The files transformers will open are there: a missing one is named now, not in every worker."""
+    missing = [name for name in WHISPER_FILES if not (path / name).is_file()]
+    if not any(path.glob("model*.safetensors")) and not (path / "pytorch_model.bin").is_file():
+        missing.append("model.safetensors")
+    if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
+        missing.append("vocab.json or tokenizer.json")
+    if missing:
+        raise ConfigError(f"validate.model_path {path} is not a Whisper checkpoint for transformers: "
+                          f"missing {', '.join(missing)}")
 
 
 @dataclass(frozen=True)
@@ -298,6 +345,9 @@ class Config:
     def check(self) -> None:
         for group in dataclasses.fields(self):
             getattr(self, group.name).check()
+        if self.speakers.pool and self.tts.backend == "piper":
+            raise ConfigError("speakers.pool holds prompt recordings for zero-shot voices: it needs tts.backend "
+                              "cosyvoice (Piper speaks only the voices of tts.piper.voices)")
         if self.tts.backend == "piper":  # a custom backend's own check() says which voices it has
             check_piper_voices(self)
 

@@ -164,7 +164,7 @@ def test_asr_share_samples_ids_deterministically(voice_and_gate):
     ("validate.recogniser=kaldi", "validate.recogniser must be one of"),
     ("validate.recogniser=whisper", "validate.model_path is required"),
     ("validate.recogniser=faster-whisper", "validate.model_path is required"),
-    ("validate.model_path=/x.pt", "only for whisper"),
+    ("validate.model_path=/x.pt", "only for the Whisper recognisers"),
     ("validate.max_respeak=2", "did you mean 'max_respeaks'"),
 ])
 def test_validate_config_is_checked_up_front(override, message):

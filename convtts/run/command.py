@@ -8,6 +8,7 @@ import time
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES
 from convtts.gate.quality import check_gate
+from convtts.gate.whisper import recogniser_gpu_mb
 from convtts.speak import backend_row_mb, backend_rows, check_backend, with_rows
 from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
 from convtts.config import ConfigError
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
     config = load_config_or_exit(args)
     try:
         check_backend(config)
-        check_gate(config.validate)  # the quality gate's recogniser runs in the same workers
+        check_gate(config.validate, args.device)  # the quality gate's recogniser runs in the same workers
     except ConfigError as exc:
         fail(str(exc))
     if not 0 <= args.node_rank < args.nodes:
@@ -86,10 +87,12 @@ def size_workers(config, args: argparse.Namespace):
     requested = args.workers or config.workers.per_slot
     slots = args.slots_on_node or args.world
     rows = backend_rows(config)
+    base = config.workers.gpu_mb_per_worker
+    base += recogniser_gpu_mb(config.validate) if args.device == "cuda" else 0  # each worker's own Whisper
     if rows == 0:
-        workers, rows = choose_layout(requested, args.device, slots, config.workers.gpu_mb_per_worker, backend_row_mb(config))
+        workers, rows = choose_layout(requested, args.device, slots, base, backend_row_mb(config))
         return workers, with_rows(config, rows)
-    per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, rows)
+    per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
     return choose_workers(requested, args.device, slots, per_worker), config
 
 

@@ -1,8 +1,7 @@
-"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3)."""
+"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3), a few or a pool of thousands."""
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
 import random
 import threading
@@ -12,14 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
-from convtts.config import Config, ConfigError, CosyVoiceConfig
+from convtts.config import Config, ConfigError
+from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
 log = logging.getLogger(__name__)
 
-END_OF_PROMPT = "<|endofprompt|>"  # v3 asserts it in every prompt text
-MAX_PROMPT_SECONDS = 30.0  # upstream's speech tokenizer refuses longer prompts
-PROMPT_RATE = 16000  # rate of the prompt audio the frontend expects
 
 
 def builtin_speakers(model_dir: str) -> list[str]:
@@ -38,32 +35,14 @@ def builtin_speakers(model_dir: str) -> list[str]:
     return [str(name) for name in info]
 
 
-def check_prompts(cosy: CosyVoiceConfig, voices: list[str], version: int) -> None:
-    """Every prompted voice has a readable audio file of at most 30 s and a transcript."""
-    import soundfile
-
-    for voice in voices:
-        prompt = cosy.prompts[voice]
-        where = f"tts.cosyvoice.prompts.{voice}"
-        if not Path(prompt.audio).is_file():
-            raise ConfigError(f"{where}.audio: file not found: {prompt.audio}")
-        try:
-            seconds = soundfile.info(prompt.audio).duration
-        except Exception as exc:
-            raise ConfigError(f"{where}.audio: not readable as audio: {exc}") from None
-        if seconds > MAX_PROMPT_SECONDS:
-            raise ConfigError(f"{where}.audio is {seconds:.1f} s; CosyVoice takes prompts of at most 30 s")
-        if not prompt.text.strip():
-            raise ConfigError(f"{where}.text must hold the prompt's transcript")
-        if version == 3 and END_OF_PROMPT not in prompt.text:
-            raise ConfigError(f"{where}.text must contain {END_OF_PROMPT} for a CosyVoice3 model")
-
-
 def check(config: Config) -> None:
     """Fail before any worker starts: runtime, model files, and that every voice can be spoken."""
     cosy = config.tts.cosyvoice
     check_runtime(cosy)
     version = check_model_dir(cosy)
+    if config.speakers.pool:
+        check_pool(config.speakers.pool, version)
+        return
     voices = list(config.speakers.voices)
     check_prompts(cosy, [v for v in voices if v in cosy.prompts], version)
     builtin = [v for v in voices if v not in cosy.prompts]
@@ -72,7 +51,7 @@ def check(config: Config) -> None:
     if version >= 2:
         raise ConfigError(
             f"speakers.voices {builtin} need prompts: a CosyVoice{version} model has no built-in "
-            "speakers, define each voice in tts.cosyvoice.prompts (audio, text)"
+            "speakers, define each voice in tts.cosyvoice.prompts (audio, text), or give speakers.pool"
         )
     known = builtin_speakers(cosy.model_dir)
     unknown = [v for v in builtin if v not in known]
@@ -143,17 +122,6 @@ def thread_errors():
         threading.excepthook = previous
 
 
-def load_prompt_16k(path: str):
-    """A prompt file as a [1, N] float tensor at 16 kHz, read with soundfile (no torchcodec)."""
-    import soundfile
-    import torch
-    import torchaudio.functional
-
-    samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    audio = torch.from_numpy(samples.mean(axis=1)).unsqueeze(0)
-    return torchaudio.functional.resample(audio, rate, PROMPT_RATE) if rate != PROMPT_RATE else audio
-
-
 class CosyVoiceBackend:
     """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
 
@@ -176,11 +144,10 @@ class CosyVoiceBackend:
         self.frontend_lock = threading.Lock()
         self.frontend = None  # the thread that runs the text frontend of the next utterances
         self.engine = self._engine()
-        self.prompts: dict[str, tuple[str, object]] = {}
-        for voice in config.speakers.voices:
-            if voice in self.cosy.prompts:
-                self.prompts[voice] = self._register(voice)
-            elif voice not in self.builtin:
+        self.prompts = prompted_voices(config)
+        self.registered = PromptCache(self.model, self.prompts, self.cosy.prompt_cache)
+        for voice in config.speakers.voices if not config.speakers.pool else ():
+            if voice not in self.prompts and voice not in self.builtin:
                 raise ConfigError(
                     f"speaker {voice!r} is neither a speaker of {self.cosy.model_dir} "
                     f"({sorted(self.builtin) or 'none'}) nor defined in tts.cosyvoice.prompts"
@@ -279,15 +246,17 @@ class CosyVoiceBackend:
     def _frontend_chunks(self, text: str, speaker: str) -> list[dict]:
         frontend, tf = self.model.frontend, self.cosy.text_frontend
         if speaker in self.prompts:
-            prompt_text, audio = self.prompts[speaker]
-            prompt_text = frontend.text_normalize(prompt_text, split=False, text_frontend=tf)
+            key, prompt = self.registered.key(speaker), self.prompts[speaker]
+            prompt_text = frontend.text_normalize(prompt.text, split=False, text_frontend=tf)
             # A copy per chunk: some releases hand back the registered voice's own dict with the
-            # text set in it, so every chunk of a batch would otherwise speak the last text.
-            return [dict(frontend.frontend_zero_shot(part, prompt_text, audio, self.sample_rate, speaker))
+            # text set in it, so every chunk of a batch would otherwise speak the last text. The
+            # copy also keeps the voice's features for this utterance should the cache let it go.
+            # The recording's path stands for the audio: a registered voice's features are used instead.
+            return [dict(frontend.frontend_zero_shot(part, prompt_text, prompt.audio, self.sample_rate, key))
                     for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
         if speaker in self.builtin:
             return [dict(frontend.frontend_sft(part, speaker)) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
-        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {sorted(self.builtin | set(self.prompts))}")
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
 
     @staticmethod
     def _result(request):
@@ -299,25 +268,23 @@ class CosyVoiceBackend:
             return SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
         return audio.astype(np.float32, copy=False)
 
-    def _register(self, voice: str) -> tuple[str, object]:
-        """Register a named zero-shot voice once per load; returns (prompt text, audio argument)."""
-        prompt = self.cosy.prompts[voice]
-        # Official code since 2025 takes the prompt as a file path (prompt_wav); older releases
-        # and cosyvoice2-eu take a 16 kHz tensor (prompt_speech_16k).
-        takes_path = list(inspect.signature(self.model.add_zero_shot_spk).parameters)[1] == "prompt_wav"
-        audio = prompt.audio if takes_path else load_prompt_16k(prompt.audio)
-        self.model.add_zero_shot_spk(prompt.text, audio, voice)
-        return prompt.text, audio
+    def prompt_audio(self, speaker: str) -> str | None:
+        """The prompt recording a zero-shot voice speaks from (for the manifest); None for a built-in speaker."""
+        prompt = self.prompts.get(speaker)
+        return str(Path(prompt.audio).resolve()) if prompt is not None else None
 
     def _outputs(self, text: str, speaker: str):
         options = dict(stream=False, speed=self.cosy.speed, text_frontend=self.cosy.text_frontend)
         if speaker in self.prompts:
-            prompt_text, audio = self.prompts[speaker]
-            return self.model.inference_zero_shot(text, prompt_text, audio, zero_shot_spk_id=speaker, **options)
+            key, prompt = self.registered.key(speaker), self.prompts[speaker]
+            return self.model.inference_zero_shot(text, prompt.text, prompt.audio, zero_shot_spk_id=key, **options)
         if speaker in self.builtin:
             return self.model.inference_sft(text, speaker, **options)
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
+
+    def _known(self) -> str:
         known = sorted(self.builtin | set(self.prompts))
-        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {known}")
+        return f"{known[:10]}{f' and {len(known) - 10} more' if len(known) > 10 else ''}"
 
     def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
         if self.model is None:
@@ -375,12 +342,17 @@ class CosyVoiceBackend:
         return used / 2**20
 
     def close(self) -> None:
+        cache = self.registered
+        if cache is not None and cache.made:
+            log.info("prompt features: %d voices registered in %.2f s, %d reused (at most %d kept) since the model "
+                     "was built", cache.made, cache.seconds, cache.reused, cache.size)
         if self.frontend is not None:
             self.frontend.shutdown(wait=True)
             self.frontend = None
         self.model = None
         self.engine = None
         self.prompts = {}
+        self.registered = None
         self.builtin = set()
         gc.collect()  # the model holds reference cycles; free it now, not at some later collection
         if self.uses_cuda:
