@@ -127,6 +127,7 @@ def test_a_checkpoint_missing_a_file_is_refused_up_front(tmp_path, whisper_dir, 
             gate_config(whisper_dir, bad)
 
 
+@pytest.mark.e2e
 def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, whisper_dir):
     """A real run: Piper spoken through synthesize_many, the takes judged in groups by the hf-whisper gate.
     A silent first take is re-spoken with the next seed and kept; an id silent on every take is a
@@ -180,6 +181,7 @@ def test_assume_english_checks_what_the_common_word_test_would_skip(whisper_dir,
     assert assumed.judge(audio, 22050, text)["asr"] == "hf-whisper"
 
 
+@pytest.mark.e2e
 def test_a_cpu_slot_is_not_asked_for_whisper_on_a_gpu(tmp_path, whisper_dir):
     """validate.asr_device=cuda with --gpus cpu:1: the slot stops before any worker starts (else every
     worker would die loading Whisper), its log says why, and nothing is spoken. (The device is the

@@ -192,6 +192,7 @@ def registered(backend) -> list[str]:
     return sorted(k for k in backend.model.frontend.spk2info if k.startswith(PromptCache.PREFIX))
 
 
+@pytest.mark.cosyvoice
 def test_a_worker_keeps_a_few_voices_and_speaks_any_of_the_thousand(model_dir, pool):
     """Twelve voices spoken with room for three: never more than three registered, the least recently
     spoken leaving first; a voice that left speaks as it did the first time (its features made again)."""
@@ -212,6 +213,7 @@ def test_a_worker_keeps_a_few_voices_and_speaks_any_of_the_thousand(model_dir, p
         backend.close()
 
 
+@pytest.mark.cosyvoice
 def test_a_batch_of_more_voices_than_the_cache_holds(model_dir, pool):
     """Six utterances in six voices, four rows, room for two voices: each as it is spoken alone."""
     solo = pool_backend(model_dir, pool, cache=2)
@@ -229,6 +231,8 @@ def test_a_batch_of_more_voices_than_the_cache_holds(model_dir, pool):
         batched.close()
 
 
+@pytest.mark.e2e
+@pytest.mark.cosyvoice
 def test_run_all_speaks_a_pool_and_exports_name_and_prompt(tmp_path, pool):
     """A whole run with a v2 model and 1,000 voices; the rerun keeps the plan; the exports carry the voice."""
     model = build_model_dir(tmp_path / "cv2", "tiny", [], tokens_per_text_token=RATIO, version=2)
@@ -257,6 +261,8 @@ def test_run_all_speaks_a_pool_and_exports_name_and_prompt(tmp_path, pool):
     assert {(line["speaker"], line["prompt_audio"]) for line in lines} == {(r["speaker"], r["prompt_audio"]) for r in rows}
 
 
+@pytest.mark.e2e
+@pytest.mark.cosyvoice
 def test_a_broken_recording_in_the_pool_stops_the_run_before_it_starts(tmp_path, pool):
     """One file of the thousand is not audio: run_all.sh exits 2 naming it, and nothing is spoken.
     Cut short, empty, missing, too long, or without v3's marker: each named too."""
