@@ -124,6 +124,24 @@ class PrecisionConfig:
 
 
 @dataclass(frozen=True)
+class FlowConfig:
+    """How the batched engines run the flow and the vocoder passes (tts.cosyvoice.flow)."""
+
+    compile: bool = False  # torch.compile the flow's estimator (GPU; each new pass shape compiles first)
+    max_graphs: int = 8  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
+    max_mb: int = 4096  # GPU memory one flow or vocoder pass may take beyond the weights: caps its rows
+    vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
+
+    def check(self) -> None:
+        if not 0 <= self.max_graphs <= 256:
+            raise ConfigError(f"tts.cosyvoice.flow.max_graphs must be between 0 and 256, got {self.max_graphs}")
+        if self.max_mb < 64:
+            raise ConfigError(f"tts.cosyvoice.flow.max_mb must be at least 64, got {self.max_mb}")
+        if not 1 <= self.vocoder_rows <= 256:
+            raise ConfigError(f"tts.cosyvoice.flow.vocoder_rows must be between 1 and 256, got {self.vocoder_rows}")
+
+
+@dataclass(frozen=True)
 class CosyVoiceConfig:
     model_dir: str = ""
     runtime_root: str = ""  # a checkout of the official repository; else $COSYVOICE_ROOT, else installed
@@ -136,6 +154,10 @@ class CosyVoiceConfig:
     # Utterances a worker decodes at once (v1, v2 and v3 in fp32; 1 is upstream's own one-at-a-time path).
     batch_size: int = 1
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    # CUDA graphs for the batched engines' fixed-shape work (the flow's Euler loop, bucketed by shape);
+    # nothing changes on a CPU.
+    cuda_graphs: bool = True
+    flow: FlowConfig = field(default_factory=FlowConfig)
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
 
 
@@ -162,6 +184,7 @@ class TTSConfig:
         if not 1 <= self.cosyvoice.batch_size <= 256:
             raise ConfigError(f"tts.cosyvoice.batch_size must be between 1 and 256, got {self.cosyvoice.batch_size}")
         self.cosyvoice.precision.check()
+        self.cosyvoice.flow.check()
 
 
 @dataclass(frozen=True)
