@@ -162,7 +162,7 @@ class CosyVoiceBackend:
         for module, engine in ((cosyvoice_batch, cosyvoice_batch.BatchEngine),
                                (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine)):
             if module.supports(self.model):
-                return engine(self.model, self.cosy.batch_size, self.cosy.precision)
+                return engine(self.model, self.cosy.batch_size, self.cosy.precision, self.cosy)
         log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
                     "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
                     self.cosy.batch_size)

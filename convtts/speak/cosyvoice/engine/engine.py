@@ -5,16 +5,15 @@ import inspect
 import logging
 from collections import deque
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from convtts.config import PrecisionConfig
+from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
-from convtts.speak.cosyvoice.engine.flow import flow_batch, length_groups
+from convtts.speak.cosyvoice.engine.flow import Flow
 from convtts.speak.cosyvoice.engine.requests import Request, Row
 from convtts.speak.cosyvoice.engine.sampler import Sampler
-from convtts.speak.cosyvoice.engine.vocoder import finalizes, vocode_one
+from convtts.speak.cosyvoice.engine.vocoder import Vocoder
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,8 @@ def plain_flow(model) -> bool:
 class BatchEngine:
     """Speaks lists of utterances with up to `max_rows` decoding at once."""
 
-    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None):
+    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None,
+                 settings: CosyVoiceConfig | None = None):
         inner = model.model
         self.precision = precision or PrecisionConfig()
         self.inner = inner
@@ -58,7 +58,9 @@ class BatchEngine:
         self.failed_early: list[Request] = []
         self.decoded: list[Row] = []  # rows whose decode ended, waiting for the flow
         self.sampler = Sampler(self.llm)
-        self.hift_finalizes = finalizes(self.hift)
+        settings = settings or CosyVoiceConfig()  # the flow's and vocoder's passes: graphs, rows, memory
+        self.flow_pass = Flow.configured(self.flow, self.precision.flow, settings, self.device)
+        self.vocoder = Vocoder.configured(self.hift, self.precision.vocoder, settings)
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.min_ratio = float(bounds["min_token_text_ratio"].default)
@@ -106,7 +108,7 @@ class BatchEngine:
         many (on an H200 the flow of rows vocoded as they finished took 60% of the time).
         """
         rows, self.decoded = self.decoded, []
-        for group in length_groups([row for row in rows if row.request.error is None and row.kept]):
+        for group in self.flow_pass.groups([row for row in rows if row.request.error is None and row.kept]):
             self._vocode(group, speed)
         for row in rows:
             if not row.kept and row.request.error is None:
@@ -287,14 +289,15 @@ class BatchEngine:
             for row in rows:  # find the row that fails: the others are spoken alone
                 self._vocode([row], speed)
             return
-        for row, mel in zip(rows, mels):
-            try:
-                row.request.audio.append(self._hift(row.request, mel, speed))
-            except Exception as exc:
-                row.request.error = exc
+        for row, audio in zip(rows, self._hift([row.request for row in rows], mels, speed)):
+            if isinstance(audio, BaseException):
+                row.request.error = audio
+            else:
+                row.request.audio.append(audio)
 
     def _flow(self, rows: list[Row]) -> list[torch.Tensor]:
-        return flow_batch(self.flow, rows, self.device)
+        return self.flow_pass.mels(rows)
 
-    def _hift(self, request: Request, mel: torch.Tensor, speed: float) -> np.ndarray:
-        return vocode_one(self.hift, request, mel, speed, self.hift_finalizes)
+    def _hift(self, requests: list[Request], mels: list[torch.Tensor], speed: float) -> list:
+        """Each row's samples, or the exception its vocoding raised (an out-of-memory propagates)."""
+        return self.vocoder.speak(requests, mels, speed)

@@ -12,15 +12,14 @@ model specific:
   151,936 text logits per token and never reads them), decode steps for all live rows at once
   over one left-padded KV cache, with an attention mask and each row's own positions;
 - a decode ends on any of the model's stop tokens (3 for v2, 200 for v3);
-- the flow runs for decoded rows of close lengths together (right padding; see flow_batch_causal),
-  from the decoder's fixed noise as upstream does; the vocoder per utterance, as in v1.
+- the flow runs for decoded rows of close lengths together (right padding; see flow.py), from
+  the decoder's fixed noise as upstream does; the vocoder for several rows at once, as in v1.
 """
 from __future__ import annotations
 
 import torch
 
 from convtts.speak.cosyvoice.engine.engine import BatchEngine, llm_kind, plain_flow
-from convtts.speak.cosyvoice.engine.flow import flow_batch_causal
 from convtts.speak.cosyvoice.engine.requests import Row
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
@@ -52,8 +51,8 @@ def make_cache(tensors: list[torch.Tensor]):
 class QwenBatchEngine(BatchEngine):
     """BatchEngine for Qwen2LM (v2) and CosyVoice3LM (v3)."""
 
-    def __init__(self, model, max_rows: int, precision=None):
-        super().__init__(model, max_rows, precision)
+    def __init__(self, model, max_rows: int, precision=None, settings=None):
+        super().__init__(model, max_rows, precision, settings)
         self.causal_lm = self.llm.llm.model  # Qwen2ForCausalLM
         self.backbone = self.causal_lm.model  # without the text head
         self.is_v3 = type(self.llm).__name__ == "CosyVoice3LM"
@@ -95,6 +94,3 @@ class QwenBatchEngine(BatchEngine):
                             past_key_values=make_cache(self.kv), use_cache=True)
         self.kv = cache_tensors(out.past_key_values)
         return self.llm.llm_decoder(out.last_hidden_state[:, -1]).log_softmax(dim=-1)
-
-    def _flow(self, rows: list[Row]) -> list[torch.Tensor]:
-        return flow_batch_causal(self.flow, rows, self.device)
