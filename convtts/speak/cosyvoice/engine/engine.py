@@ -108,8 +108,7 @@ class BatchEngine:
         many (on an H200 the flow of rows vocoded as they finished took 60% of the time).
         """
         rows, self.decoded = self.decoded, []
-        for group in self.flow_pass.groups([row for row in rows if row.request.error is None and row.kept]):
-            self._vocode(group, speed)
+        self._vocode([row for row in rows if row.request.error is None and row.kept], speed)
         for row in rows:
             if not row.kept and row.request.error is None:
                 row.request.error = RuntimeError("the LLM produced no speech tokens")
@@ -276,24 +275,26 @@ class BatchEngine:
 
     # -- flow and vocoder --------------------------------------------------------------------
     def _vocode(self, rows: list[Row], speed: float) -> None:
-        if not rows:
-            return
+        """Flow passes for the rows (close lengths together), then the vocoder for all of them:
+        its passes take rows of close lengths across the flow's groups."""
+        done = [pair for group in self.flow_pass.groups(rows) for pair in self._mels(group)]
+        for (row, _), audio in zip(done, self._hift([row.request for row, _ in done], [mel for _, mel in done], speed)):
+            if isinstance(audio, BaseException):
+                row.request.error = audio
+            else:
+                row.request.audio.append(audio)
+
+    def _mels(self, rows: list[Row]) -> list[tuple[Row, torch.Tensor]]:
+        """(row, mel) for the rows whose flow pass worked; a failing pass is retried row by row."""
         try:
-            mels = self._flow(rows)
+            return list(zip(rows, self._flow(rows)))
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise
             if len(rows) == 1:
                 rows[0].request.error = exc
-                return
-            for row in rows:  # find the row that fails: the others are spoken alone
-                self._vocode([row], speed)
-            return
-        for row, audio in zip(rows, self._hift([row.request for row in rows], mels, speed)):
-            if isinstance(audio, BaseException):
-                row.request.error = audio
-            else:
-                row.request.audio.append(audio)
+                return []
+            return [pair for row in rows for pair in self._mels([row])]  # the others are spoken alone
 
     def _flow(self, rows: list[Row]) -> list[torch.Tensor]:
         return self.flow_pass.mels(rows)

@@ -43,7 +43,8 @@ class Flow:
         self.per_frame = flow_bytes_per_frame(estimator_widths(flow.decoder.estimator), precision)
         # v2's conformer encoder runs in the flow's format too (v1's is at the token rate, cheap;
         # v3 has none, only a look-ahead convolution)
-        self.encoder = part_module(flow.encoder, precision) if hasattr(flow, "encoder") and not self.v1 else None
+        self.encoder = part_module(flow.encoder, precision) if type(getattr(flow, "encoder", None)).__name__ == \
+            "UpsampleConformerEncoder" else None
         self.encoder_proj = part_module(flow.encoder_proj, precision) if self.encoder is not None else None
 
     @classmethod
@@ -141,8 +142,31 @@ def encode_causal(runner: Flow, embedded: torch.Tensor, lengths: torch.Tensor) -
     if runner.encoder is None:
         return flow.pre_lookahead_layer(embedded).repeat_interleave(flow.token_mel_ratio, dim=1)
     dtype = storage_dtype(runner.precision)
-    h, _ = runner.encoder(embedded.to(dtype), lengths, streaming=False)
+    h = upsample_encoder(runner.encoder, embedded.to(dtype), lengths)
     return runner.encoder_proj(h).float()
+
+
+def upsample_encoder(encoder, xs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """v2's UpsampleConformerEncoder.forward (not streaming), with each row's embedded frames zeroed
+    past its end before the look-ahead convolution, which reads 3 frames ahead: alone, a row's
+    last frames see zero padding there; in a batch they would see the padding's embedding (bias and
+    norm of zero tokens) and, through attention, every frame of the row would shift."""
+    from cosyvoice.utils.mask import add_optional_chunk_mask, make_pad_mask
+
+    masks = ~make_pad_mask(lengths, xs.size(1)).unsqueeze(1)  # (B, 1, T)
+    if encoder.global_cmvn is not None:
+        xs = encoder.global_cmvn(xs)
+    xs, pos_emb, masks = encoder.embed(xs, masks)
+    xs = xs * masks.transpose(1, 2).to(xs.dtype)
+    chunk_masks = add_optional_chunk_mask(xs, masks, False, False, 0, 0, -1)
+    xs = encoder.forward_layers(encoder.pre_lookahead_layer(xs), chunk_masks, pos_emb, masks)
+    xs, lengths = encoder.up_layer(xs.transpose(1, 2).contiguous(), lengths)
+    xs = xs.transpose(1, 2).contiguous()
+    masks = ~make_pad_mask(lengths, xs.size(1)).unsqueeze(1)
+    xs, pos_emb, masks = encoder.up_embed(xs, masks)
+    chunk_masks = add_optional_chunk_mask(xs, masks, False, False, 0, 0, -1)
+    xs = encoder.forward_up_layers(xs, chunk_masks, pos_emb, masks)
+    return encoder.after_norm(xs) if encoder.normalize_before else xs
 
 
 def flow_batch_causal(runner: Flow, rows: list[Row]) -> list[torch.Tensor]:
