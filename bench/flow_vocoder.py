@@ -44,6 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--flow", default=FLOW_PRECISIONS, help="flow precisions to time")
     p.add_argument("--graphs", default="off,on", help="CUDA graphs for the flow: off, on or both")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the estimator (with graphs on)")
+    p.add_argument("--bucket", action="store_true", help="pad flow passes to the graphs' buckets even without a GPU (CPU checks)")
     p.add_argument("--vocoder", default=VOCODER_SETTINGS, help="precision:rows per pass, for the vocoder")
     p.add_argument("--max-mb", type=int, default=4096, help="tts.cosyvoice.flow.max_mb for every setting")
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per setting (after two warm-up runs on a GPU)")
@@ -60,7 +61,7 @@ def settings(args):
         for precision in args.flow.split(","):
             on = graphs == "on"
             out.append(("flow", Setting(f"flow-{precision}-graphs-{graphs}", flow=precision, graphs=on, vocoder_rows=1,
-                                        max_mb=args.max_mb)))
+                                        max_mb=args.max_mb, bucket=True if on and args.bucket else None)))
     if args.compile:
         for precision in args.flow.split(","):
             out.append(("flow", Setting(f"flow-{precision}-compile", flow=precision, graphs=True, compile=True,
@@ -76,13 +77,21 @@ def measure(model, chunk, tokens, part: str, setting, ref, repeat: int, rate: in
     """One setting: warm-up runs (graph capture on the second), then `repeat` timed runs."""
     import torch
 
-    from convtts.testing.flow_vocoder import audio_seconds, deviation, render
+    from convtts.testing.flow_vocoder import audio_seconds, build, deviation, make_rows, render
 
+    parts = build(model, setting)  # kept across the runs: the second captures the graphs, the timed ones replay them
     warm = 2 if torch.cuda.is_available() else 0
-    runs = [render(model, chunk, tokens, setting) for _ in range(warm + repeat)][warm:]
+    runs = [render(model, chunk, tokens, setting, parts) for _ in range(warm + repeat)][warm:]
+    flow, vocoder = parts
+    passes = {"flow_passes": [len(g) for g in flow.groups(make_rows(chunk, tokens))],
+              "vocoder_passes": vocoder.last_passes,
+              "graphs_held": len(flow.solver.graphs.graphs), "graph_replays": flow.solver.graphs.replays}
+    del parts, flow, vocoder
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     seconds = audio_seconds(runs[-1].audio, rate)
     part_seconds = [getattr(r, f"{part}_seconds") for r in runs]
-    figures = {"setting": setting.name, "part": part, "audio_seconds": round(seconds, 2),
+    figures = {"setting": setting.name, "part": part, **passes, "audio_seconds": round(seconds, 2),
                "part_seconds": round(statistics.median(part_seconds), 4),
                "audio_seconds_per_second": round(seconds / max(statistics.median(part_seconds), 1e-9), 2),
                "deviation_full_scale": deviation(runs[-1].audio, ref),

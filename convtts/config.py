@@ -128,7 +128,7 @@ class FlowConfig:
     """How the batched engines run the flow and the vocoder passes (tts.cosyvoice.flow)."""
 
     compile: bool = False  # torch.compile the flow's estimator (GPU; each new pass shape compiles first)
-    max_graphs: int = 8  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
+    max_graphs: int = 16  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
     max_mb: int = 4096  # GPU memory one flow or vocoder pass may take beyond the weights: caps its rows
     vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
 

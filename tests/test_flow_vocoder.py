@@ -191,7 +191,7 @@ def test_the_released_widths_are_the_architectures():
 
 def test_flow_settings_are_checked_up_front():
     cosy = load_config(None, ["tts.cosyvoice.flow.vocoder_rows=4", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
-    assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 8
+    assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 16
     for bad, key in (("tts.cosyvoice.flow.vocoder_rows=0", "vocoder_rows"), ("tts.cosyvoice.flow.max_mb=10", "max_mb"),
                      ("tts.cosyvoice.flow.max_graphs=-1", "max_graphs"), ("tts.cosyvoice.cuda_graphs=yes please", "cuda_graphs"),
                      ("tts.cosyvoice.flow.graphs=true", "graphs")):
@@ -221,3 +221,21 @@ def test_v3_paths_through_the_bench_on_a_cpu(tmp_path):
     for name, limit in tolerance.items():
         assert figures[name]["lengths_match"] and figures[name]["deviation_full_scale"] <= limit, figures[name]
         assert figures[name]["audio_seconds"] > 2.4
+
+
+def test_the_padded_estimator_traces_as_one_graph():
+    """flow.compile hands it to torch.compile: no graph break (aot_eager checks the tracing; the
+    GPU's inductor compiles the same graph)."""
+    from cosyvoice.flow.decoder import ConditionalDecoder
+
+    torch.manual_seed(2)
+    est = ConditionalDecoder(in_channels=320, out_channels=80, channels=(32, 32), dropout=0.0, attention_head_dim=16,
+                             n_blocks=1, num_mid_blocks=1, num_heads=2, act_fn="gelu").eval()
+    forward = padded_forward(est)
+    x, mu, cond = (torch.randn(2, 80, 40) for _ in range(3))
+    mask = torch.ones(2, 1, 40)
+    mask[1, :, 30:] = 0
+    with torch.inference_mode():
+        traced = torch.compile(forward, backend="aot_eager", fullgraph=True, dynamic=False)
+        args = (x, mask, mu, torch.rand(2), torch.randn(2, 80), cond)
+        torch.testing.assert_close(traced(*args), forward(*args))

@@ -31,7 +31,7 @@ class Setting:
     bucket: bool | None = None  # True: pad passes to the graphs' buckets even without a GPU
     vocoder_rows: int = 16  # 1: upstream's call per row
     max_mb: int = 4096
-    max_graphs: int = 8
+    max_graphs: int = 16
 
 
 @dataclass
@@ -73,13 +73,18 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-def render(model, chunk: dict, tokens: list[list[int]], setting: Setting) -> Rendering:
-    """Every row's audio through the engine's flow passes and vocoder under `setting`, timed per part."""
+def build(model, setting: Setting) -> tuple[Flow, Vocoder]:
+    """The engine's flow and vocoder under `setting`; keep them across runs (CUDA graphs live in them)."""
     inner = model.model
     flow = Flow(inner.flow, setting.flow, inner.device, graphs=setting.graphs, compile=setting.compile,
                 max_graphs=setting.max_graphs, max_mb=setting.max_mb, bucket=setting.bucket)
-    vocoder = Vocoder(inner.hift, setting.vocoder, setting.vocoder_rows, setting.max_mb)
-    return run_passes(flow, vocoder, make_rows(chunk, tokens), inner.device)
+    return flow, Vocoder(inner.hift, setting.vocoder, setting.vocoder_rows, setting.max_mb)
+
+
+def render(model, chunk: dict, tokens: list[list[int]], setting: Setting, parts: tuple | None = None) -> Rendering:
+    """Every row's audio through the engine's flow passes and vocoder under `setting`, timed per part."""
+    flow, vocoder = parts or build(model, setting)
+    return run_passes(flow, vocoder, make_rows(chunk, tokens), model.model.device)
 
 
 def run_passes(flow: Flow, vocoder: Vocoder, rows: list[Row], device) -> Rendering:

@@ -35,7 +35,7 @@ class Flow:
     """One engine's flow: its parts in the configured format, the Euler solver, the rows per pass."""
 
     def __init__(self, flow, precision: str = "fp32", device="cpu", graphs: bool = False, compile: bool = False,
-                 max_graphs: int = 8, max_mb: int = 4096, bucket: bool | None = None):
+                 max_graphs: int = 16, max_mb: int = 4096, bucket: bool | None = None):
         self.flow, self.precision, self.device = flow, precision, device
         self.v1 = type(flow).__name__ == "MaskedDiffWithXvec"
         self.solver = Solver(flow.decoder, precision, graphs, compile, max_graphs, device, bucket)

@@ -13,13 +13,13 @@ Modes, from the reference to the fastest:
   inference sample for sample);
 - eager, padded pass or bf16/fp16: the padding-safe estimator, at the pass's own shape;
 - bucketed (a GPU with tts.cosyvoice.cuda_graphs): padded to its bucket, captured as one graph
-  for all ten steps after a bucket's second pass, at most `max_graphs` kept (least recently used
-  dropped), all sharing one memory pool; torch.compile of the estimator when flow.compile is set.
+  for all ten steps from a bucket's second pass, at most `max_graphs` kept (the most used), all
+  sharing one memory pool; torch.compile of the estimator when flow.compile is set.
 """
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -80,32 +80,49 @@ class Captured:
 
 
 class GraphCache:
-    """One CUDA graph per bucket of a pure function of tensors, captured lazily, least recently used dropped."""
+    """One CUDA graph per bucket of a pure function of tensors, captured from a bucket's second pass.
+
+    When `limit` graphs are held, a bucket seen more often than the least seen of them takes its
+    place; one seen as often waits (churn would cost a capture per pass for no replay).
+    """
 
     def __init__(self, fn, limit: int):
         self.fn, self.limit = fn, limit
-        self.graphs: OrderedDict = OrderedDict()
+        self.graphs: dict = {}
         self.seen: Counter = Counter()
         self.pool = None
         self.broken = False  # a capture failed: eager from then on
+        self.replays = 0
 
     def run(self, key, inputs: tuple) -> torch.Tensor:
         self.seen[key] += 1
         entry = self.graphs.get(key)
         if entry is not None:
-            self.graphs.move_to_end(key)
             for static, value in zip(entry.inputs, inputs):
                 static.copy_(value)
             entry.graph.replay()
-            return entry.output.clone()
+            self.replays += 1
+            return entry.output.clone()  # before any other graph of the shared pool runs
         out = self.fn(*inputs)  # this pass's result, and the warm-up a capture needs (lazy set-up done)
-        if not self.broken and self.limit > 0 and self.seen[key] >= CAPTURE_AFTER:
+        if self._admit(key):
             self._capture(key, inputs)
         return out
 
+    def _admit(self, key) -> bool:
+        if self.broken or self.limit <= 0 or self.seen[key] < CAPTURE_AFTER:
+            return False
+        if len(self.graphs) < self.limit:
+            return True
+        least = min(self.graphs, key=lambda k: self.seen[k])
+        if self.seen[least] >= self.seen[key]:
+            return False
+        del self.graphs[least]
+        return True
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
     def _capture(self, key, inputs: tuple) -> None:
-        while len(self.graphs) >= self.limit:
-            self.graphs.popitem(last=False)
         static = tuple(t.clone() for t in inputs)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
@@ -115,7 +132,7 @@ class GraphCache:
                 output = self.fn(*static)
         except Exception as exc:
             if is_out_of_memory(exc):
-                self.graphs.clear()  # give their memory back; the caller's next pass decides
+                self.clear()  # give their memory back; the caller's next pass decides
                 raise
             self.broken = True
             log.warning("the flow's CUDA graph capture failed (%s: %s); the flow runs eagerly", type(exc).__name__, exc)
@@ -148,7 +165,12 @@ class Solver:
         """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
         with matmul_mode(self.precision):
             if self.bucketed:
-                return self._bucketed(x, mask, mu, spks, cond)
+                try:
+                    return self._bucketed(x, mask, mu, spks, cond)
+                except Exception as exc:
+                    if is_out_of_memory(exc):  # the engine will shrink its rows: the graphs' memory goes first
+                        self.graphs.clear()
+                    raise
             if self.safe is None or (not is_reduced(self.precision) and min(frames) == x.shape[2]):
                 return euler(self._upstream, x, mask, mu, spks, cond, self.cosine, self.rate)
             return self._solve_safe(x, mask, mu, spks, cond)

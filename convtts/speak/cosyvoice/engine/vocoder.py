@@ -103,6 +103,7 @@ class Vocoder:
         # a copy with folded weight norms (and cast convolutions); upstream's own serves passes of one
         self.twin = cast_copy(hift, precision, keep_fp32=("f0_predictor", "m_source"), fold=True) if max_rows > 1 else None
         self.per_sample = vocoder_bytes_per_sample(hift_widths(hift), precision)
+        self.last_passes: list[int] = []  # rows of each pass of the last call (for benchmarks)
 
     @classmethod
     def configured(cls, hift, precision: str, cosy) -> "Vocoder":
@@ -112,7 +113,9 @@ class Vocoder:
     def speak(self, requests: list[Request], mels: list[torch.Tensor], speed: float) -> list:
         """Each row's samples (1-D float32 numpy), or the exception that row's vocoding raised."""
         out: list = [None] * len(mels)
-        for index in self._passes([stretch(m, speed).shape[2] for m in mels]):
+        passes = self._passes([stretch(m, speed).shape[2] for m in mels])
+        self.last_passes = [len(index) for index in passes]
+        for index in passes:
             if len(index) == 1:
                 out[index[0]] = self._one(requests[index[0]], mels[index[0]], speed)
                 continue
