@@ -73,31 +73,53 @@ def settings(args):
     return out
 
 
-def measure(model, chunk, tokens, part: str, setting, ref, repeat: int, rate: int) -> dict:
-    """One setting: warm-up runs (graph capture on the second), then `repeat` timed runs."""
+def measure(model, chunk, tokens, part: str, setting, ref, repeat: int, rate: int, mels) -> dict:
+    """One setting: warm-up runs (the second captures the flow's graphs), then `repeat` timed runs of
+    the part alone; the audio of the last run (the other part as the reference renders it) is
+    compared with each row alone. `mels`: the eager fp32 flow's mels and the rows' random streams after it."""
     import torch
 
-    from convtts.testing.flow_vocoder import audio_seconds, build, deviation, make_rows, render
+    from convtts.speak.cosyvoice.engine.vocoder import Vocoder
+    from convtts.testing.flow_vocoder import audio_seconds, build, deviation, flow_mels, make_rows, vocode
 
-    parts = build(model, setting)  # kept across the runs: the second captures the graphs, the timed ones replay them
+    flow, vocoder = build(model, setting)  # kept across the runs: the timed ones replay the graphs
+    device = model.model.device
     warm = 2 if torch.cuda.is_available() else 0
-    runs = [render(model, chunk, tokens, setting, parts) for _ in range(warm + repeat)][warm:]
-    flow, vocoder = parts
-    passes = {"flow_passes": [len(g) for g in flow.groups(make_rows(chunk, tokens))],
-              "vocoder_passes": vocoder.last_passes,
-              "graphs_held": len(flow.solver.graphs.graphs), "graph_replays": flow.solver.graphs.replays}
-    del parts, flow, vocoder
+    if part == "flow":
+        runs = []
+        for _ in range(warm + repeat):
+            rows = make_rows(chunk, tokens)
+            runs.append(flow_mels(flow, rows, device))
+        runs = runs[warm:]
+        # the last run's rows: v1 draws the vocoder's phases from the stream the flow's noise came from
+        audio = vocode(Vocoder(model.model.hift, "fp32", 1), rows, runs[-1].mels, device).audio
+        seconds, peaks = [r.flow_seconds for r in runs], [r.flow_peak_mb for r in runs]
+    else:
+        reference_mels, states = mels
+        runs = [vocode(vocoder, after_flow(chunk, tokens, states), reference_mels, device) for _ in range(warm + repeat)][warm:]
+        audio = runs[-1].audio
+        seconds, peaks = [r.vocoder_seconds for r in runs], [r.vocoder_peak_mb for r in runs]
+    figures = {"setting": setting.name, "part": part,
+               "flow_passes": [len(g) for g in flow.groups(make_rows(chunk, tokens))], "vocoder_passes": vocoder.last_passes,
+               "graphs_held": len(flow.solver.graphs.graphs), "graph_replays": flow.solver.graphs.replays,
+               "audio_seconds": round(audio_seconds(audio, rate), 2), "part_seconds": round(statistics.median(seconds), 4),
+               "audio_seconds_per_second": round(audio_seconds(audio, rate) / max(statistics.median(seconds), 1e-9), 2),
+               "deviation_full_scale": deviation(audio, ref), "lengths_match": all(len(a) == len(r) for a, r in zip(audio, ref)),
+               "peak_mb_per_pass": round(max(peaks), 1)}
+    del flow, vocoder
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    seconds = audio_seconds(runs[-1].audio, rate)
-    part_seconds = [getattr(r, f"{part}_seconds") for r in runs]
-    figures = {"setting": setting.name, "part": part, **passes, "audio_seconds": round(seconds, 2),
-               "part_seconds": round(statistics.median(part_seconds), 4),
-               "audio_seconds_per_second": round(seconds / max(statistics.median(part_seconds), 1e-9), 2),
-               "deviation_full_scale": deviation(runs[-1].audio, ref),
-               "lengths_match": all(len(a) == len(r) for a, r in zip(runs[-1].audio, ref)),
-               "peak_mb_per_pass": round(max(getattr(r, f"{part}_peak_mb") for r in runs), 1)}
     return figures
+
+
+def after_flow(chunk, tokens, states) -> list:
+    """Fresh rows whose random streams are where the flow left them (v1's flow draws its noise there)."""
+    from convtts.testing.flow_vocoder import make_rows
+
+    rows = make_rows(chunk, tokens)
+    for row, state in zip(rows, states):
+        row.request.generator.set_state(state)
+    return rows
 
 
 def estimates(model, args, tokens) -> dict:
@@ -118,7 +140,7 @@ def main(argv=None) -> int:
 
     from convtts.config import CosyVoiceConfig
     from convtts.speak.cosyvoice.runtime import import_runtime, load_model
-    from convtts.testing.flow_vocoder import flow_inputs, reference, token_lists
+    from convtts.testing.flow_vocoder import Setting, build, flow_inputs, flow_mels, make_rows, reference, token_lists
 
     cosy = CosyVoiceConfig(model_dir=args.model_dir, runtime_root=args.runtime_root)
     import_runtime(cosy)
@@ -131,9 +153,12 @@ def main(argv=None) -> int:
                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                "estimates": estimates(model, args, tokens), "settings": []}
     ref = reference(model, chunk, tokens)
+    eager = build(model, Setting("eager-fp32"))[0]  # the vocoder settings' input: mels as the reference flow makes them
+    rows = make_rows(chunk, tokens)
+    mels = flow_mels(eager, rows, model.model.device).mels, [row.request.generator.get_state() for row in rows]
     for part, setting in settings(args):
         try:
-            figures = measure(model, chunk, tokens, part, setting, ref, args.repeat, rate)
+            figures = measure(model, chunk, tokens, part, setting, ref, args.repeat, rate, mels)
         except Exception as exc:  # one setting failing (a capture, a compile) leaves the others' figures
             figures = {"setting": setting.name, "part": part, "error": f"{type(exc).__name__}: {exc}"}
         results["settings"].append(figures)

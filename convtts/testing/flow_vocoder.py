@@ -84,28 +84,41 @@ def build(model, setting: Setting) -> tuple[Flow, Vocoder]:
 def render(model, chunk: dict, tokens: list[list[int]], setting: Setting, parts: tuple | None = None) -> Rendering:
     """Every row's audio through the engine's flow passes and vocoder under `setting`, timed per part."""
     flow, vocoder = parts or build(model, setting)
-    return run_passes(flow, vocoder, make_rows(chunk, tokens), model.model.device)
+    rows, device = make_rows(chunk, tokens), model.model.device
+    mels = flow_mels(flow, rows, device)
+    out = vocode(vocoder, rows, mels.mels, device)
+    out.flow_seconds, out.flow_peak_mb = mels.flow_seconds, mels.flow_peak_mb
+    return out
 
 
-def run_passes(flow: Flow, vocoder: Vocoder, rows: list[Row], device) -> Rendering:
-    """The engine's _vocode for decoded rows: flow passes by group, then the vocoder for all rows."""
-    out = Rendering([])
+@dataclass
+class Mels:
+    mels: list[torch.Tensor]  # in the order of the rows
+    flow_seconds: float = 0.0
+    flow_peak_mb: float = 0.0
+
+
+def flow_mels(flow: Flow, rows: list[Row], device) -> Mels:
+    """The engine's flow passes for decoded rows (close lengths together), timed."""
+    out, mels = Mels([]), {}
     with torch.inference_mode():
-        mels = []
         for group in flow.groups(rows):
             group_mels, seconds, peak = timed(lambda: flow.mels(group), device)
-            mels += zip(group, group_mels)
+            mels.update({row.request.key: mel for row, mel in zip(group, group_mels)})
             out.flow_seconds += seconds
             out.flow_peak_mb = max(out.flow_peak_mb, peak)
-        samples, out.vocoder_seconds, out.vocoder_peak_mb = timed(
-            lambda: vocoder.speak([row.request for row, _ in mels], [mel for _, mel in mels], 1.0), device)
-    audio = {}
-    for (row, _), result in zip(mels, samples):
+    out.mels = [mels[row.request.key] for row in rows]
+    return out
+
+
+def vocode(vocoder: Vocoder, rows: list[Row], mels: list[torch.Tensor], device) -> Rendering:
+    """The engine's vocoder for all rows of a flush, timed; a row's failure is raised."""
+    with torch.inference_mode():
+        samples, seconds, peak = timed(lambda: vocoder.speak([row.request for row in rows], mels, 1.0), device)
+    for result in samples:
         if isinstance(result, BaseException):
             raise result
-        audio[row.request.key] = result
-    out.audio = [audio[i] for i in range(len(rows))]
-    return out
+    return Rendering(samples, vocoder_seconds=seconds, vocoder_peak_mb=peak)
 
 
 def timed(fn, device):
