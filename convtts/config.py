@@ -110,12 +110,16 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """Number formats of the batched engines, per part: fp32 (the reference), tf32 (fp32 storage, TF32
-    matrix products), bf16 or fp16. The one-at-a-time path keeps upstream's own (see fp16)."""
+    """Number formats of the batched engines, per part: fp32 (the reference: IEEE, TF32 off for matrix
+    products and convolutions alike), tf32 (fp32 storage, TF32 products and convolutions), bf16 or
+    fp16 (a cast copy of the part's weights; see engine/precision.py for what stays in fp32). The
+    one-at-a-time path keeps upstream's own (see fp16)."""
 
     llm: str = "fp32"
-    flow: str = "fp32"
-    vocoder: str = "fp32"
+    # PyTorch runs convolutions in TF32 unless told otherwise, so the flow and vocoder ran TF32
+    # convolutions before these settings existed; tf32 keeps that and adds TF32 matrix products.
+    flow: str = "tf32"
+    vocoder: str = "tf32"
 
     def check(self) -> None:
         for part in ("llm", "flow", "vocoder"):
