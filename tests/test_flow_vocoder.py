@@ -167,14 +167,14 @@ def test_a_cast_and_folded_copy_leaves_upstreams_hift_as_it_was(models, version)
 
 
 def test_tf32_is_set_for_a_part_and_put_back():
-    matmul = torch.backends.cuda.matmul
-    before = matmul.fp32_precision
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32
     with matmul_mode("tf32"):
-        assert matmul.fp32_precision == "tf32"
+        assert matmul.allow_tf32 and cudnn.allow_tf32
         with matmul_mode("fp32"):
-            assert matmul.fp32_precision == "ieee" and torch.backends.cudnn.conv.fp32_precision == "ieee"
-        assert matmul.fp32_precision == "tf32"
-    assert matmul.fp32_precision == before
+            assert not matmul.allow_tf32 and not cudnn.allow_tf32  # strict: convolutions too
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+    assert (matmul.allow_tf32, cudnn.allow_tf32) == before
 
 
 def test_the_released_widths_are_the_architectures():

@@ -37,11 +37,14 @@ def is_reduced(precision: str) -> bool:
 def _tf32_switches() -> list[tuple[object, str, object, object]]:
     """(owner, attribute, value for TF32 on, value for off) for matrix products and convolutions.
 
-    PyTorch 2.9 added per-backend `fp32_precision` settings and refuses to read the older
-    `allow_tf32` flags once the new ones were set, so the new ones are used where they exist.
+    The `allow_tf32` flags, which torch's inductor and other libraries read. PyTorch 2.9 added
+    `fp32_precision` settings and refuses to read `allow_tf32` once those were set to something
+    else; then the new ones are used.
     """
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(matmul, "fp32_precision") and hasattr(getattr(cudnn, "conv", None), "fp32_precision"):
+    try:
+        matmul.allow_tf32, cudnn.allow_tf32
+    except RuntimeError:  # someone set the new API: keep to it
         return [(matmul, "fp32_precision", "tf32", "ieee"), (cudnn.conv, "fp32_precision", "tf32", "ieee")]
     return [(matmul, "allow_tf32", True, False), (cudnn, "allow_tf32", True, False)]
 
