@@ -1,9 +1,10 @@
 """Flow matching for several decoded rows at once: v1's masked flow, v2/v3's causal flow, rows grouped per pass.
 
-Rows are padded on the right to the longest of their pass. The estimator is re-driven so that a
-row does not see the padding (estimator.py: v1's group norms over the row's own frames, key
-masks), and v2/v3's encoders are causal or masked, so a row in a pass matches its solo rendering
-up to float rounding: 1e-6 to 2e-4 of full scale in fp32 for v1, v2 and v3 alike. The Euler
+Rows are padded on the right to the longest of their pass, and nothing a row computes sees the
+padding: the estimator is re-driven (estimator.py: v1's group norms over the row's own frames, key
+masks), v2's encoder gets zeros past each row's end where its look-ahead reads, v1's encoder and
+v3's look-ahead convolution already do. So a row in a pass matches its solo rendering up to float
+rounding: within 1e-5 of full scale in fp32 (measured 1e-7) for v1, v2 and v3 alike. The Euler
 solve itself (eager, bucketed, CUDA graphs) is solver.py's.
 """
 from __future__ import annotations
@@ -43,8 +44,8 @@ class Flow:
         self.per_frame = flow_bytes_per_frame(estimator_widths(flow.decoder.estimator), precision)
         # v2's conformer encoder runs in the flow's format too (v1's is at the token rate, cheap;
         # v3 has none, only a look-ahead convolution)
-        self.encoder = part_module(flow.encoder, precision) if type(getattr(flow, "encoder", None)).__name__ == \
-            "UpsampleConformerEncoder" else None
+        upsampling = type(getattr(flow, "encoder", None)).__name__ == "UpsampleConformerEncoder"
+        self.encoder = part_module(flow.encoder, precision) if upsampling else None
         self.encoder_proj = part_module(flow.encoder_proj, precision) if self.encoder is not None else None
 
     @classmethod
@@ -172,9 +173,10 @@ def upsample_encoder(encoder, xs: torch.Tensor, lengths: torch.Tensor) -> torch.
 def flow_batch_causal(runner: Flow, rows: list[Row]) -> list[torch.Tensor]:
     """v2/v3 flow (CausalMaskedDiffWithXvec / CausalMaskedDiffWithDiT .inference) for several rows at once.
 
-    Every layer that mixes frames is causal (convolutions padded on the left) or masked
-    (attention), and the norms are per frame, so a row's frames do not see the padding. Like
-    upstream, each row starts from the decoder's fixed noise and gets the mel frames after its prompt's.
+    Every layer that mixes frames is causal (convolutions padded on the left), masked (attention)
+    or given zeros past the row's end (v2's look-ahead, upsample_encoder), and the norms are per
+    frame, so a row's frames do not see the padding. Like upstream, each row starts from the
+    decoder's fixed noise and gets the mel frames after its prompt's.
     """
     flow, device = runner.flow, runner.device
     feats = [row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80))[0] for row in rows]
