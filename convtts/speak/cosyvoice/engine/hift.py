@@ -162,8 +162,9 @@ def decode_rows(hift, mel: torch.Tensor, s: torch.Tensor, frames: torch.Tensor) 
     return torch.clamp(audio, -hift.audio_limit, hift.audio_limit)
 
 
-def vocode_rows(hift, mels: list[torch.Tensor], noise: dict) -> list[torch.Tensor]:
-    """Each mel [1, 80, frames] to its samples (1-D fp32), all in one pass; `noise` padded per row (vocoder.py)."""
+def vocode_rows(hift, mels: list[torch.Tensor], noise: dict) -> tuple[torch.Tensor, list[int]]:
+    """The mels [1, 80, frames] to samples in one pass: (rows, samples) padded, and each row's length.
+    `noise` is padded per row (vocoder.py)."""
     device = mels[0].device
     frames = torch.tensor([m.shape[2] for m in mels], device=device)
     width = int(frames.max())
@@ -174,5 +175,4 @@ def vocode_rows(hift, mels: list[torch.Tensor], noise: dict) -> list[torch.Tenso
     f0 = f0_rows(hift, mel, mask)
     s = source_rows(hift, f0, noise, frames)
     audio = decode_rows(hift, mel, s, frames)
-    spf = samples_per_frame(hift)
-    return [audio[i, :m.shape[2] * spf] for i, m in enumerate(mels)]
+    return audio, [m.shape[2] * samples_per_frame(hift) for m in mels]

@@ -165,5 +165,6 @@ class Vocoder:
         else:
             noise = batch_noise(gen, [draw_noise(gen, r, n, device) for r, n in zip(requests, samples)], max(samples))
         with matmul_mode(self.precision):
-            audio = vocode_rows(self.twin, mels, noise)
-        return [a.float().cpu().numpy() for a in audio]
+            audio, lengths = vocode_rows(self.twin, mels, noise)
+        audio = audio.float().cpu().numpy()  # one copy off the GPU for the pass
+        return [audio[i, :n].copy() for i, n in enumerate(lengths)]
