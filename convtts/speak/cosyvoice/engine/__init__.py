@@ -10,8 +10,11 @@ as the official classes loaded them, in a loop of ours:
   and rows join as others finish (continuous batching);
 - each row samples with upstream's own sampling rule on its own random stream, so an utterance
   sounds the same whichever rows it shared a batch with (up to float rounding);
-- flow matching runs for the finished rows together (padding and masks), the vocoder per row.
+- flow matching runs for the finished rows together (padding and masks, CUDA graphs on a GPU),
+  then the vocoder for them, several rows per pass; each row as it would be alone.
 
 Modules: requests (an utterance and its rows), engine (v1's loop), qwen (v2/v3's LLM steps),
-sampler (the sampling rule, per-row random streams), flow (the batched flow passes), vocoder.
+sampler (the sampling rule, per-row random streams), flow (the batched flow passes), estimator
+(the flow estimators re-driven for padding), solver (the Euler solve: eager, bucketed, graphs),
+vocoder and hift (HiFT for several rows), precision (number formats per part), sizing (memory per row).
 """
