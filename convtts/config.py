@@ -117,17 +117,39 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """Number formats of the batched engines, per part: fp32 (the reference), tf32 (fp32 storage, TF32
-    matrix products), bf16 or fp16. The one-at-a-time path keeps upstream's own (see fp16)."""
+    """Number formats of the batched engines, per part: fp32 (the reference: IEEE, TF32 off for matrix
+    products and convolutions alike), tf32 (fp32 storage, TF32 products and convolutions), bf16 or
+    fp16 (a cast copy of the part's weights; see engine/precision.py for what stays in fp32). The
+    one-at-a-time path keeps upstream's own (see fp16)."""
 
     llm: str = "fp32"
-    flow: str = "fp32"
-    vocoder: str = "fp32"
+    # PyTorch runs convolutions in TF32 unless told otherwise, so the flow and vocoder ran TF32
+    # convolutions before these settings existed; tf32 keeps that and adds TF32 matrix products.
+    flow: str = "tf32"
+    vocoder: str = "tf32"
 
     def check(self) -> None:
         for part in ("llm", "flow", "vocoder"):
             if getattr(self, part) not in PRECISIONS:
                 raise ConfigError(f"tts.cosyvoice.precision.{part} must be one of {PRECISIONS}, got {getattr(self, part)!r}")
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """How the batched engines run the flow and the vocoder passes (tts.cosyvoice.flow)."""
+
+    compile: bool = False  # torch.compile the flow's estimator (GPU; each new pass shape compiles first)
+    max_graphs: int = 16  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
+    max_mb: int = 4096  # GPU memory one flow or vocoder pass may take beyond the weights: caps its rows
+    vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
+
+    def check(self) -> None:
+        if not 0 <= self.max_graphs <= 256:
+            raise ConfigError(f"tts.cosyvoice.flow.max_graphs must be between 0 and 256, got {self.max_graphs}")
+        if self.max_mb < 64:
+            raise ConfigError(f"tts.cosyvoice.flow.max_mb must be at least 64, got {self.max_mb}")
+        if not 1 <= self.vocoder_rows <= 256:
+            raise ConfigError(f"tts.cosyvoice.flow.vocoder_rows must be between 1 and 256, got {self.vocoder_rows}")
 
 
 @dataclass(frozen=True)
@@ -153,6 +175,7 @@ class CosyVoiceConfig:
     compile: bool = False
     sampler: str = "auto"
     max_row_tokens: int = 0
+    flow: FlowConfig = field(default_factory=FlowConfig)  # the flow's and vocoder's passes
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
     # Zero-shot voices whose prompt features a worker keeps (least recently used go first): with a
     # pool of thousands, memory stays flat; a voice that left is computed again when next spoken.
@@ -164,6 +187,7 @@ class CosyVoiceConfig:
         if not 0 <= self.batch_size <= 256:
             raise ConfigError(f"tts.cosyvoice.batch_size must be between 0 (automatic) and 256, got {self.batch_size}")
         self.precision.check()
+        self.flow.check()
         if self.decode not in DECODES:
             raise ConfigError(f"tts.cosyvoice.decode must be one of {DECODES}, got {self.decode!r}")
         if self.sampler not in SAMPLERS:

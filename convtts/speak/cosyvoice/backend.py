@@ -166,7 +166,7 @@ class CosyVoiceBackend:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self.frontend = ThreadPoolExecutor(1, thread_name_prefix="cosyvoice-frontend")
-                return engine(self.model, rows, self.cosy.precision, decode_options(self.config))
+                return engine(self.model, rows, self.cosy.precision, decode_options(self.config), self.cosy)
         log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
                     "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
                     self.cosy.batch_size)

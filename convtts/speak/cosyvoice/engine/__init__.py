@@ -11,7 +11,11 @@ as the official classes loaded them, in a loop of ours, split as nano-vllm split
   the decode step, upstream's layers or our own over the static cache (graphs: one CUDA graph
   per bucket of rows and cache length);
 - sampler, readback: upstream's sampling rule on the CPU (exact) or on the GPU inside the step;
-- engine (v1's loop), qwen (v2/v3), audio (the one caller of flow and vocoder).
+- engine (v1's loop), qwen (v2/v3), audio (the one caller of flow and vocoder);
+- flow (rows of close lengths in one pass, padding that does not change a row), estimator (the
+  flow estimators re-driven for padding), solver (the Euler solve: eager, bucketed, CUDA graphs),
+  vocoder and hift (HiFT for several rows, each row's noise its own), precision (number formats
+  per part), sizing (memory per row).
 
 Each row samples on its own random stream, so an utterance sounds the same whichever rows it
 shared a batch with (up to float rounding). docs/ARCHITECTURE.md (Batched synthesis) has the

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-from convtts.config import PrecisionConfig
+from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.audio import AudioStage
 from convtts.speak.cosyvoice.engine.readback import TokenReadback
@@ -75,9 +75,9 @@ class BatchEngine:
     """Speaks lists of utterances with up to `max_rows` decoding at once."""
 
     runners = {"upstream": UpstreamTransformerRunner, "static": TransformerRunner}
-    causal_flow = False
 
-    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None, options: DecodeOptions | None = None):
+    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None, options: DecodeOptions | None = None,
+                 settings: CosyVoiceConfig | None = None):
         inner = model.model
         self.precision = precision or PrecisionConfig()
         self.options = options or DecodeOptions()
@@ -92,7 +92,8 @@ class BatchEngine:
         self.sampler = Sampler(self.llm)
         self.runner = self._runner()
         self.gpu_sampling = self._gpu_sampling()
-        self.audio = AudioStage(self.flow, self.hift, self.device, self.causal_flow)
+        # the flow's and vocoder's passes: graphs, rows, memory (tts.cosyvoice)
+        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings or CosyVoiceConfig())
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.ratios = float(bounds["min_token_text_ratio"].default), float(bounds["max_token_text_ratio"].default)

@@ -30,7 +30,6 @@ class QwenBatchEngine(BatchEngine):
     """BatchEngine for Qwen2LM (v2) and CosyVoice3LM (v3)."""
 
     runners = {"upstream": UpstreamQwenRunner, "static": QwenRunner}
-    causal_flow = True
 
     def static_supported(self) -> bool:
         return supports_static(self.llm)
