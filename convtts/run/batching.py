@@ -1,10 +1,13 @@
 """A worker's batched path: utterances handed to the backend's synthesize_many, results written as each finishes.
 
-Each utterance keeps what the one-at-a-time path gives it: its own seed, manifest row, attempt
-count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
-a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks;
-a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
-killed a worker before is spoken alone, so it cannot take a batch down with it again.
+The batch is fed from the worker's queue, which its slot tops up before it runs dry (the worker's
+refill), so rows stay full across pieces and shards; a batch ends when the queue is empty, a
+rebuild is due, or an utterance must be spoken alone. Each utterance keeps what the one-at-a-time
+path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is
+retried in a later batch up to workers.max_attempts; a take the quality gate refuses is spoken
+again with its next seed, up to validate.max_respeaks; a CUDA out-of-memory halves the backend's
+rows and retries what was in flight; an utterance that killed a worker before is spoken alone, so
+it cannot take a batch down with it again.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from convtts.run.utterance import (
     Context, Host, failure_row, keep_audio, note_error, quality_failure_row, respeak,
@@ -27,41 +31,59 @@ class Attempt:
     segment: dict
     attempt: int  # the number of the attempt under way
     errors: list[str] = field(default_factory=list)
-    started: float = 0.0
+    started: float = 0.0  # 0: not begun (the slot may ask for it back)
     seed: int = 0
     refused: list = field(default_factory=list)  # the quality gate's reason for each refused take
+    shard: str = ""  # the shard it belongs to: a batch may hold ids of several
+
+
+class BatchHost(Host, Protocol):
+    """The worker as the batched path sees it: its queue, kept topped up by `refill`."""
+
+    queue: deque  # Attempts to speak; the worker adds pieces and removes ids handed back
+    alone: deque  # Attempts that killed a worker before: spoken one at a time, between batches
+
+    def refill(self) -> None: ...
 
 
 def can_batch(backend) -> bool:
     return getattr(backend, "batch_rows", 1) > 1 and hasattr(backend, "synthesize_many")
 
 
-def speak_batched(host: Host, shard: str, segments: list[dict], crashes: dict[str, int]) -> None:
-    """Speak `segments` of `shard`; rebuilds (every N, memory limits) happen between batches."""
-    alone = [s for s in segments if crashes.get(s["id"], 0)]
-    queue = deque(Attempt(s, 1) for s in segments if not crashes.get(s["id"], 0))
-    for segment in alone:
-        host.speak(shard, segment, crashes[segment["id"]])
-    while queue:
+def speak_batched(host: BatchHost) -> None:
+    """Speak the host's queue until it runs dry; rebuilds (every N, memory limits) happen between batches."""
+    while True:
+        while host.alone:
+            item = host.alone.popleft()
+            host.speak(item.shard, item.segment, item.attempt - 1)
+        host.refill()
+        if not host.queue:
+            if host.alone:
+                continue
+            return
         reason = host.rebuild_reason()
         if reason:
             host.build(reason)
         if not can_batch(host.context.backend):  # a rebuild can land on a backend without batching
-            while queue:
-                host.speak(shard, queue.popleft().segment, 0)
+            while host.queue:
+                item = host.queue.popleft()
+                host.speak(item.shard, item.segment, 0)
             return
-        run_batch(host, shard, queue)
+        run_batch(host, host.queue)
 
 
-def run_batch(host: Host, shard: str, queue: deque) -> None:
-    """Feed the backend from `queue` until it is empty or a rebuild is due; write every result."""
+def run_batch(host: BatchHost, queue: deque) -> None:
+    """Feed the backend from `queue` until it is empty, a rebuild is due or an utterance must go alone; write every result."""
     from convtts.gate.quality import take_seed
 
     ctx = host.context
     in_flight: dict[str, Attempt] = {}
 
     def feed():
-        while queue and not host.rebuild_reason():
+        while not host.rebuild_reason() and not host.alone:
+            host.refill()  # new pieces join the queue while rows decode
+            if not queue or host.alone:
+                return
             item = queue.popleft()
             uid = item.segment["id"]
             in_flight[uid] = item
@@ -71,25 +93,26 @@ def run_batch(host: Host, shard: str, queue: deque) -> None:
 
     try:
         for uid, result in ctx.backend.synthesize_many(feed()):
-            finish(host, ctx, shard, in_flight.pop(uid), result, queue)
+            finish(host, ctx, in_flight.pop(uid), result, queue)
     except OutOfMemory as exc:
         rows = ctx.backend.shrink_batch()
         log.warning("CUDA out of memory with %d utterances in flight; now %d rows", len(in_flight), rows)
         for item in in_flight.values():
-            retry_or_fail(host, ctx, shard, item, exc, queue)
+            retry_or_fail(host, ctx, item, exc, queue)
     except Exception as exc:  # the batch as a whole broke: no single utterance is known to be at fault
         if is_disk_full(exc):
             raise
         log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
         for item in in_flight.values():
-            host.speak(shard, item.segment, item.attempt)  # this attempt counts, as a crash would
+            host.speak(item.shard, item.segment, item.attempt)  # this attempt counts, as a crash would
 
 
-def finish(host: Host, ctx: Context, shard: str, item: Attempt, result, queue: deque) -> None:
+def finish(host: Host, ctx: Context, item: Attempt, result, queue: deque) -> None:
     from convtts.gate.quality import QualityFailure
 
+    shard = item.shard
     if isinstance(result, BaseException):
-        retry_or_fail(host, ctx, shard, item, result, queue)
+        retry_or_fail(host, ctx, item, result, queue)
         return
     try:
         row = keep_audio(ctx, shard, item.segment, result, item.attempt, item.seed, item.started, item.refused)
@@ -103,12 +126,12 @@ def finish(host: Host, ctx: Context, shard: str, item: Attempt, result, queue: d
     except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
         if is_disk_full(exc):
             raise
-        retry_or_fail(host, ctx, shard, item, exc, queue)
+        retry_or_fail(host, ctx, item, exc, queue)
         return
     host.record(shard, item.segment["id"], row, None)
 
 
-def retry_or_fail(host: Host, ctx: Context, shard: str, item: Attempt, exc: BaseException, queue: deque) -> None:
+def retry_or_fail(host: Host, ctx: Context, item: Attempt, exc: BaseException, queue: deque) -> None:
     """Another attempt in a later batch, or the failure row once attempts run out."""
     uid = item.segment["id"]
     limit = ctx.settings.max_attempts
@@ -117,4 +140,4 @@ def retry_or_fail(host: Host, ctx: Context, shard: str, item: Attempt, exc: Base
         item.attempt += 1
         queue.append(item)
         return
-    host.record(shard, uid, None, failure_row(ctx, item.segment, item.errors, limit))
+    host.record(item.shard, uid, None, failure_row(ctx, item.segment, item.errors, limit))

@@ -1,4 +1,8 @@
-"""One device slot: hands pieces of shards to K spawned workers, restarts the ones that die, reports progress."""
+"""One device slot: hands pieces of shards to K spawned workers as they ask, restarts the ones that die, reports progress.
+
+At the end of the work an idle worker takes over ids a busy one holds and has not begun (the slot
+asks the busy one to hand them back), so the workers finish close together.
+"""
 from __future__ import annotations
 
 import logging
@@ -11,12 +15,12 @@ from multiprocessing.connection import wait
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
 from convtts.state.layout import Layout, WorkListing
-from convtts.run.pieces import Piece, WorkQueue, preview_cuts
+from convtts.run.pieces import Piece, WorkQueue, preview_cuts, remove_temporaries_of
 from convtts.run.progress import SlotProgress
-from convtts.state.shardio import (
-    disk_full_text, is_disk_full, remove_temporaries, shard_complete, shard_complete_and_whole,
+from convtts.state.shardio import disk_full_text, is_disk_full, shard_complete, shard_complete_and_whole
+from convtts.run.messages import (
+    Built, DiskFull, Failed, HandBack, Nothing, Ready, Returned, SpeakPiece, Spoken, Started, Stop, Want,
 )
-from convtts.run.messages import Built, DiskFull, Failed, PieceDone, Ready, SpeakPiece, Spoken, Started, Stop
 from convtts.run.worker import WorkerArgs, worker_main
 from convtts.speak import backend_rows
 
@@ -28,8 +32,8 @@ MAX_BARREN_DEATHS = 3
 
 
 # Which Slot method handles each message of a worker.
-HANDLERS = {Ready: "on_ready", Started: "on_started", Spoken: "on_spoken", Failed: "on_failed", Built: "on_built",
-            DiskFull: "on_disk_full", PieceDone: "on_piece_done"}
+HANDLERS = {Ready: "on_ready", Want: "on_want", Started: "on_started", Spoken: "on_spoken", Failed: "on_failed",
+            Built: "on_built", Returned: "on_returned", DiskFull: "on_disk_full"}
 
 
 class SlotStopped(Exception):
@@ -42,9 +46,18 @@ class Handle:
     proc: object
     conn: object
     ready: bool = False
-    piece: Piece | None = None
-    uid: str | None = None
+    pieces: list = field(default_factory=list)  # Pieces handed to it and not finished
+    wants: bool = False  # asked for more and has no answer yet
+    asked_back: bool = False  # a HandBack is out to it
+    stopping: bool = False  # told to stop
     spoke: bool = False  # finished at least one utterance since it started
+
+    def piece_of(self, uid: str) -> Piece | None:
+        """The piece it is speaking `uid` for (an id handed back may come to it again in a later piece)."""
+        return next((p for p in self.pieces if uid in p.ids and uid in p.unreported()), None)
+
+    def unstarted(self) -> int:
+        return sum(len(p.unstarted()) for p in self.pieces)
 
 
 @dataclass
@@ -54,6 +67,7 @@ class SlotOptions:
     run_id: str
     log_dir: str | None = None
     writer_prefix: str = ""  # names its workers' files: "" gives w0, w1 ... (see parallel_cosyvoice --feed)
+    temporary_tag: str = ""  # after the pid in its workers' temporary names (a fed slot: its host's)
 
 
 @dataclass
@@ -119,7 +133,7 @@ class Slot:
         parent_conn, child_conn = self.ctx.Pipe()
         log_file = f"{self.options.log_dir}/slot-{self.options.rank}-worker-{wid}.log" if self.options.log_dir else None
         args = WorkerArgs(wid, self.options.rank, str(self.layout.root), self.config, self.options.run_id, os.getpid(), log_file,
-                          self.options.writer_prefix)
+                          self.options.writer_prefix, time.time(), self.options.temporary_tag)
         proc = self.ctx.Process(target=worker_main, args=(args, child_conn), name=f"slot{self.options.rank}-w{wid}", daemon=True)
         proc.start()
         child_conn.close()
@@ -148,11 +162,15 @@ class Slot:
         getattr(self, HANDLERS[type(message)])(handle, message)
 
     def on_ready(self, handle: Handle, message: Ready) -> None:
-        handle.ready = True
+        handle.ready = handle.wants = True  # its first piece, as soon as its own model is up
+
+    def on_want(self, handle: Handle, message: Want) -> None:
+        handle.wants = True
 
     def on_started(self, handle: Handle, message: Started) -> None:
-        handle.uid = message.uid
-        handle.piece.started.add(message.uid)
+        piece = handle.piece_of(message.uid)
+        if piece is not None:
+            piece.started.add(message.uid)
 
     def on_spoken(self, handle: Handle, message: Spoken) -> None:
         self.on_reported(handle, message.uid, True, message.audio_seconds)
@@ -161,43 +179,82 @@ class Slot:
         self.on_reported(handle, message.uid, False, 0.0)
 
     def on_reported(self, handle: Handle, uid: str, ok: bool, seconds: float) -> None:
-        self.work.reported(handle.piece, uid, ok=ok, audio_seconds=seconds)
-        handle.uid, handle.spoke = None, True
+        piece = handle.piece_of(uid)
+        if piece is None:
+            log.warning("slot %d: worker %d reported %s, which it does not hold", self.options.rank, handle.wid, uid)
+            return
+        self.work.reported(piece, uid, ok=ok, audio_seconds=seconds)  # the shard's stats, after its last id
+        if piece.complete():
+            handle.pieces.remove(piece)
+        handle.spoke = True
         self.barren_deaths = 0
         self.progress.utterance(ok=ok, seconds=seconds)
+
+    def on_returned(self, handle: Handle, message: Returned) -> None:
+        handle.asked_back = False
+        for piece in list(handle.pieces):
+            ids = [uid for uid in message.ids if uid in set(piece.ids)]
+            if ids:
+                self.work.returned(piece, ids)
+            if piece.complete():
+                handle.pieces.remove(piece)
+        if message.ids:
+            log.info("slot %d: worker %d handed back %d utterances it had not begun", self.options.rank, handle.wid,
+                     len(message.ids))
 
     def on_built(self, handle: Handle, message: Built) -> None:
         self.progress.rebuild(message.reason, message.seconds, message.rss_mb, message.gpu_mb)
 
     def on_disk_full(self, handle: Handle, message: DiskFull) -> None:
-        handle.piece, handle.uid, handle.ready = None, None, False  # it stops by itself: no crash; its shard stays open
+        handle.pieces, handle.ready, handle.wants, handle.stopping = [], False, False, True  # it stops by itself
         self.stop_for_full_disk(message.what)
 
-    def on_piece_done(self, handle: Handle, message: PieceDone) -> None:
-        self.work.piece_done(handle.piece)  # the shard's stats, when it was its last piece out
-        handle.piece = None
-
     def assign(self) -> None:
-        for handle in self.handles.values():
-            if handle.ready and handle.piece is None:
-                piece = None if self.full_disk else self.work.next_piece()
-                if piece is not None:
-                    handle.piece = piece
-                    handle.conn.send(SpeakPiece(piece.shard, piece.ids, piece.crashes))
-                elif self.full_disk or not self.work.has_work():  # a fed slot idles while the driver says wait
-                    handle.conn.send(Stop())
-                    handle.ready = False
+        """Answer every worker that asked: a piece; Nothing while it is busy; an idle one waits for
+        ids handed back by a busy one, or for the driver, else it is told to stop."""
+        for handle in list(self.handles.values()):
+            if not handle.ready or not handle.wants:
+                continue
+            piece = None if self.full_disk else self.work.next_piece()
+            if piece is not None:
+                handle.pieces.append(piece)
+                handle.conn.send(SpeakPiece(piece.shard, piece.ids, piece.crashes))
+            elif handle.pieces:
+                handle.conn.send(Nothing())  # it asks again once idle
+            elif not self.full_disk and self.take_back_for(handle):
+                continue  # it waits: the ids come back in a moment
+            elif self.full_disk or not self.work.has_work():  # a fed slot idles while the driver says wait
+                handle.conn.send(Stop())
+                handle.ready, handle.stopping = False, True
+            else:
+                continue
+            handle.wants = False
+
+    def take_back_for(self, idle: Handle) -> bool:
+        """Ask the busy worker holding the most ids it has not begun for half of them; True while
+        one such hand-back is out (the idle worker waits for it)."""
+        if any(h.asked_back for h in self.handles.values()):
+            return True
+        busy = [h for h in self.handles.values() if h is not idle and not h.stopping and h.unstarted()]
+        if not busy:
+            return False
+        victim = max(busy, key=Handle.unstarted)
+        victim.conn.send(HandBack((victim.unstarted() + 1) // 2))
+        victim.asked_back = True
+        return True
 
     def on_death(self, handle: Handle) -> None:
         self.drain(handle)  # what it reported before dying still counts
         handle.proc.join(timeout=5)
         code = handle.proc.exitcode
         del self.handles[handle.wid]
-        if handle.piece is None and not handle.ready and code == 0:
+        if handle.stopping and not handle.pieces and code == 0:
             return  # told to stop, and it did
-        charged = self.work.worker_died(handle.piece, code, handle.proc.pid) if handle.piece else []
-        shard = handle.piece.shard if handle.piece else None
-        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, shard, charged or None)
+        charged = []
+        for piece in handle.pieces:
+            charged += self.work.worker_died(piece, code, handle.proc.pid, self.options.temporary_tag)
+        shards = sorted({p.shard for p in handle.pieces}) or None
+        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, shards, charged or None)
         self.barren_deaths = 0 if handle.spoke else self.barren_deaths + 1
         if self.barren_deaths >= MAX_BARREN_DEATHS:
             log.error("slot %d: workers died %d times in a row without speaking; giving up", self.options.rank, self.barren_deaths)
@@ -211,7 +268,7 @@ class Slot:
         self.full_disk = what  # assign hands out no more pieces
 
     def stop_workers(self) -> None:
-        busy = {h.piece.shard for h in self.handles.values() if h.piece is not None and h.proc.is_alive()}
+        busy = [(h.proc.pid, p.shard) for h in self.handles.values() if h.proc.is_alive() for p in h.pieces]
         for handle in self.handles.values():
             if handle.proc.is_alive():
                 handle.proc.terminate()
@@ -221,8 +278,8 @@ class Slot:
             if handle.proc.is_alive():
                 handle.proc.kill()
                 handle.proc.join()
-        for shard in busy:  # a worker stopped mid-write leaves a temporary file: the disk may be full
-            remove_temporaries(self.layout, shard)
+        for pid, shard in busy:  # a worker stopped mid-write leaves a temporary file: the disk may be full
+            remove_temporaries_of(self.layout, shard, pid, self.options.temporary_tag)
 
     def exit_code(self) -> int:
         if self.full_disk:
