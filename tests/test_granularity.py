@@ -53,7 +53,7 @@ def test_one_shard_keeps_four_workers_busy(tmp_path, hundred_segments):
     assert result.returncode == 0, result.stderr
     rows = assert_complete(four)
     assert 80 <= len(rows) <= 130 and len(list((four / "plan" / "shards").glob("shard-?????.jsonl"))) == 1
-    started = re.search(r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*starting (\d+) workers",
+    started = re.search(r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*; (\d+) workers",
                         slot_log(tmp_path / "log4"))
     assert started and int(started[1]) == len(rows) and int(started[2]) >= 8 and int(started[3]) == 4
 
@@ -79,7 +79,7 @@ def test_one_shard_keeps_four_workers_busy(tmp_path, hundred_segments):
     assert end - begin < 0.5 * (alone["slot0-w0"][1] - alone["slot0-w0"][0])
 
 
-def test_few_utterances_start_no_idle_workers(tmp_path):
+def test_few_utterances_keep_no_idle_workers(tmp_path):
     records = llava_conversations(1)
     records[0]["conversations"] = records[0]["conversations"][:2]
     records[0]["conversations"][1]["value"] = "Two zebras graze."
@@ -88,7 +88,7 @@ def test_few_utterances_start_no_idle_workers(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = assert_complete(tmp_path / "out")
     assert 2 <= len(rows) < 4
-    assert f"starting {len(rows)} workers, not 4" in slot_log(tmp_path / "log")
+    assert f"keeping {len(rows)} of 4 workers: no more than utterances to do" in slot_log(tmp_path / "log")
 
 
 def test_sigkill_slot_mid_piece_then_rerun_with_other_worker_count(tmp_path, hundred_segments):

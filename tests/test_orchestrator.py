@@ -26,17 +26,47 @@ echo "$request" >> "$MPS_TEST_LOG"
 """
 
 
+# Lists the GPUs of MPS_TEST_GPUS (default one, index 0) as `nvidia-smi --query-gpu=index` does;
+# any other query fails, as on a machine whose driver is gone.
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu=index*) for gpu in ${MPS_TEST_GPUS-0}; do echo "$gpu"; done ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+def fake_tools(tmp_path, **tools: str) -> dict:
+    """An environment whose PATH starts with stand-ins for these tools (name: script)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, script in tools.items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    env = script_env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return env
+
+
 @pytest.fixture
 def mps_env(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "nvidia-cuda-mps-control"
-    tool.write_text(FAKE_MPS)
-    tool.chmod(0o755)
     record = tmp_path / "mps.log"
-    env = script_env(MPS_TEST_LOG=record)
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env = fake_tools(tmp_path, **{"nvidia-cuda-mps-control": FAKE_MPS, "nvidia-smi": FAKE_SMI})
+    env["MPS_TEST_LOG"] = str(record)
     return env, record
+
+
+def test_gpus_the_machine_lacks_exit_2_before_anything_is_written(tmp_path, small_input):
+    out = tmp_path / "out"
+    none = run_all("--input", small_input, "--output-dir", out, "--gpus", "3")  # this machine: no nvidia-smi
+    assert none.returncode == 2 and "--gpus 3: this machine has no nvidia-smi" in none.stderr, none.stderr
+    two = dict(fake_tools(tmp_path, **{"nvidia-smi": FAKE_SMI}), MPS_TEST_GPUS="0 1")
+    missing = run_all("--input", small_input, "--output-dir", out, "--gpus", "0,3", env=two)
+    assert missing.returncode == 2, missing.stderr
+    assert "--gpus 0,3: this machine has no GPU 3; nvidia-smi lists 0,1" in missing.stderr
+    empty = run_all("--input", small_input, "--output-dir", out, "--gpus", "0", env=dict(two, MPS_TEST_GPUS=""))
+    assert empty.returncode == 2 and "nvidia-smi lists no GPU" in empty.stderr, empty.stderr
+    assert not out.exists()
 
 
 def requests(record: Path) -> list[str]:

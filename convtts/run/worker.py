@@ -15,6 +15,7 @@ from convtts.config import Config
 from convtts.gate.quality import open_gate
 from convtts.run.batching import Attempt, can_batch, speak_batched
 from convtts.run.memory import gpu_mb, rss_mb
+from convtts.run.startup import phase_text
 from convtts.run.messages import (
     Built, DiskFull, Failed, HandBack, Nothing, Ready, Returned, SpeakPiece, Spoken, Started, Stop, Want,
 )
@@ -185,11 +186,12 @@ class Worker:
         self.since_build = 0
         seconds = time.time() - started
         phases = dict(getattr(self.backend, "load_phases", {}))
+        phases["other"] = round(max(0.0, seconds - sum(phases.values())), 3)
         digest = weights_digest(self.backend)
         log.info("model built (%s) in %.2fs (%s), rss %.0f MiB, gpu %.0f MiB%s", reason, seconds, phase_text(phases),
                  rss_mb(), self.gpu_mb(), f", weights {digest}" if digest else "")
         if reason == "start":
-            self.startup.update(phases, build=round(seconds, 3))
+            self.startup.update(phases)
         self.send(Built(reason, round(seconds, 3), round(rss_mb(), 1), round(self.gpu_mb(), 1), phases, digest))
 
     def release(self) -> None:
@@ -248,11 +250,6 @@ class Worker:
             self.send(Failed(uid, error["reason"]))
         self.in_flight.discard(uid)
         self.since_build += 1
-
-
-def phase_text(phases: dict) -> str:
-    """E.g. 'imports 4.1, cuda 1.2, modules 2.0, weights 1.4, frontend 0.3'."""
-    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()) or "no phases"
 
 
 def weights_digest(backend) -> str:

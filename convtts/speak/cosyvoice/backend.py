@@ -13,6 +13,7 @@ import numpy as np
 
 from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.config import Config, ConfigError, CosyVoiceConfig
+from convtts.speak.cosyvoice.loading import LoadClock
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
 log = logging.getLogger(__name__)
@@ -138,11 +139,17 @@ class CosyVoiceBackend:
         # v1 call on 2 cores with torch's default thread count).
         torch.set_num_threads(1)
         self.cosy = config.tts.cosyvoice
-        self.model = load_model(self.cosy)  # checks the directory before upstream can download
-        self.sample_rate = int(self.model.sample_rate)
+        clock = LoadClock()
+        self.load_phases = clock.phases  # where the load's time went, for the slot's start-up timeline
         self.uses_cuda = torch.cuda.is_available()
+        if self.uses_cuda:
+            with clock.phase("cuda"):  # the process's CUDA context: the first load pays it
+                torch.empty(1, device="cuda")
+        self.model = load_model(self.cosy, clock)  # checks the directory before upstream can download
+        self.sample_rate = int(self.model.sample_rate)
         self.builtin = set(self.model.list_available_spks())
-        self.engine = self._engine()
+        with clock.phase("engine"):
+            self.engine = self._engine()
         self.prompts: dict[str, tuple[str, object]] = {}
         for voice in config.speakers.voices:
             if voice in self.cosy.prompts:
@@ -167,6 +174,14 @@ class CosyVoiceBackend:
                     "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
                     self.cosy.batch_size)
         return None
+
+    @staticmethod
+    def weight_files(config: Config) -> list[Path]:
+        """The checkpoints a load maps: what the slot reads into the page cache for its workers."""
+        model_dir = Path(config.tts.cosyvoice.model_dir)
+        files = [model_dir / name for name in ("llm.pt", "flow.pt", "hift.pt")]
+        files += sorted((model_dir / "CosyVoice-BlankEN").glob("*.safetensors"))
+        return [path for path in files if path.is_file()]
 
     @staticmethod
     def rows(config: Config) -> int:
@@ -291,6 +306,22 @@ class CosyVoiceBackend:
             table = getattr(inner, attr, None)
             if isinstance(table, dict):
                 table.clear()
+
+    def weights_digest(self) -> str:
+        """16 hex digits over the sums of every loaded parameter and buffer of the LLM, flow and vocoder.
+
+        Workers of a slot load the same files and must hold the same weights; the sums are taken
+        where the weights live (one small transfer), so the digest costs milliseconds on a GPU.
+        """
+        import hashlib
+
+        import torch
+
+        inner = self.model.model
+        tensors = [t for part in (inner.llm, inner.flow, inner.hift) for _, t in sorted(part.state_dict().items())]
+        with torch.no_grad():
+            sums = torch.stack([t.detach().float().sum() for t in tensors if t.is_floating_point()]).double().cpu()
+        return hashlib.blake2b(sums.numpy().tobytes(), digest_size=8).hexdigest()
 
     def gpu_memory_mb(self, kind: str = "reserved") -> float:
         """torch.cuda's allocated or reserved memory of this process in MiB; 0 without CUDA."""
