@@ -10,9 +10,11 @@ speaker, as long as the text would take at text.words_per_minute.
   CONVTTS_TEST_SLOW_FACTOR         this many times longer (default 1: none)
   CONVTTS_TEST_ROWS                PacedBatchTone: utterances decoded at once (default 4)
   CONVTTS_TEST_LOAD_SECONDS        wall time of a model load (default 0)
+  CONVTTS_TEST_LOAD_DIES           set: every model load kills its worker (SIGKILL), as an out-of-memory kill would
 """
 import multiprocessing
 import os
+import signal
 import time
 
 import numpy as np
@@ -24,6 +26,8 @@ class PacedTone:
 
     def __init__(self, config):
         time.sleep(float(os.environ.get("CONVTTS_TEST_LOAD_SECONDS", "0")))
+        if os.environ.get("CONVTTS_TEST_LOAD_DIES"):
+            os.kill(os.getpid(), signal.SIGKILL)
         self.seconds = float(os.environ.get("CONVTTS_TEST_UTTERANCE_SECONDS", "0.3"))
         if multiprocessing.current_process().name == os.environ.get("CONVTTS_TEST_SLOW_WORKER"):
             self.seconds *= float(os.environ.get("CONVTTS_TEST_SLOW_FACTOR", "1"))

@@ -269,6 +269,8 @@ class Slot:
 
     def on_built(self, handle: Handle, message: Built) -> None:
         self.progress.rebuild(message.reason, message.seconds, message.rss_mb, message.gpu_mb)
+        if message.reason == "start":
+            self.timeline.loaded(handle.wid, message.weights)
         self.check_weights(handle, message.weights)
 
     def check_weights(self, handle: Handle, digest: str) -> None:

@@ -55,6 +55,11 @@ class Timeline:
         worker.update(ready=self.since(), phases=dict(phases))
         log.info("slot %d: worker %d ready at %.1f s (%s)", self.rank, wid, worker["ready"], phase_text(phases))
 
+    def loaded(self, wid: int, weights: str) -> None:
+        """The digest of the weights a worker's first model holds (every worker's must be the same)."""
+        if weights:
+            self.workers.setdefault(wid, {}).setdefault("weights", weights)
+
     def began(self, wid: int) -> None:
         """A worker began an utterance; once every started worker has, all are busy."""
         worker = self.workers.setdefault(wid, {})

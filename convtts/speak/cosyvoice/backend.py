@@ -127,6 +127,22 @@ def load_prompt_16k(path: str):
     return torchaudio.functional.resample(audio, rate, PROMPT_RATE) if rate != PROMPT_RATE else audio
 
 
+def weights_checksum(tensors) -> str:
+    """16 hex digits over tensors, each summed as the integers its bits spell: exact, so the same
+    values give the same digest whatever their device, layout or alignment (float sums differ in
+    the last bit with the order of the additions)."""
+    import hashlib
+
+    import torch
+
+    widths = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+    with torch.no_grad():
+        sums = [t.detach().contiguous().reshape(-1).view(widths[t.element_size()]).sum(dtype=torch.int64)
+                for t in tensors if t.numel()]
+        total = torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
+    return hashlib.blake2b(total.numpy().tobytes(), digest_size=8).hexdigest()
+
+
 class CosyVoiceBackend:
     """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
 
@@ -308,20 +324,13 @@ class CosyVoiceBackend:
                 table.clear()
 
     def weights_digest(self) -> str:
-        """16 hex digits over the sums of every loaded parameter and buffer of the LLM, flow and vocoder.
+        """16 hex digits over every parameter and buffer of the LLM, flow and vocoder (weights_checksum).
 
         Workers of a slot load the same files and must hold the same weights; the sums are taken
         where the weights live (one small transfer), so the digest costs milliseconds on a GPU.
         """
-        import hashlib
-
-        import torch
-
         inner = self.model.model
-        tensors = [t for part in (inner.llm, inner.flow, inner.hift) for _, t in sorted(part.state_dict().items())]
-        with torch.no_grad():
-            sums = torch.stack([t.detach().float().sum() for t in tensors if t.is_floating_point()]).double().cpu()
-        return hashlib.blake2b(sums.numpy().tobytes(), digest_size=8).hexdigest()
+        return weights_checksum(t for part in (inner.llm, inner.flow, inner.hift) for _, t in sorted(part.state_dict().items()))
 
     def gpu_memory_mb(self, kind: str = "reserved") -> float:
         """torch.cuda's allocated or reserved memory of this process in MiB; 0 without CUDA."""
