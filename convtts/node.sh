@@ -152,7 +152,7 @@ mkdir -p "$LOG_DIR"
 
 # --- 3. MPS and the slots, stopping only what we started --------------------------------------
 # The slots start before the plan is made: their workers load their models meanwhile, and read the
-# plan once preprocess has written its exit code to PLAN_EXIT (the Ray driver starts after it).
+# plan once preprocess has written its exit code to PLAN_EXIT (the Ray driver's slots too).
 # shellcheck source=run/mps.sh
 source "$HERE/run/mps.sh"
 SLOT_PIDS=()
@@ -176,7 +176,14 @@ trap cleanup EXIT
 trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM
 
-if [[ "$ENGINE" == bash ]]; then
+if [[ "$ENGINE" == ray ]]; then
+  # The driver starts the slots (and each node's MPS daemon) on the cluster; it is this run's only child.
+  RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
+            --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" "${SETS[@]}")
+  if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
+  "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>"$LOG_DIR/driver.log" &
+  SLOT_PIDS+=($!)
+else
   if [[ "${SLOT_DEVICES[0]}" != cpu ]]; then mps_start "$MPS" "$LOG_DIR/mps"; export CONVTTS_MPS_READY="$(date +%s.%N)"; fi
   NODE_ARGS=()
   [[ -n "$NODES" ]] && NODE_ARGS=(--node-rank "$NODE_RANK" --nodes "$NODES")
@@ -212,14 +219,8 @@ if [[ $rc -ne 0 ]]; then
 fi
 if [[ -t 1 ]]; then grep -v -E '^[0-9]{4}-' "$LOG_DIR/preprocess.log" || true; fi
 
-# --- 5. the Ray driver (the bash engine's slots are running already) --------------------------
+# --- 5. the run ---------------------------------------------------------------------------
 if [[ "$ENGINE" == ray ]]; then
-  # The driver starts the slots (and each node's MPS daemon) on the cluster; it is this run's only child.
-  RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
-            --run-id "$RUN_ID" --log-dir "$LOG_DIR")
-  if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
-  "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>"$LOG_DIR/driver.log" &
-  SLOT_PIDS+=($!)
   say "run $RUN_ID: slots on the Ray cluster at ${ADDRESS:-auto}; logs in $LOG_DIR (driver.log, slot-N.log)"
 else
   say "run $RUN_ID: $WORLD slot(s) on ${GPUS}${NODES:+, node $NODE_RANK of $NODES}; logs in $LOG_DIR"

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import socket
 import sys
 import time
 
@@ -89,7 +91,10 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
     # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
     # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
     writer_prefix = f"{args.run_id}-s{args.rank}-" if feed else ""
-    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix)
+    # Pieces of one shard are written from several nodes, whose pids may be the same: a fed slot's
+    # workers name their temporary files after their host too, and clean up only their own.
+    tag = "-h" + hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest() if feed else ""
+    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix, tag)
 
     def share() -> list[str]:
         if args.plan_ready:

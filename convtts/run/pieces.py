@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
-    append_line, crash_counts, drop_torn_tail, load_done, read_json, read_jsonl, read_rows_checked, shard_complete_and_whole,
-    write_atomic, write_json_atomic,
+    append_line, crash_counts, drop_torn_tail, load_done, read_json, read_jsonl, read_rows_checked, write_atomic,
+    write_json_atomic,
 )
 
 log = logging.getLogger(__name__)
@@ -112,11 +112,9 @@ class ShardWork:
 class WorkQueue:
     """The pending shards of one slot, opened as workers need work, and the pieces handed out."""
 
-    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int,
-                 listing: WorkListing | None = None, feed=None):
+    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int, listing: WorkListing | None = None):
         self.layout, self.run_id, self.workers = layout, run_id, workers
-        self.feed = feed  # a ShardFeed: more shards, asked for one at a time once `shards` are all open
-        self.taken: list[str] = []  # shards the feed handed to this slot
+        self.taken: list[str] = []  # shards handed to this slot beyond its own (none: see feed.FedWork)
         self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
         self.waiting = deque(shards)
         self.estimates = {s: estimate_pending(layout, s, listing) for s in shards}
@@ -130,8 +128,7 @@ class WorkQueue:
         return sum(len(w.pending) for w in self.open.values()) + sum(self.estimates[s] for s in self.waiting)
 
     def has_work(self) -> bool:
-        more = self.feed is not None and not self.feed.exhausted
-        return more or bool(self.waiting) or any(w.pending for w in self.open.values())
+        return bool(self.waiting) or any(w.pending for w in self.open.values())
 
     def pending_counts(self) -> list[int]:
         return [len(w.pending) for w in self.open.values()] + [self.estimates[s] for s in self.waiting]
@@ -148,7 +145,8 @@ class WorkQueue:
 
     def open_until_pending(self) -> ShardWork | None:
         """Open waiting shards until one has ids to speak; those with none get their stats at once."""
-        while (shard := self.next_waiting()) is not None:
+        while self.waiting:
+            shard = self.waiting.popleft()
             work = open_shard(self.layout, shard, self.run_id)
             estimate = self.estimates.pop(shard, 0)
             self.total += len(work.pending) - estimate
@@ -157,21 +155,6 @@ class WorkQueue:
             if work.pending:
                 return work
             self.close(work)
-        return None
-
-    def next_waiting(self) -> str | None:
-        """The next shard to open: this slot's own list, then what the feed hands out.
-
-        A shard from the feed that is already complete (checked as a rerun checks) goes straight
-        back as done, so that check is spread over the slots rather than made by the driver.
-        """
-        if self.waiting:
-            return self.waiting.popleft()
-        while self.feed is not None and (shard := self.feed.next()) is not None:
-            self.taken.append(shard)
-            if not shard_complete_and_whole(self.layout, shard):  # logs any damage it finds
-                return shard
-            self.feed.finished(shard)
         return None
 
     def reported(self, piece: Piece, uid: str, ok: bool, audio_seconds: float) -> None:
@@ -222,8 +205,6 @@ class WorkQueue:
         stats = work.stats(self.run_id)
         write_json_atomic(self.layout.stats(work.name), stats)  # last: the shard's done marker
         del self.open[work.name]
-        if self.feed is not None:
-            self.feed.finished(work.name)
         log.info("%s finished: %d of %d spoken (%d now, in %d pieces), %d failed", work.name, stats["done"],
                  work.segments, work.new, work.pieces, work.failed)
 

@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from pathlib import Path
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
 from convtts.state.layout import Layout, WorkListing
+from convtts.run.feed import FedWork
 from convtts.run.pieces import Piece, WorkQueue, preview_cuts, remove_temporaries_of
 from convtts.run.progress import SlotProgress
-from convtts.run.startup import Timeline
+from convtts.run.startup import Timeline, plan_exit_code
 from convtts.run.weights import warm_page_cache, weight_files
 from convtts.state.shardio import disk_full_text, is_disk_full, shard_complete, shard_complete_and_whole
 from convtts.run.messages import (
@@ -84,10 +84,10 @@ class Slot:
     barren_deaths: int = 0
     halted: str | None = None  # why the slot hands out no more work (a full disk, changed weights)
     halt_code: int = EXIT_OK
-    feed: object | None = None  # a convtts.run.feed.ShardFeed: shards handed out by a driver, after `shards`
+    feed: object | None = None  # a convtts.run.feed.ShardFeed: pieces of shards handed out by a driver
     timeline: Timeline | None = None
     shards: list[str] = field(default_factory=list)
-    work: WorkQueue | None = None
+    work: WorkQueue | FedWork | None = None
 
     def __post_init__(self):
         self.timeline = self.timeline or Timeline(self.options.rank)
@@ -147,12 +147,13 @@ class Slot:
         if not todo and self.feed is None:
             log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
             return EXIT_OK
-        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing, self.feed)
-        if not self.work.total:
-            self.work.open_until_pending()  # every id has a row: the shards may need only their stats
-        if self.feed is not None and not self.work.has_work():
-            log.info("slot %d: the driver had no shard left to hand out", self.options.rank)
-            return self.exit_code()
+        if self.feed is not None:
+            writer = self.options.writer_prefix.rstrip("-")
+            self.work = FedWork(self.layout, self.options.run_id, writer, self.feed, self.options.workers)
+        else:
+            self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing)
+            if not self.work.total:
+                self.work.open_until_pending()  # every id has a row: the shards may need only their stats
         # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
         # A slot fed by a driver gets more shards later: it keeps all of its workers.
         count = self.options.workers if self.feed is not None else min(self.options.workers, self.work.total)
@@ -169,7 +170,7 @@ class Slot:
         text = (f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
                 f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; {count} workers")
         if self.feed is not None:
-            text = f"shards handed out by the driver; {count} workers"
+            text = f"pieces of shards handed out by the driver; {count} workers"
         if self.work.rows > 1:
             text += f" of {self.work.rows} rows each (tts.cosyvoice.batch_size)"
         if count < self.options.workers:
@@ -382,15 +383,6 @@ def _spawn_context():
     import multiprocessing
 
     return multiprocessing.get_context("spawn")
-
-
-def plan_exit_code(marker: str) -> int | None:
-    """The exit code the plan's maker ended with, which run_all.sh writes to `marker`; None while it runs."""
-    try:
-        text = Path(marker).read_text().strip()
-    except FileNotFoundError:
-        return None
-    return int(text) if text.lstrip("-").isdigit() else None
 
 
 def install_stop_handlers() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +91,12 @@ class Timeline:
 def phase_text(phases: dict) -> str:
     """E.g. 'imports 4.1, cuda 1.2, modules 2.0, weights 1.4, frontend 0.3'."""
     return ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()) or "no phases"
+
+
+def plan_exit_code(marker: str) -> int | None:
+    """The exit code the plan's maker ended with, which run_all.sh writes to `marker`; None while it runs."""
+    try:
+        text = Path(marker).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else None
