@@ -110,9 +110,11 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     assert (f"1 workers of {batch} rows each" in logs) == (batch > 1)
     assert "ignored: batching" not in logs  # the worker's warning when a model cannot be batched
 
-    # rebuilds every 2 utterances land mid-shard (4 utterances, one shard)
+    # rebuilds every 2 utterances land mid-shard (4 utterances, one shard); a batch's feed stops once
+    # one is due, and what is in flight (a row freed before it was due took one more) finishes first
     assert sum("(every 2 utterances)" in line for line in logs.splitlines()) >= 1
-    assert sorted(r["since_build"] for r in rows) == [0, 0, 1, 1]
+    since = sorted(r["since_build"] for r in rows)
+    assert since[:2] == [0, 0] and max(since) <= 2 - 1 + (batch - 1), since
 
     # Spoken again in a fresh process by upstream's own path (inference_zero_shot), by a model
     # never rebuilt: same seed, same audio (batched: the same tokens, and the flow within float

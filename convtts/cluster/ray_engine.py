@@ -193,7 +193,9 @@ class Driver:
         if what == "where":
             slot.node = value
             log_file = f"{self.o.log_dir}/slot-{rank}.log"
-            self.call(rank, "start", slot.actor.start.remote(self.slot_args(slot), self.node_env(value), log_file))
+            # the command's start, so that the slots' start-up timelines count from it as on one node
+            env = {k: os.environ[k] for k in ("CONVTTS_RUN_STARTED", "CONVTTS_VALIDATED") if k in os.environ}
+            self.call(rank, "start", slot.actor.start.remote(self.slot_args(slot), {**env, **self.node_env(value)}, log_file))
         elif what == "start":
             pid, slot.host, gpu = value
             log.info("slot %d running on %s (node %s, pid %d, CUDA_VISIBLE_DEVICES=%s); log %s/slot-%d.log", rank,

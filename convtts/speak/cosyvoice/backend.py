@@ -13,7 +13,7 @@ import numpy as np
 
 from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.config import Config, ConfigError, CosyVoiceConfig
-from convtts.speak.cosyvoice.loading import LoadClock
+from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
 log = logging.getLogger(__name__)
@@ -149,14 +149,15 @@ class CosyVoiceBackend:
     name = "cosyvoice"
 
     def __init__(self, config: Config):
-        import torch
+        clock = LoadClock()
+        self.load_phases = clock.phases  # where the load's time went, for the slot's start-up timeline
+        with clock.phase(IMPORTS):
+            import torch
 
         # One intra-op thread: parallelism comes from worker processes (9 s against 0.38 s per
         # v1 call on 2 cores with torch's default thread count).
         torch.set_num_threads(1)
         self.cosy = config.tts.cosyvoice
-        clock = LoadClock()
-        self.load_phases = clock.phases  # where the load's time went, for the slot's start-up timeline
         self.uses_cuda = torch.cuda.is_available()
         if self.uses_cuda:
             with clock.phase("cuda"):  # the process's CUDA context: the first load pays it
