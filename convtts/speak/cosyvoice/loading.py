@@ -9,7 +9,8 @@ inside one load only:
 - modules are built with zero fills instead of random ones (load_state_dict overwrites every
   parameter, strict for the flow and vocoder; an LLM key a checkpoint lacks is zero, not noise);
 - a checkpoint in torch's zip format is mapped (torch.load(mmap=True)): the weights come from the
-  page cache, which every worker of the node shares and the slot warms (convtts.run.weights);
+  page cache, which every worker of the node shares and the slot warms (convtts.run.weights), and
+  reach the GPU in one copy;
 - the campplus and speech-tokenizer sessions open when first used: SFT speakers use neither, a
   zero-shot voice opens them as it registers;
 - text normalisers are built when first used, once per process (see runtime._share_text_normalizers).
@@ -117,7 +118,13 @@ def _zero_fills():
 
 @contextlib.contextmanager
 def _mapped_checkpoints():
-    """torch.load maps a zip-format checkpoint file instead of reading it (legacy files are read)."""
+    """torch.load maps a zip-format checkpoint file instead of reading it (legacy files are read).
+
+    The model's own checkpoints (the weights phase: upstream's load, which moves each module to
+    the device after load_state_dict) stay on the CPU: the mapped pages are copied into the
+    modules and go to the GPU once, where mapping them to the GPU first sent them there, back to
+    the CPU modules and there again, and left the state dict's copy in torch's GPU cache.
+    """
     import torch
 
     load = torch.load
@@ -125,6 +132,8 @@ def _mapped_checkpoints():
     def mapped_load(f, *args, **kwargs):
         if "mmap" not in kwargs and isinstance(f, (str, Path)) and zipfile.is_zipfile(f):
             kwargs["mmap"] = True
+            if not args and _clock is not None and WEIGHTS in _clock.active:
+                kwargs["map_location"] = "cpu"
         return load(f, *args, **kwargs)
 
     torch.load = mapped_load
