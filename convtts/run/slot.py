@@ -105,7 +105,7 @@ class Slot:
     def run(self, plan_ready: str | None = None) -> int:
         """Wait for the plan (`plan_ready`: the file preprocess's exit code is written to), then speak."""
         try:
-            if not self.handles:
+            if getattr(self, "ctx", None) is None:  # parallel_cosyvoice.py starts them before its checks
                 self.start_workers()
             if not self.await_plan(plan_ready):
                 return EXIT_FAILURES
