@@ -199,12 +199,13 @@ fi
 
 # --- 4. plan: made when missing or stale ----------------------------------------------------
 set +e
+PLAN_STARTED="$(date +%s.%N)"
 # Nodes starting together plan one at a time: the first makes the plan, the others find it fresh.
 [[ -n "$NODES" ]] && exec 7>"$OUT/.lock-plan" && flock 7
 "${PLAN[@]}" --input "$INPUT" --output-dir "$OUT" $FORCE "${PRE_ARGS[@]}" >"$LOG_DIR/preprocess.log" 2>&1
 rc=$?
 [[ -n "$NODES" ]] && exec 7>&-
-echo "$rc" >"$PLAN_EXIT.tmp" && mv "$PLAN_EXIT.tmp" "$PLAN_EXIT"
+echo "$rc $PLAN_STARTED $(date +%s.%N)" >"$PLAN_EXIT.tmp" && mv "$PLAN_EXIT.tmp" "$PLAN_EXIT"  # exit code, start, end
 set -e
 if [[ $rc -ne 0 ]]; then
   stop_slots  # they have written nothing: they were waiting for the plan

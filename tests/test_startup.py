@@ -41,7 +41,8 @@ def test_workers_load_while_the_plan_is_made_and_the_timeline_says_so(tmp_path):
     events, workers = timeline["events"], timeline["workers"]
     assert list(workers) == ["0", "1", "2"]
     assert 0 < events["validated"] < events["slot"] < events["plan"] < events["first_busy"] <= events["all_busy"]
-    assert events["plan"] >= 3.0 and events["first_audio"] >= events["first_busy"]
+    assert events["validated"] < events["plan_started"] < events["plan_made"] <= events["plan"]
+    assert events["plan_made"] - events["plan_started"] >= 3.0 and events["first_audio"] >= events["first_busy"]
     for worker in workers.values():
         assert worker["spawned"] < worker["ready"] < events["plan"], worker  # loaded while the plan was made
         assert worker["phases"]["process"] > 0 and worker["phases"]["other"] >= 1.0  # the 1 s load

@@ -135,7 +135,7 @@ class Slot:
         if marker is not None and code != 0:
             log.info("slot %d: the plan was not made (exit %s); stopping", self.options.rank, code)
             return False
-        self.timeline.mark("plan")
+        self.timeline.plan_made(marker)
         return True
 
     def begin(self) -> int | None:

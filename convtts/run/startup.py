@@ -1,8 +1,9 @@
 """Where a slot's start-up time goes, from the command to every worker busy: kept for its log and status file.
 
 Times are seconds since the command started (run_all.sh passes its start as CONVTTS_RUN_STARTED,
-and the ends of its own steps as CONVTTS_VALIDATED and CONVTTS_MPS_READY); a slot started by hand
-counts from its own start. A worker's phases are durations: process (spawn to its first line),
+the ends of its own steps as CONVTTS_VALIDATED and CONVTTS_MPS_READY, and preprocess's start and end
+in plan.exit); a slot started by hand counts from its own start. Events: validated, mps, slot,
+plan_started, plan_made, plan (read by the slot), first_busy, all_busy, first_audio. A worker's phases are durations: process (spawn to its first line),
 gate, imports, cuda, modules, frontend, weights, engine, other (the rest of its first build).
 """
 from __future__ import annotations
@@ -45,6 +46,13 @@ class Timeline:
     def mark(self, event: str) -> None:
         """The first time `event` happens (plan, first_audio ...)."""
         self.events.setdefault(event, self.since())
+
+    def plan_made(self, marker: str | None) -> None:
+        """The plan is read: when preprocess started and ended (if run_all.sh said), and now."""
+        times = plan_times(marker) if marker else None
+        if times is not None:
+            self.events["plan_started"], self.events["plan_made"] = self.since(times[0]), self.since(times[1])
+        self.mark("plan")
 
     def spawned(self, wid: int) -> None:
         self.workers.setdefault(wid, {})["spawned"] = self.since()
@@ -95,8 +103,21 @@ def phase_text(phases: dict) -> str:
 
 def plan_exit_code(marker: str) -> int | None:
     """The exit code the plan's maker ended with, which run_all.sh writes to `marker`; None while it runs."""
+    fields = _plan_fields(marker)
+    return int(fields[0]) if fields and fields[0].lstrip("-").isdigit() else None
+
+
+def plan_times(marker: str) -> tuple[float, float] | None:
+    """When preprocess started and ended, from `marker` ('CODE START END', written by run_all.sh)."""
+    fields = _plan_fields(marker)
     try:
-        text = Path(marker).read_text().strip()
-    except FileNotFoundError:
+        return float(fields[1]), float(fields[2])
+    except (IndexError, ValueError):
         return None
-    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _plan_fields(marker: str) -> list[str]:
+    try:
+        return Path(marker).read_text().split()
+    except FileNotFoundError:
+        return []
