@@ -1,11 +1,13 @@
 # make demo: set up the light environment and speak the bundled example with the default voice.
-# make test: set up the test environment (with the CosyVoice runtime) and run the tests.
+# make test: set up the test environment (with the CosyVoice runtime) and run every test.
+# make test-quick: the same environment, the quick tier only (unit and in-process tests: minutes).
+# make lint: ruff's check and format check, as configured in pyproject.toml.
 PYTHON ?= python3
 VENV := .venv
 TEST_VENV := .venv-test
 PIP_FLAGS ?= --disable-pip-version-check --no-input
 
-.PHONY: demo test env test-env clean-output
+.PHONY: demo test test-quick lint env test-env clean-output
 
 env: $(VENV)/.installed
 test-env: $(TEST_VENV)/.installed
@@ -38,8 +40,24 @@ $(TEST_VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	PYTHON=$(VENV)/bin/python ./run_all.sh --input examples/conversations.json --output-dir output/demo
 
+# The tiers are pytest markers (pyproject.toml). The quick one leaves out whole runs (e2e), CosyVoice
+# models, Ray clusters and the slowest tests: under 3 minutes on 2 cores.
+QUICK_TIER := not e2e and not cosyvoice and not ray and not slow
+
+# Every extra is installed here, so a missing optional library fails its tests instead of skipping
+# them (tests/conftest.py need); the slowest tests are listed, to keep the tiers honest.
 test: $(TEST_VENV)/.installed
-	$(TEST_VENV)/bin/python -m pytest -q tests
+	CONVTTS_TEST_REQUIRE_EXTRAS=1 $(TEST_VENV)/bin/python -m pytest -q --durations=15 tests
+
+# A quick-tier test still running after 2 minutes is hung, not slow.
+test-quick: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/python -m pytest -q -m "$(QUICK_TIER)" --timeout=120 tests
+
+# ruff from pip install 'convtts[lint]' (the version pinned there), or RUFF=/path/to/ruff.
+RUFF ?= ruff
+lint:
+	$(RUFF) check .
+	$(RUFF) format --check .
 
 clean-output:
 	rm -rf output/demo

@@ -61,12 +61,19 @@ class SpeakerConfig:
     human: tuple[str, ...] = ()  # restrict the human side to these voices (default: all)
     assistant: tuple[str, ...] = ()
     seed: int = 0
+    # A pool of zero-shot voices instead of speakers.voices: a directory of recordings with .txt
+    # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/plan/voices.py).
+    pool: str = ""
 
     def check(self) -> None:
         if not self.voices:
             raise ConfigError("speakers.voices must name at least one voice")
         if self.policy not in SPEAKER_POLICIES:
             raise ConfigError(f"speakers.policy must be one of {SPEAKER_POLICIES}, got {self.policy!r}")
+        if self.pool:
+            if not Path(self.pool).exists():
+                raise ConfigError(f"speakers.pool not found: {self.pool}")
+            return  # human and assistant name the pool's voices: checked when it is read
         for side in ("human", "assistant"):
             stray = [v for v in getattr(self, side) if v not in self.voices]
             if stray:
@@ -110,17 +117,39 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """Number formats of the batched engines, per part: fp32 (the reference), tf32 (fp32 storage, TF32
-    matrix products), bf16 or fp16. The one-at-a-time path keeps upstream's own (see fp16)."""
+    """Number formats of the batched engines, per part: fp32 (the reference: IEEE, TF32 off for matrix
+    products and convolutions alike), tf32 (fp32 storage, TF32 products and convolutions), bf16 or
+    fp16 (a cast copy of the part's weights; see engine/precision.py for what stays in fp32). The
+    one-at-a-time path keeps upstream's own (see fp16)."""
 
     llm: str = "fp32"
-    flow: str = "fp32"
-    vocoder: str = "fp32"
+    # PyTorch runs convolutions in TF32 unless told otherwise, so the flow and vocoder ran TF32
+    # convolutions before these settings existed; tf32 keeps that and adds TF32 matrix products.
+    flow: str = "tf32"
+    vocoder: str = "tf32"
 
     def check(self) -> None:
         for part in ("llm", "flow", "vocoder"):
             if getattr(self, part) not in PRECISIONS:
                 raise ConfigError(f"tts.cosyvoice.precision.{part} must be one of {PRECISIONS}, got {getattr(self, part)!r}")
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """How the batched engines run the flow and the vocoder passes (tts.cosyvoice.flow)."""
+
+    compile: bool = False  # torch.compile the flow's estimator (GPU; each new pass shape compiles first)
+    max_graphs: int = 16  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
+    max_mb: int = 4096  # GPU memory one flow or vocoder pass may take beyond the weights: caps its rows
+    vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
+
+    def check(self) -> None:
+        if not 0 <= self.max_graphs <= 256:
+            raise ConfigError(f"tts.cosyvoice.flow.max_graphs must be between 0 and 256, got {self.max_graphs}")
+        if self.max_mb < 64:
+            raise ConfigError(f"tts.cosyvoice.flow.max_mb must be at least 64, got {self.max_mb}")
+        if not 1 <= self.vocoder_rows <= 256:
+            raise ConfigError(f"tts.cosyvoice.flow.vocoder_rows must be between 1 and 256, got {self.vocoder_rows}")
 
 
 @dataclass(frozen=True)
@@ -133,10 +162,46 @@ class CosyVoiceConfig:
     load_vllm: bool = False
     speed: float = 1.0
     text_frontend: bool = True
-    # Utterances a worker decodes at once (v1, v2 and v3 in fp32; 1 is upstream's own one-at-a-time path).
+    # Utterances a worker decodes at once (v1, v2 and v3; 1 is upstream's own one-at-a-time path; 0 chooses
+    # from the GPU memory a row's KV cache takes at precision.llm, see convtts.run.tuning).
     batch_size: int = 1
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    # The batched engine's LLM decode: static (our step over a preallocated KV cache) or upstream (upstream's
+    # layers over a cache grown by concatenation, the reference); CUDA graphs and torch.compile for the static
+    # step; sampler cpu (upstream's exact rule on the CPU), gpu (the same rule drawn on the GPU) or auto (gpu
+    # on CUDA with the static decode); KV positions per row to start with (0: from text.max_words and the prompts).
+    decode: str = "static"
+    cuda_graphs: bool = True
+    compile: bool = False
+    sampler: str = "auto"
+    max_row_tokens: int = 0
+    flow: FlowConfig = field(default_factory=FlowConfig)  # the flow's and vocoder's passes
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
+    # Zero-shot voices whose prompt features a worker keeps (least recently used go first): with a
+    # pool of thousands, memory stays flat; a voice that left is computed again when next spoken.
+    prompt_cache: int = 64
+
+    def check(self) -> None:
+        if self.prompt_cache < 1:
+            raise ConfigError(f"tts.cosyvoice.prompt_cache must be at least 1, got {self.prompt_cache}")
+        if not 0 <= self.batch_size <= 256:
+            raise ConfigError(f"tts.cosyvoice.batch_size must be between 0 (automatic) and 256, got {self.batch_size}")
+        self.precision.check()
+        self.flow.check()
+        if self.decode not in DECODES:
+            raise ConfigError(f"tts.cosyvoice.decode must be one of {DECODES}, got {self.decode!r}")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"tts.cosyvoice.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.sampler == "gpu" and self.decode != "static":
+            raise ConfigError("tts.cosyvoice.sampler=gpu needs tts.cosyvoice.decode=static")
+        if self.compile and self.decode != "static":
+            raise ConfigError("tts.cosyvoice.compile needs tts.cosyvoice.decode=static")
+        if not 0 <= self.max_row_tokens <= 65536:
+            raise ConfigError(f"tts.cosyvoice.max_row_tokens must be between 0 (automatic) and 65536, got {self.max_row_tokens}")
+
+
+DECODES = ("static", "upstream")
+SAMPLERS = ("auto", "cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -159,9 +224,7 @@ class TTSConfig:
             raise ConfigError(f"tts.backend must be one of {BACKENDS} or module:Class, got {self.backend!r}")
         if self.backend == "cosyvoice" and not self.cosyvoice.model_dir:
             raise ConfigError("tts.cosyvoice.model_dir is required for the cosyvoice backend")
-        if not 1 <= self.cosyvoice.batch_size <= 256:
-            raise ConfigError(f"tts.cosyvoice.batch_size must be between 1 and 256, got {self.cosyvoice.batch_size}")
-        self.cosyvoice.precision.check()
+        self.cosyvoice.check()
 
 
 @dataclass(frozen=True)
@@ -202,7 +265,9 @@ class OutputConfig:
             raise ConfigError(f"output.subtype {self.subtype!r} does not suit {self.audio_format}")
 
 
-RECOGNISERS = ("none", "pocketsphinx", "whisper", "faster-whisper")
+RECOGNISERS = ("none", "pocketsphinx", "hf-whisper", "whisper", "faster-whisper")
+ASR_PRECISIONS = ("bf16", "fp16", "fp32")
+ASR_DEVICES = ("auto", "cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -217,11 +282,19 @@ class ValidateConfig:
     max_silence_share: float = 0.6
     clip_level: float = 0.999  # a sample at or above this magnitude counts as clipped
     max_clipped_share: float = 0.01
-    recogniser: str = "pocketsphinx"  # pocketsphinx | whisper | faster-whisper | none (no ASR check)
-    model_path: str = ""  # whisper: a local .pt checkpoint; faster-whisper: a local model directory
+    recogniser: str = "pocketsphinx"  # pocketsphinx | hf-whisper | whisper | faster-whisper | none (no ASR check)
+    # hf-whisper: a local transformers checkpoint directory; whisper: a local .pt checkpoint;
+    # faster-whisper: a local CTranslate2 model directory
+    model_path: str = ""
     max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
+    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test;
+    # without pocketsphinx's dictionary that test misses about 1 English segment in 6)
+    assume_english: bool = False
+    asr_batch: int = 16  # hf-whisper: takes recognised at once (the batched path judges its takes in groups of this)
+    asr_precision: str = "bf16"  # hf-whisper on CUDA: bf16 | fp16 | fp32 (always fp32 on the CPU)
+    asr_device: str = "auto"  # hf-whisper: auto (the worker's GPU if it has one) | cuda | cpu
 
     def check(self) -> None:
         if not 0 <= self.max_respeaks <= 20:
@@ -238,12 +311,18 @@ class ValidateConfig:
             raise ConfigError(f"validate.max_wer must be positive, got {self.max_wer}")
         if self.min_asr_words < 1:
             raise ConfigError(f"validate.min_asr_words must be at least 1, got {self.min_asr_words}")
+        if not 1 <= self.asr_batch <= 256:
+            raise ConfigError(f"validate.asr_batch must be between 1 and 256, got {self.asr_batch}")
+        if self.asr_precision not in ASR_PRECISIONS:
+            raise ConfigError(f"validate.asr_precision must be one of {ASR_PRECISIONS}, got {self.asr_precision!r}")
+        if self.asr_device not in ASR_DEVICES:
+            raise ConfigError(f"validate.asr_device must be one of {ASR_DEVICES}, got {self.asr_device!r}")
         self.check_recogniser()
 
     def check_recogniser(self) -> None:
         if self.recogniser not in RECOGNISERS:
             raise ConfigError(f"validate.recogniser must be one of {RECOGNISERS}, got {self.recogniser!r}")
-        if self.recogniser in ("whisper", "faster-whisper"):
+        if self.recogniser in ("hf-whisper", "whisper", "faster-whisper"):
             if not self.model_path:
                 raise ConfigError(f"validate.model_path is required for validate.recogniser={self.recogniser} "
                                   "(local weights: nothing is downloaded)")
@@ -253,8 +332,27 @@ class ValidateConfig:
             if not wanted(Path(self.model_path)):
                 kind = "a checkpoint file (.pt)" if self.recogniser == "whisper" else "a model directory"
                 raise ConfigError(f"validate.model_path must be {kind} for {self.recogniser}: {self.model_path}")
+            if self.recogniser == "hf-whisper":
+                check_whisper_dir(Path(self.model_path))
         elif self.model_path:
-            raise ConfigError(f"validate.model_path is only for whisper and faster-whisper, not {self.recogniser}")
+            raise ConfigError(f"validate.model_path is only for the Whisper recognisers, not {self.recogniser}")
+
+
+# What transformers reads from a Whisper checkpoint directory (the tokenizer: vocab.json and
+# merges.txt, or tokenizer.json; the weights: model.safetensors, sharded or not, or pytorch_model.bin).
+WHISPER_FILES = ("config.json", "preprocessor_config.json", "tokenizer_config.json")
+
+
+def check_whisper_dir(path: Path) -> None:
+    """The files transformers will open are there: a missing one is named now, not in every worker."""
+    missing = [name for name in WHISPER_FILES if not (path / name).is_file()]
+    if not any(path.glob("model*.safetensors")) and not (path / "pytorch_model.bin").is_file():
+        missing.append("model.safetensors")
+    if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
+        missing.append("vocab.json or tokenizer.json")
+    if missing:
+        raise ConfigError(f"validate.model_path {path} is not a Whisper checkpoint for transformers: "
+                          f"missing {', '.join(missing)}")
 
 
 @dataclass(frozen=True)
@@ -271,6 +369,9 @@ class Config:
     def check(self) -> None:
         for group in dataclasses.fields(self):
             getattr(self, group.name).check()
+        if self.speakers.pool and self.tts.backend == "piper":
+            raise ConfigError("speakers.pool holds prompt recordings for zero-shot voices: it needs tts.backend "
+                              "cosyvoice (Piper speaks only the voices of tts.piper.voices)")
         if self.tts.backend == "piper":  # a custom backend's own check() says which voices it has
             check_piper_voices(self)
 

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from convtts.speak.base import SynthesisError
-from convtts.speak.piper import PiperBackend, check  # noqa: F401  (check is picked up below)
+from convtts.speak.piper import PiperBackend, check
 from convtts.gate.quality import take_seed
 
 OTHER_WORDS = ("seven purple engines hum quietly beneath the old harbour bridge while gulls circle "

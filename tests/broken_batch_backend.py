@@ -4,7 +4,7 @@ It stands for a fault no single utterance owns (a kernel error in the shared ste
 must speak that batch's utterances one at a time and lose none of them.
 """
 from convtts.speak.cosyvoice import backend as cosyvoice
-from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check  # noqa: F401  (check is picked up below)
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine
 
 _broken = {"done": False}

@@ -1,9 +1,15 @@
-"""Shared helpers for the tests: the sample conversations in tests/data, running the real scripts."""
+"""Shared helpers for the tests: the sample conversations in tests/data, running the real scripts,
+watching the processes they start, optional libraries, and the test tiers (markers in pyproject.toml).
+
+Test modules import these from here (`from conftest import ...`), never from one another.
+"""
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -17,6 +23,40 @@ DATA = REPO / "tests" / "data"
 # (tests/test_cosyvoice_v2_v3.py); every other test, and every run they start, uses the installed
 # package whatever the environment says.
 COSYVOICE_CHECKOUT = os.environ.pop("COSYVOICE_ROOT", "")
+# `make test` installs every extra: there a missing optional library is a broken environment, not a
+# reason to skip (see `need`).
+REQUIRE_EXTRAS = os.environ.get("CONVTTS_TEST_REQUIRE_EXTRAS") == "1"
+
+
+def need(module: str, extra: str):
+    """Import an optional library, or skip the test (the whole module, when called at its top) saying
+    which extra installs it and why the import failed. Under CONVTTS_TEST_REQUIRE_EXTRAS=1 (`make
+    test`, which installs every extra) the import error is raised instead: nothing skips unseen."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if REQUIRE_EXTRAS:
+            raise
+        pytest.skip(f"needs {module.partition('.')[0]} (pip install 'convtts[{extra}]'): {exc}",
+                    allow_module_level=True)
+
+
+# -- tiers ------------------------------------------------------------------------------------------
+
+_E2E: set[str] = set()  # node ids of the collected tests marked e2e
+
+
+def pytest_collection_modifyitems(items) -> None:
+    _E2E.update(item.nodeid for item in items if item.get_closest_marker("e2e"))
+
+
+def _require_e2e_marker() -> None:
+    """A whole run costs seconds to minutes: a test that starts one must carry the e2e marker, so
+    that `make test-quick` (-m 'not e2e ...') stays quick. PYTEST_CURRENT_TEST names the test whose
+    setup, call or teardown is running, module-scoped fixtures included."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" ")[0]
+    if current and current not in _E2E:
+        pytest.fail(f"{current} runs run_all.sh: mark it @pytest.mark.e2e (see pyproject.toml)", pytrace=False)
 
 
 def llava_conversations(images: int | None = None) -> list[dict]:
@@ -47,6 +87,7 @@ def script_env(**extra) -> dict:
 
 
 def run_all(*args, env: dict | None = None, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+    _require_e2e_marker()
     return subprocess.run(
         ["bash", str(REPO / "run_all.sh"), *map(str, args)], env=env or script_env(),
         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **popen,
@@ -57,11 +98,89 @@ def read_jsonl(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+def read_jsonl_tolerant(path: Path) -> list[dict]:
+    """The rows of a file a live run is appending to: a line being written is left out."""
+    rows = []
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            rows.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            pass
+    return rows
+
+
+def spoken_so_far(out: Path) -> list[dict]:
+    """Manifest rows the workers of a live (or killed) run have written."""
+    return [row for path in (out / "work").glob("shard-*.manifest.jsonl") for row in read_jsonl_tolerant(path)]
+
+
 def plan_ids(out: Path) -> list[str]:
     ids = []
     for shard in sorted((out / "plan" / "shards").glob("shard-?????.jsonl")):
         ids += [row["id"] for row in read_jsonl(shard)]
     return ids
+
+
+def wait_for(predicate, timeout: float = 180.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting")
+
+
+def worker_pids(group: int) -> list[int]:
+    """Spawned workers in this process group: processes started by multiprocessing's spawn."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            same_group = os.getpgid(int(proc.name)) == group
+        except (OSError, ProcessLookupError):
+            continue
+        if same_group and b"multiprocessing.spawn" in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# A stand-in nvidia-cuda-mps-control (no GPU here): records each request in $MPS_TEST_LOG. -d starts
+# the daemon (exit code $MPS_TEST_START_EXIT); other requests come on stdin (get_server_list, quit).
+FAKE_MPS = """#!/bin/sh
+if [ "$1" = "-d" ]; then
+  echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "$MPS_TEST_LOG"
+  exit "${MPS_TEST_START_EXIT:-0}"
+fi
+read request
+echo "$request" >> "$MPS_TEST_LOG"
+"""
+
+
+def write_fake_mps(bin_dir: Path) -> Path:
+    """Put the stand-in nvidia-cuda-mps-control in bin_dir (put bin_dir first on PATH)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    tool = bin_dir / "nvidia-cuda-mps-control"
+    tool.write_text(FAKE_MPS)
+    tool.chmod(0o755)
+    return tool
+
+
+def mps_requests(record: Path) -> list[str]:
+    """The requests the stand-in MPS control recorded, in order: start, get_server_list, quit."""
+    return [line.split()[0] for line in record.read_text().splitlines()] if record.exists() else []
 
 
 def speak_with_two_refused(backend, texts: list[str], speaker: str) -> dict:

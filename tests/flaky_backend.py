@@ -8,7 +8,7 @@ import os
 import signal
 
 from convtts.speak.base import SynthesisError
-from convtts.speak.piper import PiperBackend, check  # noqa: F401  (check is picked up below)
+from convtts.speak.piper import PiperBackend, check
 
 
 class FlakyPiper(PiperBackend):

@@ -20,6 +20,8 @@ from convtts.testing.cosyvoice_model import build_model_dir, model_info
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 from convtts.speak.cosyvoice.runtime import check_model_dir, constructor_kwargs
 
+pytestmark = pytest.mark.cosyvoice
+
 ROOT = Path(__file__).resolve().parents[1]
 RATIO = 4  # speech tokens per text token in the tiny model: short audio, fast tests
 SPEAKERS = ("英文女", "英文男", "中文女")

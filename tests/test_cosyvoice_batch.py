@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import run_short_of_memory, speak_with_two_refused
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine
-from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
+from convtts.speak.cosyvoice.engine.requests import Request
+from convtts.speak.cosyvoice.engine.runner import DecodeOptions
+from convtts.config import Config, CosyVoiceConfig, PrecisionConfig, SpeakerConfig, TTSConfig
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
+
+pytestmark = pytest.mark.cosyvoice
 
 RATIO = 4  # speech tokens per text token
 VOICES = ("英文女", "英文男")
@@ -28,8 +33,8 @@ TEXTS = [
 TOLERANCE = 2e-2
 
 
-def config(model_dir, batch_size: int) -> Config:
-    cosy = CosyVoiceConfig(model_dir=str(model_dir), batch_size=batch_size)
+def config(model_dir, batch_size: int, **cosyvoice) -> Config:
+    cosy = CosyVoiceConfig(model_dir=str(model_dir), batch_size=batch_size, **cosyvoice)
     return Config(speakers=SpeakerConfig(voices=VOICES, policy="single"), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
 
 
@@ -56,8 +61,11 @@ def items(texts=TEXTS, speaker="英文女"):
     return [(i, text, speaker, 1000 + i) for i, text in enumerate(texts)]
 
 
-def test_a_batch_of_one_is_the_unbatched_path_sample_for_sample(solo):
-    solo.engine = BatchEngine(solo.model, 1)
+@pytest.mark.parametrize("decode", ["static", "upstream"])
+def test_a_batch_of_one_is_the_unbatched_path_sample_for_sample(solo, decode):
+    """Either decode path, in fp32 with the exact sampler: upstream's samples, to the last bit."""
+    solo.engine = BatchEngine(solo.model, 1, options=DecodeOptions(decode=decode))
+    assert solo.engine.runner.static == (decode == "static")
     try:
         results = dict(solo.synthesize_many(items()))
     finally:
@@ -112,6 +120,81 @@ def test_batch_size_is_checked_up_front():
     from convtts.config import ConfigError, load_config
 
     assert load_config(None, ["tts.cosyvoice.batch_size=16"]).tts.cosyvoice.batch_size == 16
-    for bad in ("0", "257", "two"):
+    assert load_config(None, ["tts.cosyvoice.batch_size=0"]).tts.cosyvoice.batch_size == 0  # automatic
+    for bad in ("-1", "257", "two"):
         with pytest.raises(ConfigError, match="batch_size"):
             load_config(None, [f"tts.cosyvoice.batch_size={bad}"])
+
+
+def decode(backend, engine, texts=TEXTS) -> dict:
+    """Each text's request after the engine spoke them (its audio and the tokens each chunk decoded)."""
+    requests = [Request(i, backend._chunks(text, "英文女"), 1000 + i) for i, text in enumerate(texts)]
+    return {request.key: request for request in engine.speak(requests)}
+
+
+def test_the_static_decode_draws_the_tokens_of_the_padded_one(solo):
+    """Rows join and leave at different lengths: our step over slots, upstream's over a padded cache, same draws."""
+    padded = decode(solo, BatchEngine(solo.model, 4, options=DecodeOptions(decode="upstream")))
+    static = decode(solo, BatchEngine(solo.model, 4, options=DecodeOptions(decode="static", row_tokens=64)))
+    for i in range(len(TEXTS)):
+        assert static[i].error is None and static[i].tokens == padded[i].tokens
+        np.testing.assert_array_equal(np.concatenate(static[i].audio), np.concatenate(padded[i].audio))
+
+
+def test_gpu_sampling_draws_a_rows_tokens_whatever_rows_share_its_steps(solo):
+    """The GPU sampler's path (the step launched before the last one is read), run on the CPU: each
+    utterance draws the same tokens in four rows as alone, though not the exact sampler's tokens."""
+    gpu = DecodeOptions(sampler="gpu", row_tokens=64)
+    together = decode(solo, BatchEngine(solo.model, 4, options=gpu))
+    alone = decode(solo, BatchEngine(solo.model, 1, options=gpu))
+    exact = decode(solo, BatchEngine(solo.model, 4))
+    assert solo.engine is None and BatchEngine(solo.model, 4, options=gpu).gpu_sampling
+    for i, text in enumerate(TEXTS):
+        assert together[i].error is None and together[i].tokens == alone[i].tokens, text
+        assert [len(t) for t in together[i].tokens] == [len(t) for t in exact[i].tokens]  # as pinned
+        audio = np.concatenate(together[i].audio)
+        assert len(audio) == expected_samples(text_token_counts(solo.model.frontend, text), RATIO), text
+        assert np.abs(audio - np.concatenate(alone[i].audio)).max() < TOLERANCE, text
+    assert sum(a.tokens != b.tokens for a, b in zip(together.values(), exact.values())) >= len(TEXTS) - 1
+
+
+def test_graphs_asked_for_on_the_cpu_run_the_step_eagerly(solo, caplog):
+    """CUDA graphs cannot run here: the step they would capture runs as it is, with the same buffers."""
+    caplog.set_level("INFO")
+    graphed = BatchEngine(solo.model, 4, options=DecodeOptions(cuda_graphs=True, sampler="gpu"))
+    eager = BatchEngine(solo.model, 4, options=DecodeOptions(cuda_graphs=False, sampler="gpu"))
+    a, b = decode(solo, graphed), decode(solo, eager)
+    assert "CUDA graphs asked for on cpu" in caplog.text and not graphed.runner.graphs.graphs
+    assert all(a[i].tokens == b[i].tokens for i in range(len(TEXTS)))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_precision_llm_speaks_every_utterance(model_dir, precision):
+    """The LLM's weights cast (logits in fp32): every utterance at its pinned length; upstream's own path,
+    which cannot run cast weights, speaks through the engine instead."""
+    backend = CosyVoiceBackend(config(model_dir, 4, precision=PrecisionConfig(llm=precision)))
+    try:
+        assert backend.engine.casts_llm and backend.engine.llm.llm_decoder.weight.dtype == torch.float32
+        results = dict(backend.synthesize_many(items()))
+        for i, text in enumerate(TEXTS):
+            assert len(results[i]) == expected_samples(text_token_counts(backend.model.frontend, text), RATIO), text
+            assert np.isfinite(results[i]).all() and np.abs(results[i]).max() <= 1.0
+        alone = backend.synthesize(TEXTS[1], "英文女", 1001)
+        assert len(alone) == len(results[1])
+    finally:
+        backend.close()
+
+
+def test_decode_settings_are_checked_up_front():
+    from convtts.config import ConfigError, load_config
+
+    cosy = load_config(None, ["tts.cosyvoice.sampler=gpu", "tts.cosyvoice.compile=true", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
+    assert (cosy.decode, cosy.sampler, cosy.compile, cosy.cuda_graphs) == ("static", "gpu", True, False)
+    for bad, message in ((["tts.cosyvoice.decode=fast"], "decode must be one of"),
+                         (["tts.cosyvoice.sampler=tpu"], "sampler must be one of"),
+                         (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.sampler=gpu"], "sampler=gpu needs"),
+                         (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.compile=true"], "compile needs"),
+                         (["tts.cosyvoice.cuda_graphs=yes please"], "cuda_graphs must be true or false"),
+                         (["tts.cosyvoice.max_row_tokens=-5"], "max_row_tokens")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, bad)

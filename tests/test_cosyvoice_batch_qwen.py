@@ -16,10 +16,14 @@ from conftest import run_short_of_memory, speak_with_two_refused
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.qwen import QwenBatchEngine
+from convtts.speak.cosyvoice.engine.requests import Request
+from convtts.speak.cosyvoice.engine.runner import DecodeOptions
 from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import text_token_counts
 from convtts.testing.cosyvoice_qwen import expected_samples
+
+pytestmark = pytest.mark.cosyvoice
 
 RATIO = 3  # speech tokens per text token
 TOLERANCE = 1e-3  # of full scale, for rows that shared a flow pass (v1's padded flow needs 2e-2)
@@ -85,8 +89,10 @@ def test_v2_models_get_the_qwen_engine(batched):
     assert isinstance(batched.engine, QwenBatchEngine) and batched.batch_rows == 4
 
 
-def test_a_batch_of_one_is_the_unbatched_path_sample_for_sample(solo, alone):
-    solo.engine = QwenBatchEngine(solo.model, 1)
+@pytest.mark.parametrize("decode", ["static", "upstream"])
+def test_a_batch_of_one_is_the_unbatched_path_sample_for_sample(solo, alone, decode):
+    solo.engine = QwenBatchEngine(solo.model, 1, options=DecodeOptions(decode=decode))
+    assert solo.engine.runner.static == (decode == "static")
     try:
         results = dict(solo.synthesize_many(items()))
     finally:
@@ -137,3 +143,25 @@ def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, alone, monke
     for i in range(len(TEXTS)):
         assert np.abs(finished[i] - alone[i]).max() < TOLERANCE
     batched.engine.max_rows = 4
+
+
+def decode(backend, engine) -> dict:
+    requests = [Request(i, backend._chunks(text, "anna"), 1000 + i) for i, text in enumerate(TEXTS)]
+    return {request.key: request for request in engine.speak(requests)}
+
+
+def test_static_and_padded_decodes_draw_the_same_tokens(solo):
+    padded = decode(solo, QwenBatchEngine(solo.model, 4, options=DecodeOptions(decode="upstream")))
+    static = decode(solo, QwenBatchEngine(solo.model, 4, options=DecodeOptions(decode="static", row_tokens=64)))
+    for i in range(len(TEXTS)):
+        assert static[i].error is None and static[i].tokens == padded[i].tokens
+
+
+def test_gpu_sampling_draws_a_rows_tokens_whatever_rows_share_its_steps(solo, alone):
+    gpu = DecodeOptions(sampler="gpu")
+    together = decode(solo, QwenBatchEngine(solo.model, 4, options=gpu))
+    apart = decode(solo, QwenBatchEngine(solo.model, 1, options=gpu))
+    for i, text in enumerate(TEXTS):
+        assert together[i].error is None and together[i].tokens == apart[i].tokens, text
+        assert len(np.concatenate(together[i].audio)) == len(alone[i]), text  # the pinned length
+        assert np.abs(np.concatenate(together[i].audio) - np.concatenate(apart[i].audio)).max() < TOLERANCE, text

@@ -12,6 +12,8 @@ from convtts.config import load_config
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
+pytestmark = [pytest.mark.cosyvoice, pytest.mark.e2e]
+
 RATIO = 3  # speech tokens per text token: short audio keeps the test fast
 VOICES = ("英文女", "英文男")
 
@@ -27,6 +29,7 @@ def cosyvoice_args(model_dir, *extra):
             "--set", "shards.segments_per_shard=6", *extra)
 
 
+@pytest.mark.slow
 def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
     source = write_input(tmp_path / "in.json", llava_conversations(2))
     out, log = tmp_path / "out", tmp_path / "log"
@@ -61,6 +64,7 @@ def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
         assert np.array_equal(audio, as_written(backend.synthesize(row["text"], row["speaker"], row["seed"]))), row["id"]
 
 
+@pytest.mark.slow
 def test_run_all_speaks_batched(tmp_path, model_dir):
     """The batched engine through the whole pipeline: rows share decode steps, rebuilds fall between batches."""
     source = write_input(tmp_path / "in.json", llava_conversations(2))
@@ -86,6 +90,7 @@ def test_run_all_speaks_batched(tmp_path, model_dir):
         assert np.abs(audio.astype(int) - solo.astype(int)).max() <= 650, row["id"]  # 0.02 of full scale
 
 
+@pytest.mark.slow
 def test_a_broken_batch_is_spoken_one_at_a_time(tmp_path, model_dir):
     source = write_input(tmp_path / "in.json", llava_conversations(1))
     out, log = tmp_path / "out", tmp_path / "log"
@@ -116,3 +121,24 @@ def test_unknown_speaker_and_missing_model_stop_before_any_work(tmp_path, model_
     missing = run_all("--input", source, "--output-dir", tmp_path / "b", *cosyvoice_args(tmp_path / "no-such-model"))
     assert missing.returncode == 2 and "no-such-model" in missing.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_run_all_with_automatic_rows_and_the_fast_decode(tmp_path, model_dir):
+    """batch_size 0: the slot picks the rows (8 on a CPU) and hands them to its workers; tokens drawn by the
+    GPU sampler's rule (run here on the CPU), the LLM in bf16: every segment at its pinned length."""
+    source = write_input(tmp_path / "in.json", llava_conversations(1))
+    out, log = tmp_path / "out", tmp_path / "log"
+    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *cosyvoice_args(
+        model_dir, "--set", "tts.cosyvoice.batch_size=0", "--set", "tts.cosyvoice.sampler=gpu",
+        "--set", "tts.cosyvoice.precision.llm=bf16", "--workers", "1"))
+    assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
+    rows = assert_complete(out)
+    slot_log = "".join(p.read_text() for p in log.rglob("slot-*.log"))
+    assert "rows: 8 per worker (automatic, CPU)" in slot_log and "of 8 rows each" in slot_log
+
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+
+    config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.batch_size=1"])
+    frontend = CosyVoiceBackend(config).model.frontend
+    for row in rows:
+        assert row["num_samples"] == expected_samples(text_token_counts(frontend, row["text"]), RATIO), row["id"]

@@ -20,6 +20,8 @@ from conftest import COSYVOICE_CHECKOUT as CHECKOUT
 from conftest import REPO, assert_complete, run_all, script_env, write_input
 from convtts.testing.cosyvoice_qwen import SAMPLE_RATE, expected_samples
 
+pytestmark = pytest.mark.cosyvoice
+
 RATIO = 3  # speech tokens per text token: short audio keeps the test fast
 NO_CHECKOUT = ("needs a checkout of the official CosyVoice repository (with third_party/Matcha-TTS): "
                "COSYVOICE_ROOT=/path/to/CosyVoice make test")
@@ -83,6 +85,8 @@ def overrides(model, prompts, version: int) -> list[str]:
               for name in ("anna", "ben"))]
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("version, runtime, batch", [(2, "installed", 1), (2, "checkout", 1), (3, "checkout", 1), (3, "checkout", 2)],
                          ids=["v2-installed", "v2-checkout", "v3-checkout", "v3-checkout-batched"])
 def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, runtime, batch):
@@ -118,7 +122,8 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
 
     # Spoken again in a fresh process by upstream's own path (inference_zero_shot), by a model
     # never rebuilt: same seed, same audio (batched: the same tokens, and the flow within float
-    # rounding of the solo rendering); lengths as pinned (RATIO speech tokens per text token, 960 samples per speech token).
+    # rounding of the solo rendering); lengths as pinned (RATIO speech tokens per text token, 960
+    # samples per speech token).
     probe = tmp_path / "probe"
     probe.mkdir()
     (tmp_path / "settings.json").write_text(json.dumps({"config": str(config), "overrides": settings}))

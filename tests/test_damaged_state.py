@@ -14,6 +14,8 @@ import pytest
 
 from conftest import assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
 
+pytestmark = pytest.mark.e2e
+
 ARGS = ("--gpus", "cpu:1", "--workers", "1", "--count", "2", "--set", "shards.segments_per_shard=5",
         "--set", "tts.backend=paced_backend:PacedTone")
 ENV = {"CONVTTS_TEST_UTTERANCE_SECONDS": "0.01"}  # tones of the text's length, made at once

@@ -72,6 +72,7 @@ def temporaries(out: Path) -> list[str]:
     return sorted(str(p.relative_to(out)) for p in out.rglob(".*") if ".tmp" in p.name or p.name.startswith(".plan-"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("workers", [1, 2])  # with 2, the slot also stops a worker that may be mid-write
 def test_full_disk_stops_the_run_cleanly_and_the_same_command_finishes(tmp_path, small_input, small_disk, workers):
     out, log, filler = small_disk / "out", tmp_path / "log", small_disk / "filler"
@@ -103,6 +104,7 @@ def test_full_disk_stops_the_run_cleanly_and_the_same_command_finishes(tmp_path,
     assert temporaries(out) == []
 
 
+@pytest.mark.e2e
 def test_merge_and_plan_on_a_full_disk_keep_the_previous_results(tmp_path, small_input, small_disk):
     out, log, filler = small_disk / "out", tmp_path / "log", small_disk / "filler"
     done = run_all("--input", small_input, "--output-dir", out, "--log-dir", log, *RUN_ARGS, env=script_env(**ENV))

@@ -23,7 +23,12 @@ import orjson
 import pytest
 import soundfile as sf
 
-from conftest import REPO, assert_complete, llava_conversations, read_jsonl, run_all, script_env, sharegpt_conversations, write_input
+from conftest import (
+    REPO, assert_complete, llava_conversations, need, read_jsonl, run_all, script_env, sharegpt_conversations,
+    write_input,
+)
+
+pytestmark = pytest.mark.e2e
 
 ODD_IDS = {"translate.v2", "conv 7", "chat:2024-05-01 #3", "dup-case", None}
 EXPORTED = ("id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker", "text",
@@ -65,12 +70,10 @@ def samples(path: Path | bytes) -> np.ndarray:
 
 
 def test_hugging_face_parquet_loads_with_datasets(spoken):
-    import datasets
-
+    datasets = need("datasets", "export-test")
+    pq = need("pyarrow.parquet", "export")
     out, rows = spoken
     dest = exported(out, "hf", "--shard-rows", 6)
-    import pyarrow.parquet as pq
-
     parts = sorted((dest / "data").glob("train-*.parquet"))
     state = orjson.loads((dest / ".export-state.json").read_bytes())
     assert state["finished"] and {f"data/{p.name}" for p in parts} == {f for u in state["units"].values() for f in u["files"]}
@@ -91,7 +94,7 @@ def test_hugging_face_parquet_loads_with_datasets(spoken):
 
 
 def test_lhotse_manifests_load_and_cuts_load_audio(spoken):
-    import lhotse
+    lhotse = need("lhotse", "export-test")
 
     out, rows = spoken
     dest = exported(out, "lhotse", "--shard-rows", 6)
@@ -117,7 +120,7 @@ def test_lhotse_manifests_load_and_cuts_load_audio(spoken):
 
 
 def test_webdataset_tars_read_back_one_sample_per_row(spoken):
-    import webdataset as wds
+    wds = need("webdataset", "export-test")
 
     out, rows = spoken
     dest = exported(out, "webdataset", "--shard-rows", 6)
@@ -149,6 +152,7 @@ print(json.dumps(list(module.item_iter(sys.argv[1]))))
 
 
 def test_nemo_manifest_reads_with_nemos_reader(spoken):
+    need("nemo", "export-test")  # installed --no-deps by make test: see pyproject.toml
     out, rows = spoken
     dest = exported(out, "nemo", "--shard-rows", 6)
     result = subprocess.run([sys.executable, "-c", NEMO_READ, str(dest / "manifest.json")], capture_output=True,
@@ -214,6 +218,7 @@ def paced_flac(tmp_path_factory) -> tuple[Path, list[dict]]:
 
 
 def test_killed_export_finishes_on_rerun_with_the_same_result(paced_flac, tmp_path):
+    pq = need("pyarrow.parquet", "export")
     out, rows = paced_flac
     dest = tmp_path / "killed"
     args = [sys.executable, str(REPO / "export.py"), str(out), "--format", "hf", "--shard-rows", "3", "--dest", str(dest)]
@@ -235,8 +240,6 @@ def test_killed_export_finishes_on_rerun_with_the_same_result(paced_flac, tmp_pa
     assert clean.returncode == 0
     names = sorted(p.name for p in (dest / "data").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "clean" / "data").iterdir())
-    import pyarrow.parquet as pq
-
     for name in names:
         assert pq.read_table(dest / "data" / name).equals(pq.read_table(tmp_path / "clean" / "data" / name)), name
     table = pq.read_table(dest / "data", columns=["id", "audio"])
@@ -247,7 +250,7 @@ def test_killed_export_finishes_on_rerun_with_the_same_result(paced_flac, tmp_pa
 
 
 def test_webdataset_keeps_flac_members(paced_flac, tmp_path):
-    import webdataset as wds
+    wds = need("webdataset", "export-test")
 
     out, rows = paced_flac
     dest = exported(out, "webdataset", "--dest", tmp_path / "wds")

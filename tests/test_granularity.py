@@ -1,4 +1,5 @@
-"""Work comes in pieces of shards: a one-shard job keeps every worker busy to the end, and a kill mid-piece loses nothing.
+"""Work comes in pieces of shards: a one-shard job keeps every worker busy to the end, and a kill
+mid-piece loses nothing.
 
 The voice here is tests/paced_backend.py: a fixed wait per utterance and a real tone, so four
 workers can overlap on a 2-core machine the way GPU workers do (Piper would need a core each).
@@ -15,11 +16,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import REPO, assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
-from test_resume import read_jsonl_tolerant, wait_for
+from conftest import (
+    REPO, assert_complete, llava_conversations, read_jsonl, read_jsonl_tolerant, run_all, script_env, wait_for,
+    write_input,
+)
 
 PACED = ("--set", "tts.backend=paced_backend:PacedTone", "--set", "shards.segments_per_shard=200")
 UTTERANCE_SECONDS = 0.3
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +104,13 @@ def test_sigkill_slot_mid_piece_then_rerun_with_other_worker_count(tmp_path, hun
         env=script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
     )
-    manifests = lambda: list((out / "work").glob("shard-00000.w*.manifest.jsonl"))  # noqa: E731
-    spoken = lambda: [r for p in manifests() for r in read_jsonl_tolerant(p)]  # noqa: E731
+
+    def manifests() -> list[Path]:
+        return list((out / "work").glob("shard-00000.w*.manifest.jsonl"))
+
+    def spoken() -> list[dict]:
+        return [r for p in manifests() for r in read_jsonl_tolerant(p)]
+
     wait_for(lambda: (out / "work").is_dir() and len(manifests()) == 4 and len(spoken()) >= 30)
     os.kill(slot_pid(run.pid), signal.SIGKILL)
     _, stderr = run.communicate(timeout=120)

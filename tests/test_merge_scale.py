@@ -6,9 +6,12 @@ import subprocess
 import sys
 
 import orjson
+import pytest
 
 from conftest import llava_conversations, read_jsonl, run_all, script_env, write_input
 from convtts.state.layout import Layout, WorkListing
+
+pytestmark = pytest.mark.e2e
 
 
 def silence_run(tmp_path):

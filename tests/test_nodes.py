@@ -8,8 +8,13 @@ import signal
 import subprocess
 from pathlib import Path
 
-from conftest import REPO, assert_complete, llava_conversations, run_all, script_env, write_input
-from test_resume import read_jsonl_tolerant, wait_for
+import pytest
+
+from conftest import (
+    REPO, assert_complete, llava_conversations, read_jsonl_tolerant, run_all, script_env, wait_for, write_input,
+)
+
+pytestmark = pytest.mark.e2e
 
 ARGS = ("--gpus", "cpu:1", "--workers", "1", "--set", "shards.segments_per_shard=5")
 
@@ -41,7 +46,7 @@ def test_two_nodes_at_once_share_the_shards_plan_once_and_merge_everything(tmp_p
     finally:
         for node in nodes:
             node.kill()
-    for node, (stdout, stderr) in zip(nodes, results):
+    for node, (_, stderr) in zip(nodes, results):
         assert node.returncode == 0, stderr.decode()
     rows = assert_complete(out)  # every id once: the last node's merge holds both nodes' work
     planned = [p.read_text() for p in log.rglob("preprocess.log")]

@@ -12,18 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_complete, run_all, script_env
-from test_resume import spoken_so_far, wait_for, worker_pids
+from conftest import (
+    REPO, alive, assert_complete, llava_conversations, mps_requests, run_all, script_env, spoken_so_far, wait_for,
+    worker_pids, write_fake_mps, write_input,
+)
 
-FAKE_MPS = """#!/bin/sh
-# Records each request: -d starts the daemon; other requests come on stdin (get_server_list, quit).
-if [ "$1" = "-d" ]; then
-  echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "$MPS_TEST_LOG"
-  exit "${MPS_TEST_START_EXIT:-0}"
-fi
-read request
-echo "$request" >> "$MPS_TEST_LOG"
-"""
+pytestmark = pytest.mark.e2e
 
 
 # Lists the GPUs of MPS_TEST_GPUS (default one, index 0) as `nvidia-smi --query-gpu=index` does;
@@ -36,23 +30,20 @@ esac
 """
 
 
-def fake_tools(tmp_path, **tools: str) -> dict:
-    """An environment whose PATH starts with stand-ins for these tools (name: script)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    for name, script in tools.items():
-        (bin_dir / name).write_text(script)
-        (bin_dir / name).chmod(0o755)
-    env = script_env()
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    return env
+def with_fake_smi(bin_dir: Path, env: dict) -> dict:
+    """`env` with bin_dir first on PATH, holding the stand-in nvidia-smi."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return dict(env, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
 
 
 @pytest.fixture
 def mps_env(tmp_path):
+    bin_dir = tmp_path / "bin"
+    write_fake_mps(bin_dir)
     record = tmp_path / "mps.log"
-    env = fake_tools(tmp_path, **{"nvidia-cuda-mps-control": FAKE_MPS, "nvidia-smi": FAKE_SMI})
-    env["MPS_TEST_LOG"] = str(record)
+    env = with_fake_smi(bin_dir, script_env(MPS_TEST_LOG=record))  # run_all.sh checks --gpus 0 against it
     return env, record
 
 
@@ -60,7 +51,7 @@ def test_gpus_the_machine_lacks_exit_2_before_anything_is_written(tmp_path, smal
     out = tmp_path / "out"
     none = run_all("--input", small_input, "--output-dir", out, "--gpus", "3")  # this machine: no nvidia-smi
     assert none.returncode == 2 and "--gpus 3: this machine has no nvidia-smi" in none.stderr, none.stderr
-    two = dict(fake_tools(tmp_path, **{"nvidia-smi": FAKE_SMI}), MPS_TEST_GPUS="0 1")
+    two = dict(with_fake_smi(tmp_path / "bin", script_env()), MPS_TEST_GPUS="0 1")
     missing = run_all("--input", small_input, "--output-dir", out, "--gpus", "0,3", env=two)
     assert missing.returncode == 2, missing.stderr
     assert "--gpus 0,3: this machine has no GPU 3; nvidia-smi lists 0,1" in missing.stderr
@@ -69,17 +60,13 @@ def test_gpus_the_machine_lacks_exit_2_before_anything_is_written(tmp_path, smal
     assert not out.exists()
 
 
-def requests(record: Path) -> list[str]:
-    return [line.split()[0] for line in record.read_text().splitlines()] if record.exists() else []
-
-
 def test_mps_starts_before_the_slots_and_stops_after_success(tmp_path, small_input, mps_env):
     env, record = mps_env
     log = tmp_path / "log"
     result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "2",
                      "--log-dir", log, env=env)
     assert result.returncode == 0, result.stderr
-    assert requests(record) == ["start", "get_server_list", "quit"]
+    assert mps_requests(record) == ["start", "get_server_list", "quit"]
     start = record.read_text().splitlines()[0]
     run_dir = next(log.rglob("slot-0.log")).parent
     assert f"log={run_dir}/mps/log" in start  # private folders under the run's log folder
@@ -88,8 +75,6 @@ def test_mps_starts_before_the_slots_and_stops_after_success(tmp_path, small_inp
 
 def test_mps_stops_after_failures_and_is_skipped_when_off(tmp_path, mps_env):
     env, record = mps_env
-    from conftest import llava_conversations, write_input
-
     records = llava_conversations(1)
     records[0]["conversations"][1]["value"] = "The zebra is grazing. " + records[0]["conversations"][1]["value"]
     source = write_input(tmp_path / "in.json", records)
@@ -97,12 +82,12 @@ def test_mps_stops_after_failures_and_is_skipped_when_off(tmp_path, mps_env):
     result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "1",
                      "--set", "tts.backend=flaky_backend:FlakyPiper", "--set", "workers.max_attempts=1", env=failing)
     assert result.returncode == 1, result.stderr
-    assert requests(record) == ["start", "get_server_list", "quit"]
+    assert mps_requests(record) == ["start", "get_server_list", "quit"]
 
     record.unlink()
     off = run_all("--input", source, "--output-dir", tmp_path / "out2", "--gpus", "0", "--mps", "off", env=env)
     assert off.returncode == 0, off.stderr
-    assert requests(record) == []
+    assert mps_requests(record) == []
 
 
 def test_mps_that_cannot_start_is_reported_and_the_run_goes_on(tmp_path, small_input, mps_env):
@@ -111,7 +96,7 @@ def test_mps_that_cannot_start_is_reported_and_the_run_goes_on(tmp_path, small_i
     result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "2", env=env)
     assert result.returncode == 0, result.stderr
     assert "running without MPS" in result.stderr
-    assert requests(record) == ["start"]  # nothing to stop: it never ran
+    assert mps_requests(record) == ["start"]  # nothing to stop: it never ran
 
 
 def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, small_input, mps_env):
@@ -133,9 +118,9 @@ def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, smal
         _, stderr = run.communicate(timeout=60)
         assert run.returncode == 143, stderr.decode()
         assert "TERM received" in stderr.decode()
-        wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=30)
+        wait_for(lambda: not any(alive(pid) for pid in workers), timeout=30)
         assert bystander.poll() is None, "run_all.sh killed a process it did not start"
-        assert requests(record) == ["start", "get_server_list", "quit"]
+        assert mps_requests(record) == ["start", "get_server_list", "quit"]
     finally:
         bystander.kill()
         run.kill()
@@ -145,13 +130,3 @@ def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, smal
     assert again.returncode == 0, again.stderr
     assert_complete(out)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

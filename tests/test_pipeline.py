@@ -4,12 +4,16 @@ from __future__ import annotations
 import fcntl
 
 import orjson
+import pytest
 
 from conftest import assert_complete, llava_conversations, plan_ids, read_jsonl, run_all, script_env, write_input
+
+pytestmark = pytest.mark.e2e
 
 SMALL_SHARDS = "shards.segments_per_shard=8"
 
 
+@pytest.mark.slow
 def test_end_to_end_two_cpu_slots(tmp_path, small_input):
     out = tmp_path / "out"
     result = run_all("--input", small_input, "--output-dir", out, "--gpus", "cpu:2", "--set", SMALL_SHARDS,

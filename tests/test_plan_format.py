@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from conftest import assert_complete, llava_conversations, read_jsonl, run_all, write_input
 from convtts.config import load_config
@@ -49,6 +50,7 @@ def as_version_1(out, source):
     return turns
 
 
+@pytest.mark.e2e
 def test_an_output_of_plan_version_1_finishes_without_redoing_spoken_work(tmp_path):
     source = write_input(tmp_path / "in.json", llava_conversations(3))
     out = tmp_path / "out"

@@ -10,6 +10,7 @@ import sys
 import time
 
 import orjson
+import pytest
 
 from conftest import REPO, run_all, script_env
 
@@ -49,6 +50,7 @@ def test_monitor_draws_a_bar_per_slot_on_a_terminal_without_a_size(tmp_path):
     assert "4.00 audio s/s" in screen  # the finished slot: 40 s of audio over its 10 s, frozen at its end
 
 
+@pytest.mark.e2e
 def test_under_cron_progress_is_plain_lines_in_the_slot_log_and_stdout_is_the_summary(tmp_path, small_input):
     log = tmp_path / "log"
     result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--workers", "2",
@@ -61,6 +63,7 @@ def test_under_cron_progress_is_plain_lines_in_the_slot_log_and_stdout_is_the_su
     assert "\r" not in result.stdout + result.stderr and result.stderr == ""
 
 
+@pytest.mark.e2e
 def test_progress_counts_planned_audio_and_says_while_workers_load(tmp_path, small_input):
     """The share done and the time left come from the plan's words (estimated audio), not from
     utterance counts; while workers load their model the line says so and gives no estimate."""

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import pytest
 
-from conftest import assert_complete, read_jsonl, run_all, script_env, write_input
+from conftest import assert_complete, need, read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import (
     QualityFailure, english_lexicon, looks_english, open_gate, spoken_words, take_seed, word_error_rate,
@@ -73,6 +73,7 @@ def test_only_english_segments_get_the_asr_check(text, english):
     "What trick is the skateboarder performing?",  # one word the dictionary lacks
 ])
 def test_the_recognisers_dictionary_knows_plain_english(text):
+    need("pocketsphinx", "validate")
     assert looks_english(text, english_lexicon())
     for other in ("Il était une fois un petit chat qui aimait le lait.", "Der Hund spielt im Garten mit dem Ball."):
         assert not looks_english(other, english_lexicon())
@@ -99,6 +100,8 @@ def test_take_seeds_differ_per_take_and_repeat_per_id():
 def voice_and_gate():
     from convtts.speak.piper import PiperBackend
 
+    need("pocketsphinx", "validate")
+    need("soxr", "validate")
     config = load_config(None, ["validate.enabled=true"])
     return PiperBackend(config), open_gate(config.validate)
 
@@ -161,7 +164,7 @@ def test_asr_share_samples_ids_deterministically(voice_and_gate):
     ("validate.recogniser=kaldi", "validate.recogniser must be one of"),
     ("validate.recogniser=whisper", "validate.model_path is required"),
     ("validate.recogniser=faster-whisper", "validate.model_path is required"),
-    ("validate.model_path=/x.pt", "only for whisper"),
+    ("validate.model_path=/x.pt", "only for the Whisper recognisers"),
     ("validate.max_respeak=2", "did you mean 'max_respeaks'"),
 ])
 def test_validate_config_is_checked_up_front(override, message):
@@ -182,12 +185,15 @@ def test_whisper_weights_must_exist_locally(tmp_path):
 # -- whole runs -----------------------------------------------------------------------------------
 
 def gated_run(tmp_path, backend: str, bad: str, *extra) -> tuple[subprocess.CompletedProcess, tuple]:
+    need("pocketsphinx", "validate")  # the workers' recogniser
+    need("soxr", "validate")
     source = write_input(tmp_path / "in.json", short_conversations())
     args = ("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--workers", "1",
             "--set", f"tts.backend={backend}", *GATE, *extra)
     return run_all(*args, env=script_env(CONVTTS_TEST_BAD=bad)), args
 
 
+@pytest.mark.e2e
 def test_gate_respeaks_bad_takes_and_records_the_hopeless_one(tmp_path):
     bad = "street-000-00=silence:1,street-001-00=other:2,garage-000-00=other:all"
     first, args = gated_run(tmp_path, "bad_audio_backend:BadAudioPiper", bad)
@@ -227,8 +233,7 @@ def test_gate_respeaks_bad_takes_and_records_the_hopeless_one(tmp_path):
 
 def check_report(out):
     """python -m convtts.results.report writes a page with a real PNG holding the three figures."""
-    from matplotlib import image
-
+    image = need("matplotlib.image", "validate")
     result = subprocess.run([sys.executable, "-m", "convtts.results.report", str(out)], env=script_env(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -239,6 +244,7 @@ def check_report(out):
     assert "garage-000-00" in page and "wer 0." in page
 
 
+@pytest.mark.e2e
 def test_gate_works_on_the_batched_path(tmp_path):
     bad = "street-001-00=silence:1,garage-000-00=other:all"
     first, _ = gated_run(tmp_path, "bad_audio_backend:BatchedBadAudioPiper", bad, "--set", "validate.max_respeaks=1")
@@ -251,6 +257,7 @@ def test_gate_works_on_the_batched_path(tmp_path):
     assert [(f["id"], f["check"], f["respeaks"]) for f in failed] == [("garage-000-00", "wer", 1)]
 
 
+@pytest.mark.e2e
 def test_missing_recogniser_package_is_a_config_error(tmp_path):
     """validate on with a recogniser that is not installed: exit 2 before anything is spoken."""
     assert not _installed("faster_whisper"), "this test needs an environment without faster-whisper"
@@ -272,13 +279,13 @@ def test_whisper_recogniser_loads_a_local_checkpoint(tmp_path):
     can be had here): the file loads, 16 kHz audio goes in, a transcript comes out and is scored.
     What it hears is noise, so this proves the plumbing, not Whisper's accuracy."""
     import torch
-    from whisper.model import ModelDimensions, Whisper
 
-    dims = ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
-                           n_vocab=51865, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=1)
+    whisper = need("whisper.model", "cosyvoice")  # openai-whisper
+    dims = whisper.ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
+                                   n_vocab=51865, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=1)
     torch.manual_seed(0)
     checkpoint = tmp_path / "whisper-random.pt"
-    torch.save({"dims": dataclasses.asdict(dims), "model_state_dict": Whisper(dims).state_dict()}, checkpoint)
+    torch.save({"dims": dataclasses.asdict(dims), "model_state_dict": whisper.Whisper(dims).state_dict()}, checkpoint)
     config = load_config(None, ["validate.enabled=true", "validate.recogniser=whisper", f"validate.model_path={checkpoint}"])
     gate = open_gate(config.validate)
     text = "There are three bicycles hanging on the wall."
@@ -293,6 +300,7 @@ def test_report_names_speakers_the_chart_font_cannot_draw(tmp_path):
     no missing-glyph warning) and the page's table gives the real names beside those labels."""
     import warnings
 
+    need("matplotlib", "validate")
     from convtts.state.layout import Layout
     from convtts.results.report import chart_labels, figures_png, page
 

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-from ray.cluster_utils import Cluster
 
-from conftest import REPO, assert_complete, llava_conversations, run_all, script_env, write_input
-from test_orchestrator import FAKE_MPS, _alive, requests
-from test_resume import read_jsonl_tolerant, wait_for
+from conftest import (
+    REPO, alive, assert_complete, llava_conversations, mps_requests, need, read_jsonl_tolerant, run_all, script_env,
+    wait_for, write_fake_mps, write_input,
+)
+
+Cluster = need("ray.cluster_utils", "ray").Cluster
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
 SLOT = "convtts_slot"  # the custom resource standing in for a GPU: one slot per unit
 SMALL = {"num_cpus": 1, "object_store_memory": 80 * 2**20}  # two cores on this machine, shared
@@ -102,7 +105,7 @@ def test_a_node_killed_mid_run_has_its_shards_redone_by_the_others(tmp_path, clu
     slot_logs = "\n".join(p.read_text() for p in log.rglob("slot-?.log"))
     assert re.search(r"piece \d+ of shard-\d+ \(a lost slot's\): \d+ already spoken, \d+ to speak", slot_logs), slot_logs
     lost_pid = [pid for node, pid, _ in slots_started(text).values() if victim.node_id.startswith(node)]
-    wait_for(lambda: not _alive(lost_pid[0]), timeout=30)  # the lost slot's process did not outlive its node
+    wait_for(lambda: not alive(lost_pid[0]), timeout=30)  # the lost slot's process did not outlive its node
     # Nothing was spoken twice, but for at most the one utterance the lost slot's worker had in flight.
     spoken = Counter(r["id"] for file_rows in writer_rows(out).values() for r in file_rows)
     assert sum(spoken.values()) - len(rows) <= 1, [uid for uid, n in spoken.items() if n > 1]
@@ -150,7 +153,7 @@ def test_driver_killed_then_rerun_completes_and_a_second_driver_is_refused(tmp_p
         run.kill()
     slot_pids = [pid for _, pid, _ in slots_started(driver_log(log)).values()]
     assert slot_pids
-    wait_for(lambda: not any(_alive(pid) for pid in slot_pids), timeout=60)  # Ray ends a dead driver's slots
+    wait_for(lambda: not any(alive(pid) for pid in slot_pids), timeout=60)  # Ray ends a dead driver's slots
     before = {r["id"]: r for rows in writer_rows(out).values() for r in rows}
     assert 4 <= len(before)
 
@@ -166,9 +169,7 @@ def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, mo
     device, and each node's slots share one MPS daemon, started and stopped once (a stand-in
     nvidia-cuda-mps-control on PATH records the requests)."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nvidia-cuda-mps-control").write_text(FAKE_MPS)
-    (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
+    write_fake_mps(bin_dir)
     record = tmp_path / "mps.log"
     monkeypatch.setenv("MPS_TEST_LOG", str(record))
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -184,7 +185,7 @@ def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, mo
     by_node = {n.node_id[:8]: sorted(gpu for node, _, gpu in started.values() if n.node_id.startswith(node))
                for n in (two, one)}
     assert by_node == {two.node_id[:8]: ["0", "1"], one.node_id[:8]: ["0"]}, text
-    assert sorted(requests(record)) == sorted(["start", "get_server_list", "quit"] * 2)
+    assert sorted(mps_requests(record)) == sorted(["start", "get_server_list", "quit"] * 2)
     pipes = [line.split()[1] for line in record.read_text().splitlines() if line.startswith("start")]
     assert len(set(pipes)) == 2  # a private daemon per node
     assert len(list(log.rglob("slot-?.log"))) == 3

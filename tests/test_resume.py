@@ -4,12 +4,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_complete, read_jsonl, run_all, script_env
+from conftest import REPO, assert_complete, read_jsonl, run_all, script_env, spoken_so_far, wait_for, worker_pids
+
+pytestmark = pytest.mark.e2e
 
 ARGS = ("--gpus", "cpu:2", "--set", "shards.segments_per_shard=8")
 
@@ -20,50 +21,6 @@ def start_run(source: Path, out: Path, log: Path) -> subprocess.Popen:
         env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, so the test can kill the whole run at once
     )
-
-
-def spoken_so_far(out: Path) -> list[dict]:
-    rows = []
-    for path in (out / "work").glob("shard-*.manifest.jsonl"):
-        rows += [r for r in read_jsonl_tolerant(path)]
-    return rows
-
-
-def read_jsonl_tolerant(path: Path) -> list[dict]:
-    import orjson
-
-    rows = []
-    for line in path.read_bytes().split(b"\n"):
-        try:
-            rows.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            pass
-    return rows
-
-
-def wait_for(predicate, timeout: float = 180.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("timed out waiting")
-
-
-def worker_pids(group: int) -> list[int]:
-    """Spawned workers in this process group: processes started by multiprocessing's spawn."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            same_group = os.getpgid(int(proc.name)) == group
-        except (OSError, ProcessLookupError):
-            continue
-        if same_group and b"multiprocessing.spawn" in cmdline:
-            pids.append(int(proc.name))
-    return pids
 
 
 @pytest.mark.parametrize("rerun_slots", ["cpu:2", "cpu:1"], ids=["same-slots", "fewer-slots"])

@@ -7,6 +7,8 @@ import soundfile as sf
 
 from conftest import assert_complete, run_all
 
+pytestmark = pytest.mark.e2e
+
 SILENCE = ("--set", "tts.backend=silence", "--set", "shards.segments_per_shard=8")
 
 

@@ -5,20 +5,26 @@ repository's LLaVA-style sample with two CPU slots of two workers and the defaul
 """
 from __future__ import annotations
 
+import importlib
 import signal
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, llava_conversations, run_all, script_env, write_input
 from convtts.state.verify import check_complete, temporary_files
 
-sys.path.insert(0, str(REPO / "bench"))
-from soak import SoakOptions, soak, summary_lines  # noqa: E402 - bench/ is not a package
+sys.path.insert(0, str(REPO / "bench"))  # bench/ holds scripts, not a package
+bench = importlib.import_module("soak")
+
+pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.slow
 def test_eight_random_kills_then_a_rerun_leave_every_utterance_once(tmp_path):
-    figures = soak(SoakOptions(kills=8, seed=7, window=(2.0, 6.0), segments_per_kill=8, work_dir=tmp_path))
-    print("\n".join(summary_lines(figures)))  # shown when the test fails
+    figures = bench.soak(bench.SoakOptions(kills=8, seed=7, window=(2.0, 6.0), segments_per_kill=8, work_dir=tmp_path))
+    print("\n".join(bench.summary_lines(figures)))  # shown when the test fails
 
     assert figures["problems"] == []
     assert not figures["finished_before_all_kills"], "the input ran out before the kills: the soak proved less"
@@ -31,6 +37,7 @@ def test_eight_random_kills_then_a_rerun_leave_every_utterance_once(tmp_path):
     assert figures["restarts"] >= kills["run"]
 
 
+@pytest.mark.slow  # up to fifty merges started and killed
 def test_a_merge_killed_before_its_renames_leaves_nothing_behind_after_the_rerun(tmp_path):
     """Found by the soak: a SIGKILL during the merge left .manifest.jsonl.tmpPID (and two more) for good."""
     source, out = write_input(tmp_path / "in.json", llava_conversations(1)), tmp_path / "out"

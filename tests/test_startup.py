@@ -12,10 +12,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import REPO, assert_complete, llava_conversations, run_all, script_env, write_input
-from test_resume import wait_for, worker_pids
+from conftest import REPO, assert_complete, llava_conversations, run_all, script_env, wait_for, worker_pids, write_input
 
 PACED = ("--set", "tts.backend=paced_backend:PacedTone", "--gpus", "cpu:1")
+
+pytestmark = pytest.mark.e2e
 
 
 def status(out: Path, rank: int = 0) -> dict:
@@ -88,6 +89,7 @@ def tiny_model(tmp_path_factory):
     return build_model_dir(tmp_path_factory.mktemp("cv") / "tiny", "tiny", ("英文女", "英文男"), tokens_per_text_token=3)
 
 
+@pytest.mark.cosyvoice
 def test_every_worker_holds_the_same_weights_as_the_files(tmp_path, tiny_model):
     """Two CosyVoice workers, rebuilt every 3 utterances: each of their loads (mapped checkpoints,
     zero fills before the weights are copied in) holds what the model's files hold."""

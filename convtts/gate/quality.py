@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convtts.config import ConfigError, ValidateConfig
+from convtts.gate.recognisers import check_recogniser_installed, load_recogniser
 
 log = logging.getLogger(__name__)
 
@@ -147,74 +148,27 @@ def to_asr_rate(audio: np.ndarray, rate: int) -> np.ndarray:
     return audio if rate == ASR_RATE else soxr.resample(audio, rate, ASR_RATE).astype(np.float32, copy=False)
 
 
-# -- recognisers ----------------------------------------------------------------------------------
-
-class PocketSphinx:
-    """CMU PocketSphinx with the US English model its wheel ships."""
-
-    def __init__(self, cfg: ValidateConfig):
-        from pocketsphinx import Decoder
-
-        self.decoder = Decoder(loglevel="FATAL")
-
-    def transcribe(self, audio16k: np.ndarray) -> str:
-        pcm = (np.clip(audio16k, -1.0, 1.0) * 32767).astype("<i2")
-        self.decoder.start_utt()
-        self.decoder.process_raw(pcm.tobytes(), full_utt=True)
-        self.decoder.end_utt()
-        hyp = self.decoder.hyp()
-        return hyp.hypstr if hyp else ""
-
-
-class OpenAIWhisper:
-    """openai-whisper on a local checkpoint file (whisper.load_model takes a path)."""
-
-    def __init__(self, cfg: ValidateConfig):
-        import whisper
-
-        self.model = whisper.load_model(cfg.model_path)
-        self.fp16 = self.model.device.type == "cuda"
-
-    def transcribe(self, audio16k: np.ndarray) -> str:
-        result = self.model.transcribe(audio16k, language="en", temperature=0.0, fp16=self.fp16,
-                                       condition_on_previous_text=False)
-        return result["text"]
-
-
-class FasterWhisper:
-    """faster-whisper (CTranslate2) on a local model directory."""
-
-    def __init__(self, cfg: ValidateConfig):
-        from faster_whisper import WhisperModel
-
-        self.model = WhisperModel(cfg.model_path, device="auto", compute_type="default", local_files_only=True)
-
-    def transcribe(self, audio16k: np.ndarray) -> str:
-        segments, _ = self.model.transcribe(audio16k, language="en", beam_size=1, condition_on_previous_text=False)
-        return " ".join(s.text for s in segments)
-
-
-RECOGNISER_CLASSES = {"pocketsphinx": (PocketSphinx, "pocketsphinx", "pocketsphinx==5.1.1"),
-                      "whisper": (OpenAIWhisper, "whisper", "openai-whisper"),
-                      "faster-whisper": (FasterWhisper, "faster_whisper", "faster-whisper")}
-
-
-def check_gate(cfg: ValidateConfig) -> None:
-    """Before anything starts: the packages the enabled gate needs are installed."""
+def check_gate(cfg: ValidateConfig, device: str | None = None) -> None:
+    """Before anything starts: the packages the enabled gate needs are installed, and a slot on the
+    CPU (`device`) is not asked to run Whisper on a GPU."""
     if not cfg.enabled:
         return
-    import importlib.util
-
-    needed = [("soxr", "soxr")] if cfg.recogniser != "none" else []
-    if cfg.recogniser in RECOGNISER_CLASSES:
-        needed.append(RECOGNISER_CLASSES[cfg.recogniser][1:])
-    for module, package in needed:
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"validate.recogniser={cfg.recogniser} needs {package}: pip install {package} "
-                              "(or pip install 'convtts[validate]'), or set validate.recogniser=none")
+    check_recogniser_installed(cfg)
+    if device == "cpu" and cfg.recogniser == "hf-whisper" and cfg.asr_device == "cuda":
+        raise ConfigError("validate.asr_device=cuda, but this slot runs on the CPU: set validate.asr_device=auto or cpu")
 
 
 # -- the gate -------------------------------------------------------------------------------------
+
+@dataclass
+class Take:
+    """A take to score: its samples and their rate, the text it should say, its utterance's id."""
+
+    audio: np.ndarray
+    rate: int
+    text: str
+    uid: str = ""
+
 
 @dataclass
 class Gate:
@@ -222,36 +176,93 @@ class Gate:
     recogniser: object = field(default=None, repr=False)
     lexicon: frozenset | None = field(default=None, repr=False)
 
+    @property
+    def batch_rows(self) -> int:
+        """Takes worth judging at once: a batched recogniser's batch (validate.asr_batch), else 1."""
+        return self.cfg.asr_batch if hasattr(self.recogniser, "transcribe_many") else 1
+
     def judge(self, audio: np.ndarray, rate: int, text: str, uid: str = "") -> dict:
         """The take's scores; raises QualityFailure at the first check it fails (the ASR runs last)."""
+        verdict = self.judge_many([Take(audio, rate, text, uid)])[0]
+        if isinstance(verdict, BaseException):
+            raise verdict
+        return verdict
+
+    def judge_many(self, takes: list[Take]) -> list:
+        """Each take's scores, or the QualityFailure that refused it, or the recogniser's error on it.
+
+        The signal checks run take by take; the takes that pass them and get the ASR check are
+        transcribed together (one call of a batched recogniser), and each take's gate_seconds is its
+        own checks' time plus its share of that call.
+        """
+        verdicts = [self._signal(take) for take in takes]
+        asked = [i for i, verdict in enumerate(verdicts) if isinstance(verdict, dict) and self._asr_wanted(takes[i], verdict)]
         started = time.perf_counter()
-        cfg, words = self.cfg, spoken_words(text)
-        per_word = len(audio) / rate / max(1, len(words))
+        heard = self._transcribe([takes[i] for i in asked])
+        share = (time.perf_counter() - started) / max(1, len(asked))
+        for i, text in zip(asked, heard):
+            verdicts[i]["gate_seconds"] = round(verdicts[i]["gate_seconds"] + share, 4)
+            verdicts[i] = text if isinstance(text, BaseException) else self._scored(takes[i], verdicts[i], text)
+        return verdicts
+
+    def _signal(self, take: Take):
+        """Length per spoken word, silence, clipping: the scores so far, or the QualityFailure."""
+        started = time.perf_counter()
+        cfg, words = self.cfg, spoken_words(take.text)
+        per_word = len(take.audio) / take.rate / max(1, len(words))
         scores = {"seconds_per_word": round(per_word, 4),
-                  "silence": round(silence_share(audio, rate, cfg.silence_db), 4),
-                  "clipped": round(float(np.mean(np.abs(audio) >= cfg.clip_level)), 5)}
-        self._limit("short", per_word, cfg.min_seconds_per_word, scores, below=True)
-        self._limit("long", per_word, cfg.max_seconds_per_word, scores)
-        self._limit("silence", scores["silence"], cfg.max_silence_share, scores)
-        self._limit("clipped", scores["clipped"], cfg.max_clipped_share, scores)
-        self._asr(audio, rate, text, words, uid, scores)
-        scores["gate_seconds"] = round(time.perf_counter() - started, 4)
-        self._limit("wer", scores.get("wer"), cfg.max_wer, scores)
+                  "silence": round(silence_share(take.audio, take.rate, cfg.silence_db), 4),
+                  "clipped": round(float(np.mean(np.abs(take.audio) >= cfg.clip_level)), 5)}
+        try:
+            self._limit("short", per_word, cfg.min_seconds_per_word, scores, below=True)
+            self._limit("long", per_word, cfg.max_seconds_per_word, scores)
+            self._limit("silence", scores["silence"], cfg.max_silence_share, scores)
+            self._limit("clipped", scores["clipped"], cfg.max_clipped_share, scores)
+        except QualityFailure as bad:
+            return bad
+        scores["gate_seconds"] = time.perf_counter() - started
         return scores
 
-    def _asr(self, audio: np.ndarray, rate: int, text: str, words: list[str], uid: str, scores: dict) -> None:
+    def _asr_wanted(self, take: Take, scores: dict) -> bool:
+        """Whether the take gets the ASR check; if not, scores["asr"] says why."""
         if self.recogniser is None:
             scores["asr"] = "off"
-        elif not in_share(uid, self.cfg.asr_share):
+        elif not in_share(take.uid, self.cfg.asr_share):
             scores["asr"] = "skipped: not sampled"
-        elif len(words) < self.cfg.min_asr_words:
+        elif len(spoken_words(take.text)) < self.cfg.min_asr_words:
             scores["asr"] = f"skipped: under {self.cfg.min_asr_words} words"
-        elif not looks_english(text, self.lexicon):
+        elif not self.cfg.assume_english and not looks_english(take.text, self.lexicon):
             scores["asr"] = "skipped: not English"
-        else:
-            heard = self.recogniser.transcribe(to_asr_rate(audio, rate))
-            scores.update(asr=self.cfg.recogniser, heard=heard[:1000],
-                          wer=round(word_error_rate(words, spoken_words(heard)), 4))
+        if "asr" in scores:
+            scores["gate_seconds"] = round(scores["gate_seconds"], 4)
+        return "asr" not in scores
+
+    def _transcribe(self, takes: list[Take]) -> list:
+        """A transcript (or the error) per take; a batch the recogniser fails on is tried one take at a time."""
+        audio = [to_asr_rate(take.audio, take.rate) for take in takes]
+        many = getattr(self.recogniser, "transcribe_many", None)
+        if many is not None and len(audio) > 1:
+            try:
+                return many(audio)
+            except Exception as exc:  # e.g. out of GPU memory at this batch size
+                log.warning("the recogniser failed on %d takes at once (%s: %s); trying them one at a time",
+                            len(audio), type(exc).__name__, exc)
+        heard = []
+        for samples in audio:
+            try:
+                heard.append(self.recogniser.transcribe(samples))
+            except Exception as exc:  # this take's: the caller counts it as the utterance's error
+                heard.append(exc)
+        return heard
+
+    def _scored(self, take: Take, scores: dict, heard: str):
+        scores.update(asr=self.cfg.recogniser, heard=heard[:1000],
+                      wer=round(word_error_rate(spoken_words(take.text), spoken_words(heard)), 4))
+        try:
+            self._limit("wer", scores["wer"], self.cfg.max_wer, scores)
+        except QualityFailure as bad:
+            return bad
+        return scores
 
     @staticmethod
     def _limit(check: str, figure, limit: float, scores: dict, below: bool = False) -> None:
@@ -272,7 +283,9 @@ def open_gate(cfg: ValidateConfig) -> Gate | None:
     if not cfg.enabled:
         return None
     started = time.time()
-    recogniser = RECOGNISER_CLASSES[cfg.recogniser][0](cfg) if cfg.recogniser != "none" else None
+    recogniser = load_recogniser(cfg)
     lexicon = english_lexicon() if recogniser is not None else None
-    log.info("quality gate on (recogniser %s), loaded in %.2fs", cfg.recogniser, time.time() - started)
-    return Gate(cfg, recogniser, lexicon)
+    gate = Gate(cfg, recogniser, lexicon)
+    log.info("quality gate on (recogniser %s, %d takes at a time), loaded in %.2fs", cfg.recogniser,
+             gate.batch_rows, time.time() - started)
+    return gate

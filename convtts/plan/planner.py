@@ -17,10 +17,11 @@ from pathlib import Path
 
 import orjson
 
-from convtts.config import PLAN_GROUPS, Config, SelectConfig, SpeakerConfig, to_dict
+from convtts.config import PLAN_GROUPS, Config, SelectConfig, to_dict
 from convtts.state.layout import Layout, shard_name
 from convtts.plan.reader import InputError, json_type, read_spans, records
 from convtts.plan.textclean import clean, split_segments
+from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def unique_ids(bases: list[str]) -> list[str]:
     return out
 
 
-# --- selection and voices ------------------------------------------------------------------------
+# --- selection (voices: convtts/plan/voices.py) ---------------------------------------------
 
 def id_hash(seed: int, cid: str) -> int:
     return int.from_bytes(_digest(f"{seed}\0{cid}", 8), "big")
@@ -106,28 +107,6 @@ def select(ids: list[str], config: SelectConfig) -> list[int]:
         log.warning("select.count=%d but only %d conversations: keeping all", config.count, len(ids))
         return list(range(len(ids)))
     return sorted(heapq.nsmallest(config.count, range(len(ids)), key=lambda i: (id_hash(config.seed, ids[i]), ids[i])))
-
-
-def _pick(pool: list[str], *key) -> str:
-    return pool[int.from_bytes(_digest("\0".join(map(str, key)), 8), "big") % len(pool)]
-
-
-def side_voices(cid: str, config: SpeakerConfig) -> dict[str, str]:
-    """by_role: a voice per side for this conversation, the two sides apart when 2+ voices allow."""
-    if config.policy == "single":
-        return dict.fromkeys(("human", "assistant", "system"), config.voices[0])
-    human = _pick(list(config.human or config.voices), config.seed, cid, "human")
-    pool = list(config.assistant or config.voices)
-    assistant = _pick([v for v in pool if v != human] or pool, config.seed, cid, "assistant")
-    rest = [v for v in config.voices if v not in (human, assistant)] or [assistant]
-    return {"human": human, "assistant": assistant, "system": _pick(rest, config.seed, cid, "system")}
-
-
-def turn_voice(cid: str, turn: int, side: str, voices: dict[str, str], config: SpeakerConfig) -> str:
-    if config.policy != "per_turn":
-        return voices[side]
-    pool = {"human": config.human, "assistant": config.assistant}.get(side) or config.voices
-    return _pick(list(pool), config.seed, cid, turn)
 
 
 # --- one conversation ----------------------------------------------------------------------------
@@ -149,9 +128,13 @@ def turn_problem(item, side: str | None, config: Config) -> str | None:
     return None
 
 
-def plan_conversation(cid: str, record: dict, config: Config) -> tuple[list[dict], list[dict]]:
-    """(segments to speak, skipped turns) of one record; ids are {conversation}-{turn:03d}-{segment:02d}."""
-    voices = side_voices(cid, config.speakers)
+def plan_conversation(cid: str, record: dict, config: Config, casting: Casting | None = None) -> tuple[list[dict], list[dict]]:
+    """(segments to speak, skipped turns) of one record; ids are {conversation}-{turn:03d}-{segment:02d}.
+
+    `casting` is Casting.of(config.speakers, voice_names(...)) when there is a pool.
+    """
+    casting = casting or Casting.of(config.speakers)
+    voices = casting.sides(cid)
     segments, skipped = [], []
     for turn, item in enumerate(record["conversations"]):
         role = item.get("from", item.get("role")) if isinstance(item, dict) else None
@@ -164,7 +147,7 @@ def plan_conversation(cid: str, record: dict, config: Config) -> tuple[list[dict
             skipped.append({"id": f"{cid}-{turn:03d}", "conversation_id": cid, "source_id": record.get("id"),
                             "turn": turn, "role": role, "status": "skipped", "reason": reason})
             continue
-        speaker = turn_voice(cid, turn, side, voices, config.speakers)
+        speaker = casting.turn(cid, turn, side, voices)
         for number, piece in enumerate(split_segments(text, config.text.max_words)):
             segment = {
                 "id": f"{cid}-{turn:03d}-{number:02d}", "conversation_id": cid, "source_id": record.get("id"),
@@ -183,7 +166,7 @@ PARALLEL_MIN = 20_000  # conversations below which worker processes cost more th
 BATCH = 500  # conversations sent to a worker at a time
 
 
-def plan_batch(batch: list[tuple[str, bytes]], config: Config) -> list[tuple]:
+def plan_batch(batch: list[tuple[str, bytes]], config: Config, casting: Casting) -> list[tuple]:
     """Plan raw records: (segments, segment lines, conversation line, skipped lines, turns, words, skipped)."""
     out = []
     for cid, raw in batch:
@@ -191,7 +174,7 @@ def plan_batch(batch: list[tuple[str, bytes]], config: Config) -> list[tuple]:
             record = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise InputError(f"record {cid} no longer parses ({exc.msg}): did the input change?") from None
-        segments, skipped = plan_conversation(cid, record, config)
+        segments, skipped = plan_conversation(cid, record, config, casting)
         # The record as it came, byte for byte, when it fits on one line (compact arrays, JSON lines).
         raw = raw.strip()
         body = raw if b"\n" not in raw and b"\r" not in raw else orjson.dumps(record)
@@ -215,26 +198,27 @@ def _batches(items, size: int):
         yield batch
 
 
-_worker_config: Config | None = None
+_worker_config: tuple[Config, Casting] | None = None
 
 
-def _init_worker(config: Config) -> None:
+def _init_worker(config: Config, casting: Casting) -> None:
     global _worker_config
-    _worker_config = config
+    _worker_config = (config, casting)
 
 
 def _plan_in_worker(batch):
-    return plan_batch(batch, _worker_config)
+    return plan_batch(batch, *_worker_config)
 
 
 def _planned(items, config: Config, total: int, workers: int):
     """plan_batch over all items, in order; a bounded number of batches in flight keeps memory flat."""
+    casting = Casting.of(config.speakers, voice_names(config.speakers))
     if total < PARALLEL_MIN or workers < 2:
         for batch in _batches(items, BATCH):
-            yield from plan_batch(batch, config)
+            yield from plan_batch(batch, config, casting)
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(config,)) as pool:
+    with context.Pool(workers, initializer=_init_worker, initargs=(config, casting)) as pool:
         pending: deque = deque()
         for batch in _batches(items, BATCH):
             pending.append(pool.apply_async(_plan_in_worker, (batch,)))
@@ -288,10 +272,19 @@ def input_info(path: str | Path) -> dict:
 
 def fingerprint(input_path: str | Path, config: Config, info: dict | None = None, version: int = PLAN_VERSION) -> str:
     """What the plan depends on: the input file's identity and the config groups in PLAN_GROUPS."""
-    groups = to_dict(config)
-    data = {"version": version, "input": info or input_info(input_path),
-            "config": {g: groups[g] for g in PLAN_GROUPS}}
+    data = {"version": version, "input": info or input_info(input_path), "config": plan_settings(config)}
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def plan_settings(config: Config) -> dict:
+    """The config groups in PLAN_GROUPS; a voice pool by the names of its voices, not its path (a
+    pool moved elsewhere, or a recording or transcript changed, assigns the same voices)."""
+    groups = to_dict(config)
+    settings = {group: groups[group] for group in PLAN_GROUPS}
+    pool = settings["speakers"].pop("pool")  # without a pool, the settings of plans made before pools
+    if pool:
+        settings["speakers"]["pool"] = names_digest(voice_names(config.speakers))
+    return settings
 
 
 def plan_is_fresh(input_path: str | Path, layout: Layout, config: Config) -> bool:

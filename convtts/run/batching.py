@@ -3,11 +3,11 @@
 The batch is fed from the worker's queue, which its slot tops up before it runs dry (the worker's
 refill), so rows stay full across pieces and shards; a batch ends when the queue is empty, a
 rebuild is due, or an utterance must be spoken alone. Each utterance keeps what the one-at-a-time
-path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is
-retried in a later batch up to workers.max_attempts; a take the quality gate refuses is spoken
-again with its next seed, up to validate.max_respeaks; a CUDA out-of-memory halves the backend's
-rows and retries what was in flight; an utterance that killed a worker before is spoken alone, so
-it cannot take a batch down with it again.
+path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
+a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks
+(finished takes are judged in groups of the recogniser's batch, validate.asr_batch, before any is written);
+a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
+killed a worker before is spoken alone, so it cannot take a batch down with it again.
 """
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from convtts.run.utterance import (
-    Context, Host, failure_row, keep_audio, note_error, quality_failure_row, respeak,
+    Context, Host, check_audio, failure_row, note_error, quality_failure_row, respeak, write_take,
 )
-from convtts.speak.base import OutOfMemory
+from convtts.speak.base import OutOfMemory, SynthesisError
 from convtts.state.shardio import is_disk_full
 
 log = logging.getLogger(__name__)
@@ -73,11 +75,13 @@ def speak_batched(host: BatchHost) -> None:
 
 
 def run_batch(host: BatchHost, queue: deque) -> None:
-    """Feed the backend from `queue` until it is empty, a rebuild is due or an utterance must go alone; write every result."""
+    """Feed the backend from `queue` until it is empty, a rebuild is due or an utterance must go alone;
+    gate and write every result."""
     from convtts.gate.quality import take_seed
 
     ctx = host.context
     in_flight: dict[str, Attempt] = {}
+    held: list[HeldTake] = []  # takes the backend finished, waiting for the gate to judge them together
 
     def feed():
         while not host.rebuild_reason() and not host.alone:
@@ -91,38 +95,93 @@ def run_batch(host: BatchHost, queue: deque) -> None:
             host.started(uid)
             yield uid, item.segment["text"], item.segment["speaker"], item.seed
 
+    broken = None
     try:
         for uid, result in ctx.backend.synthesize_many(feed()):
-            finish(host, ctx, in_flight.pop(uid), result, queue)
-    except OutOfMemory as exc:
+            took(host, ctx, in_flight.pop(uid), result, held, queue)
+            if len(held) >= gate_rows(ctx):
+                judge_and_write(host, ctx, held, queue)
+    except Exception as exc:  # the batch as a whole broke (a full disk stops the worker)
+        if is_disk_full(exc):
+            raise
+        broken = exc
+    judge_and_write(host, ctx, held, queue)  # what finished before the feed ended or the batch broke
+    if broken is not None:
+        after_broken_batch(host, ctx, in_flight, broken, queue)
+
+
+def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception, queue: deque) -> None:
+    """Out of memory: fewer rows, and what was in flight goes back in line; else each is spoken alone."""
+    if isinstance(exc, OutOfMemory):
         rows = ctx.backend.shrink_batch()
         log.warning("CUDA out of memory with %d utterances in flight; now %d rows", len(in_flight), rows)
         for item in in_flight.values():
             retry_or_fail(host, ctx, item, exc, queue)
-    except Exception as exc:  # the batch as a whole broke: no single utterance is known to be at fault
-        if is_disk_full(exc):
-            raise
-        log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
-        for item in in_flight.values():
-            host.speak(item.shard, item.segment, item.attempt)  # this attempt counts, as a crash would
+        return
+    # no single utterance is known to be at fault
+    log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
+    for item in in_flight.values():
+        host.speak(item.shard, item.segment, item.attempt)  # this attempt counts, as a crash would
 
 
-def finish(host: Host, ctx: Context, item: Attempt, result, queue: deque) -> None:
-    from convtts.gate.quality import QualityFailure
+@dataclass
+class HeldTake:
+    """A take the backend finished, its samples checked, not yet judged or written."""
+    item: Attempt
+    audio: np.ndarray
+    seconds: float  # synthesis time: from the feed handing it over to the backend's result
 
-    shard = item.shard
+
+def gate_rows(ctx: Context) -> int:
+    """Finished takes to hold for the gate: its recogniser's batch, or 1 (write each at once)."""
+    return ctx.gate.batch_rows if ctx.gate is not None else 1
+
+
+def took(host: Host, ctx: Context, item: Attempt, result, held: list, queue: deque) -> None:
+    """A result of the backend: an error is retried; audio that passes the sanity check waits for the gate."""
+    if not isinstance(result, BaseException):
+        try:
+            check_audio(result)
+        except SynthesisError as exc:
+            result = exc
     if isinstance(result, BaseException):
         retry_or_fail(host, ctx, item, result, queue)
-        return
+    else:
+        held.append(HeldTake(item, result, time.time() - item.started))
+
+
+def judge_and_write(host: Host, ctx: Context, held: list[HeldTake], queue: deque) -> None:
+    """Judge the held takes together (one recogniser call), then write or re-speak each; empties `held`."""
+    from convtts.gate.quality import Take
+
+    takes = [Take(h.audio, ctx.backend.sample_rate, h.item.segment["text"], h.item.segment["id"]) for h in held]
     try:
-        row = keep_audio(ctx, shard, item.segment, result, item.attempt, item.seed, item.started, item.refused)
-    except QualityFailure as bad:  # a new take (new seed) in a later batch, or the failure row
-        if respeak(item.segment["id"], bad, item.refused, ctx.settings.max_respeaks):
+        verdicts = ctx.gate.judge_many(takes) if ctx.gate is not None and takes else [None] * len(takes)
+    except Exception as exc:  # the gate broke on these takes: an error of each, retried as any other
+        verdicts = [exc] * len(takes)
+    held_now = held[:]
+    held.clear()  # before writing: a full disk below leaves nothing held twice
+    for take, verdict in zip(held_now, verdicts):
+        finish(host, ctx, take, verdict, queue)
+
+
+def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> None:
+    """Write a take the gate passed (verdict: its scores, or None with the gate off); re-speak or fail the others."""
+    from convtts.gate.quality import QualityFailure
+
+    item = take.item
+    shard = item.shard
+    if isinstance(verdict, QualityFailure):  # a new take (new seed) in a later batch, or the failure row
+        if respeak(item.segment["id"], verdict, item.refused, ctx.settings.max_respeaks):
             queue.append(item)
         else:
             row = quality_failure_row(ctx, item.segment, item.refused, item.attempt, item.errors)
             host.record(shard, item.segment["id"], None, row)
         return
+    try:
+        if isinstance(verdict, BaseException):  # the recogniser failed on this take
+            raise verdict
+        row = write_take(ctx, shard, item.segment, take.audio, (item.attempt, item.seed, take.seconds), verdict, item.refused)
     except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
         if is_disk_full(exc):
             raise

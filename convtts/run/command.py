@@ -10,7 +10,8 @@ import time
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES
 from convtts.gate.quality import check_gate
-from convtts.speak import backend_rows, check_backend
+from convtts.gate.whisper import recogniser_gpu_mb
+from convtts.speak import backend_row_mb, backend_rows, check_backend, with_rows
 from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
 from convtts.config import ConfigError, load_config
 from convtts.state.layout import Layout
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     try:
         slot.start_workers()  # they load their models while the config is checked and the plan is made
         check_backend(config)
-        check_gate(config.validate)  # the quality gate's recogniser runs in the same workers
+        check_gate(config.validate, args.device)  # the quality gate's recogniser runs in the same workers
         return slot.run(args.plan_ready)
     except ConfigError as exc:
         slot.stop_workers()
@@ -82,11 +83,8 @@ def main(argv=None) -> int:
 def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: float):
     from convtts.run.slot import Slot, SlotOptions
     from convtts.run.startup import Timeline
-    from convtts.run.tuning import choose_workers, worker_gpu_mb
 
-    requested = args.workers or config.workers.per_slot
-    per_worker = worker_gpu_mb(config.workers.gpu_mb_per_worker, config.workers.gpu_mb_per_row, backend_rows(config))
-    workers = choose_workers(requested, args.device, args.slots_on_node or args.world, per_worker)
+    workers, sized = size_workers(config, args)
     # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
     # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
     # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
@@ -98,14 +96,30 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
 
     def share() -> list[str]:
         if args.plan_ready:
-            check_plan_config(layout, config)
+            check_plan_config(layout, config)  # as given: sizing may have set the rows
         shards = [] if feed else args.shards.split(",") if args.shards else node_share(layout, args)
         unknown = [s for s in shards if not layout.shard_file(s).is_file()]
         if unknown:
             raise ConfigError(f"unknown shards: {unknown[:5]}")
         return shards
 
-    return Slot(layout, config, share, options, feed=feed, timeline=Timeline(args.rank, started))
+    return Slot(layout, sized, share, options, feed=feed, timeline=Timeline(args.rank, started))
+
+
+def size_workers(config, args: argparse.Namespace):
+    """The slot's worker count and the config its workers get: rows set when the backend's are automatic (0)."""
+    from convtts.run.tuning import choose_layout, choose_workers, worker_gpu_mb
+
+    requested = args.workers or config.workers.per_slot
+    slots = args.slots_on_node or args.world
+    rows = backend_rows(config)
+    base = config.workers.gpu_mb_per_worker
+    base += recogniser_gpu_mb(config.validate) if args.device == "cuda" else 0  # each worker's own Whisper
+    if rows == 0:
+        workers, rows = choose_layout(requested, args.device, slots, base, backend_row_mb(config))
+        return workers, with_rows(config, rows)
+    per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
+    return choose_workers(requested, args.device, slots, per_worker), config
 
 
 def check_plan_config(layout: Layout, config) -> None:

@@ -64,3 +64,40 @@ def free_gpu_mb() -> int:
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         log.warning("could not read free GPU memory from nvidia-smi; assuming room for one worker")
         return 0
+
+
+# Automatic rows (tts.cosyvoice.batch_size: 0). On an H200, 8 batched workers under MPS measured best
+# and 64 rows beat 32 (docs/PERFORMANCE.md); a worker gets fewer rows only when its share of the
+# GPU memory cannot hold them, and a slot runs fewer workers before any gets under MIN_AUTO_ROWS.
+BATCHED_WORKERS_PER_GPU = 8
+AUTO_ROWS = 64
+MIN_AUTO_ROWS = 16
+CPU_ROWS = 8  # a CPU worker's rows: more only make each step longer on a core
+
+
+def choose_layout(requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int, gpu_mb_per_row: float) -> tuple[int, int]:
+    """(workers, rows per worker) when rows are automatic, with the reasons logged. `requested` workers > 0 win."""
+    if device == "cpu":
+        workers = choose_workers(requested, device, slots_on_node, gpu_mb_per_worker)
+        log.info("rows: %d per worker (automatic, CPU)", CPU_ROWS)
+        return workers, CPU_ROWS
+    by_cpu = max(1, (cpu_cores() - GPU_NODE_SPARE_CORES) // max(1, slots_on_node))
+    workers = requested or min(by_cpu, BATCHED_WORKERS_PER_GPU)
+    budget = free_gpu_mb() * 0.9
+    while True:
+        rows = rows_that_fit(budget / workers, gpu_mb_per_worker, gpu_mb_per_row)
+        if rows >= MIN_AUTO_ROWS or workers == 1 or requested:
+            break
+        workers -= 1
+    log.info("workers: %d (%s), rows: %d = min(%d, (90%% of free GPU memory %.0f MiB / %d workers - %d MiB per worker) / %.0f MiB "
+             "per row, in steps of 8)", workers, "set by config or --workers" if requested else
+             f"min(cores {by_cpu}, {BATCHED_WORKERS_PER_GPU} batched workers per GPU), fewer if rows fell under {MIN_AUTO_ROWS}",
+             rows, AUTO_ROWS, budget, workers, gpu_mb_per_worker, gpu_mb_per_row)
+    return workers, rows
+
+
+def rows_that_fit(worker_mb: float, gpu_mb_per_worker: int, gpu_mb_per_row: float) -> int:
+    """Rows a worker with `worker_mb` of GPU memory holds: at most AUTO_ROWS, a multiple of 8 from 8 on, at least 1."""
+    rows = int((worker_mb - gpu_mb_per_worker) // max(gpu_mb_per_row, 1.0))
+    rows = min(AUTO_ROWS, rows)
+    return rows - rows % 8 if rows >= 8 else max(1, rows)

@@ -113,10 +113,16 @@ def keep_audio(ctx: Context, shard: str, segment: dict, audio, attempt: int, see
     Nothing is written before the gate passes, so the resume contract is unchanged.
     """
     check_audio(audio)
-    rate, seconds = ctx.backend.sample_rate, time.time() - started  # the gate's time is its own figure
-    scores = ctx.gate.judge(audio, rate, segment["text"], segment["id"]) if ctx.gate else None
-    rel = write_audio(ctx.layout, shard, segment["id"], audio, rate, ctx.settings.output)
-    row = manifest_row(ctx, segment, rel, audio, attempt, seed, seconds)
+    seconds = time.time() - started  # the gate's time is its own figure
+    scores = ctx.gate.judge(audio, ctx.backend.sample_rate, segment["text"], segment["id"]) if ctx.gate else None
+    return write_take(ctx, shard, segment, audio, (attempt, seed, seconds), scores, refused)
+
+
+def write_take(ctx: Context, shard: str, segment: dict, audio, made: tuple[int, int, float], scores: dict | None,
+               refused: list = ()) -> dict:
+    """Write a take that passed the gate (scores None: no gate); `made` is (attempt, seed, synthesis seconds)."""
+    rel = write_audio(ctx.layout, shard, segment["id"], audio, ctx.backend.sample_rate, ctx.settings.output)
+    row = manifest_row(ctx, segment, rel, audio, *made)
     if scores is not None:
         row.update(quality=scores, respeaks=len(refused), respoken_for=[str(r) for r in refused])
     return row
@@ -158,6 +164,9 @@ def manifest_row(ctx: Context, segment: dict, rel: str, audio, attempt: int, see
         backend=ctx.backend.name, status="ok", attempts=attempt, seed=seed,
         synthesis_seconds=round(seconds, 4), run=ctx.settings.run_id,
     )
+    prompt_audio = getattr(ctx.backend, "prompt_audio", None)  # a zero-shot voice's recording
+    if prompt_audio is not None:
+        row["prompt_audio"] = prompt_audio(segment.get("speaker"))
     return row
 
 

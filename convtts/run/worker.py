@@ -80,6 +80,7 @@ class Worker:
         self.in_flight: set[str] = set()  # ids begun and not yet recorded
         self.wanting = False  # asked the slot for more, no answer yet
         self.starved = False  # the slot had nothing: ask again only once idle
+        self.asking = True  # False while a piece is spoken by hand (run_piece): ask the slot for nothing
         self.stopping = False
 
     def send(self, message) -> None:
@@ -100,6 +101,16 @@ class Worker:
                     raise
                 self.stop_for_full_disk(exc)
                 return
+
+    def run_piece(self, piece: SpeakPiece) -> None:
+        """Speak one piece to its end and ask the slot for nothing more (a worker driven by hand)."""
+        self.add_piece(piece)
+        self.asking = False
+        try:
+            while self.queue or self.alone:
+                self.speak_some()
+        finally:
+            self.asking = True
 
     def speak_some(self) -> None:
         """The queue's utterances: batched until it runs dry, or the next one alone."""
@@ -132,6 +143,8 @@ class Worker:
         """
         while self.conn.poll():
             self.take(self.conn.recv())
+        if not self.asking:
+            return
         idle = not self.queue and not self.alone and not self.in_flight
         if not self.wanting and len(self.queue) <= self.low_water() and (idle or not self.starved):
             self.send(Want())

@@ -12,7 +12,7 @@ import importlib
 from convtts.speak.base import Backend, SynthesisError
 from convtts.config import Config, ConfigError
 
-__all__ = ["Backend", "SynthesisError", "backend_rows", "build_backend", "check_backend"]
+__all__ = ["Backend", "SynthesisError", "backend_row_mb", "backend_rows", "build_backend", "check_backend", "with_rows"]
 
 BUILT_IN = {
     "piper": ("convtts.speak.piper", "PiperBackend"),
@@ -52,3 +52,17 @@ def backend_rows(config: Config) -> int:
         return 1
     rows = getattr(backend_class(config.tts.backend), "rows", None)
     return int(rows(config)) if rows is not None else 1
+
+
+def backend_row_mb(config: Config) -> float:
+    """GPU MiB each batch row of a worker takes (a batched backend's `row_gpu_mb(config)`), else 0."""
+    if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
+        return 0.0
+    figure = getattr(backend_class(config.tts.backend), "row_gpu_mb", None)
+    return float(figure(config)) if figure is not None else 0.0
+
+
+def with_rows(config: Config, rows: int) -> Config:
+    """The config with a batched backend's rows set (its `with_rows(config, rows)`); unchanged for others."""
+    setter = getattr(backend_class(config.tts.backend), "with_rows", None)
+    return setter(config, rows) if setter is not None else config

@@ -23,7 +23,7 @@ COLUMNS = [  # (name, arrow type, datasets dtype)
     ("turn", pa.int32(), "int32"), ("segment", pa.int32(), "int32"),
     ("duration", pa.float64(), "float64"), ("num_samples", pa.int64(), "int64"),
     ("sample_rate", pa.int32(), "int32"), ("source_text", pa.string(), "string"),
-    ("backend", pa.string(), "string"), ("seed", pa.int64(), "int64"),
+    ("backend", pa.string(), "string"), ("seed", pa.int64(), "int64"), ("prompt_audio", pa.string(), "string"),
 ]
 AUDIO_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 

@@ -16,7 +16,8 @@ from convtts.results.export.formats import Format, Part
 from convtts.results.export.nemo import LinesPart, concatenate
 
 KINDS = ("recordings", "supervisions", "cuts")
-CUSTOM = ("conversation_id", "source_id", "turn", "segment", "role", "side", "source_text", "backend", "seed")
+CUSTOM = ("conversation_id", "source_id", "turn", "segment", "role", "side", "source_text", "backend", "seed",
+          "prompt_audio")
 
 
 def lhotse_lines(fields: dict, audio: Path) -> list[bytes]:

@@ -17,7 +17,8 @@ from convtts.state.layout import Layout
 
 # Manifest fields a user trains with; the rest (worker, pid, memory, timings) describe the run.
 FIELDS = ("id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker", "text",
-          "source_text", "duration", "num_samples", "sample_rate", "backend", "seed", "audio")
+          "source_text", "duration", "num_samples", "sample_rate", "backend", "seed", "audio",
+          "prompt_audio")  # the zero-shot voice's recording (speaker is its name); null for other voices
 
 
 class SourceError(ValueError):

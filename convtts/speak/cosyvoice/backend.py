@@ -1,8 +1,7 @@
-"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3)."""
+"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3), a few or a pool of thousands."""
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
 import random
 import threading
@@ -12,15 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
-from convtts.config import Config, ConfigError, CosyVoiceConfig
+from convtts.config import Config, ConfigError
 from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock
+from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
 log = logging.getLogger(__name__)
 
-END_OF_PROMPT = "<|endofprompt|>"  # v3 asserts it in every prompt text
-MAX_PROMPT_SECONDS = 30.0  # upstream's speech tokenizer refuses longer prompts
-PROMPT_RATE = 16000  # rate of the prompt audio the frontend expects
 
 
 def builtin_speakers(model_dir: str) -> list[str]:
@@ -39,32 +36,14 @@ def builtin_speakers(model_dir: str) -> list[str]:
     return [str(name) for name in info]
 
 
-def check_prompts(cosy: CosyVoiceConfig, voices: list[str], version: int) -> None:
-    """Every prompted voice has a readable audio file of at most 30 s and a transcript."""
-    import soundfile
-
-    for voice in voices:
-        prompt = cosy.prompts[voice]
-        where = f"tts.cosyvoice.prompts.{voice}"
-        if not Path(prompt.audio).is_file():
-            raise ConfigError(f"{where}.audio: file not found: {prompt.audio}")
-        try:
-            seconds = soundfile.info(prompt.audio).duration
-        except Exception as exc:
-            raise ConfigError(f"{where}.audio: not readable as audio: {exc}") from None
-        if seconds > MAX_PROMPT_SECONDS:
-            raise ConfigError(f"{where}.audio is {seconds:.1f} s; CosyVoice takes prompts of at most 30 s")
-        if not prompt.text.strip():
-            raise ConfigError(f"{where}.text must hold the prompt's transcript")
-        if version == 3 and END_OF_PROMPT not in prompt.text:
-            raise ConfigError(f"{where}.text must contain {END_OF_PROMPT} for a CosyVoice3 model")
-
-
 def check(config: Config) -> None:
     """Fail before any worker starts: runtime, model files, and that every voice can be spoken."""
     cosy = config.tts.cosyvoice
     check_runtime(cosy)
     version = check_model_dir(cosy)
+    if config.speakers.pool:
+        check_pool(config.speakers.pool, version)
+        return
     voices = list(config.speakers.voices)
     check_prompts(cosy, [v for v in voices if v in cosy.prompts], version)
     builtin = [v for v in voices if v not in cosy.prompts]
@@ -73,7 +52,7 @@ def check(config: Config) -> None:
     if version >= 2:
         raise ConfigError(
             f"speakers.voices {builtin} need prompts: a CosyVoice{version} model has no built-in "
-            "speakers, define each voice in tts.cosyvoice.prompts (audio, text)"
+            "speakers, define each voice in tts.cosyvoice.prompts (audio, text), or give speakers.pool"
         )
     known = builtin_speakers(cosy.model_dir)
     unknown = [v for v in builtin if v not in known]
@@ -82,6 +61,34 @@ def check(config: Config) -> None:
             f"speakers.voices {unknown} are not speakers of {cosy.model_dir}; its spk2info.pt holds "
             f"{known or 'none'} (or define them as zero-shot voices in tts.cosyvoice.prompts)"
         )
+
+
+class _Inline:
+    """An executor that runs the call at once (a backend given an engine without its frontend thread)."""
+
+    @staticmethod
+    def submit(fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
+_INLINE = _Inline()
+
+
+def decode_options(config: Config):
+    """How the batched engine runs the LLM, from tts.cosyvoice (and the KV positions a row needs)."""
+    from convtts.speak.cosyvoice.engine.runner import DecodeOptions
+    from convtts.speak.cosyvoice.sizes import row_tokens
+
+    cosy = config.tts.cosyvoice
+    return DecodeOptions(decode=cosy.decode, cuda_graphs=cosy.cuda_graphs, compile=cosy.compile, sampler=cosy.sampler,
+                         row_tokens=row_tokens(config))
 
 
 def seed_everything(seed: int) -> None:
@@ -116,17 +123,6 @@ def thread_errors():
         threading.excepthook = previous
 
 
-def load_prompt_16k(path: str):
-    """A prompt file as a [1, N] float tensor at 16 kHz, read with soundfile (no torchcodec)."""
-    import soundfile
-    import torch
-    import torchaudio.functional
-
-    samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    audio = torch.from_numpy(samples.mean(axis=1)).unsqueeze(0)
-    return torchaudio.functional.resample(audio, rate, PROMPT_RATE) if rate != PROMPT_RATE else audio
-
-
 def weights_checksum(tensors) -> str:
     """16 hex digits over tensors, each summed as the integers its bits spell: exact, so the same
     values give the same digest whatever their device, layout or alignment (float sums differ in
@@ -157,6 +153,7 @@ class CosyVoiceBackend:
         # One intra-op thread: parallelism comes from worker processes (9 s against 0.38 s per
         # v1 call on 2 cores with torch's default thread count).
         torch.set_num_threads(1)
+        self.config = config
         self.cosy = config.tts.cosyvoice
         self.uses_cuda = torch.cuda.is_available()
         if self.uses_cuda:
@@ -165,13 +162,16 @@ class CosyVoiceBackend:
         self.model = load_model(self.cosy, clock)  # checks the directory before upstream can download
         self.sample_rate = int(self.model.sample_rate)
         self.builtin = set(self.model.list_available_spks())
+        # Upstream's frontend serves one caller at a time: the batched engine's look-ahead thread,
+        # or upstream's own one-at-a-time path.
+        self.frontend_lock = threading.Lock()
+        self.frontend = None  # the thread that runs the text frontend of the next utterances
         with clock.phase("engine"):
             self.engine = self._engine()
-        self.prompts: dict[str, tuple[str, object]] = {}
-        for voice in config.speakers.voices:
-            if voice in self.cosy.prompts:
-                self.prompts[voice] = self._register(voice)
-            elif voice not in self.builtin:
+        self.prompts = prompted_voices(config)
+        self.registered = PromptCache(self.model, self.prompts, self.cosy.prompt_cache)
+        for voice in config.speakers.voices if not config.speakers.pool else ():
+            if voice not in self.prompts and voice not in self.builtin:
                 raise ConfigError(
                     f"speaker {voice!r} is neither a speaker of {self.cosy.model_dir} "
                     f"({sorted(self.builtin) or 'none'}) nor defined in tts.cosyvoice.prompts"
@@ -181,16 +181,28 @@ class CosyVoiceBackend:
         """The batched engine when batch_size asks for one and the model suits it; else None."""
         from convtts.speak.cosyvoice.engine import engine as cosyvoice_batch, qwen as cosyvoice_batch_qwen
 
-        if self.cosy.batch_size <= 1:
+        rows = self.cosy.batch_size or self._automatic_rows()
+        if rows <= 1:
             return None
         for module, engine in ((cosyvoice_batch, cosyvoice_batch.BatchEngine),
                                (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine)):
             if module.supports(self.model):
-                return engine(self.model, self.cosy.batch_size, self.cosy.precision)
+                from concurrent.futures import ThreadPoolExecutor
+
+                self.frontend = ThreadPoolExecutor(1, thread_name_prefix="cosyvoice-frontend")
+                return engine(self.model, rows, self.cosy.precision, decode_options(self.config), self.cosy)
         log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
                     "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
                     self.cosy.batch_size)
         return None
+
+    def _automatic_rows(self) -> int:
+        """batch_size 0 outside a slot (which sets it before workers start): as the slot would for one worker."""
+        from convtts.run.tuning import choose_layout
+
+        _, rows = choose_layout(1, "cuda" if self.uses_cuda else "cpu", 1, self.config.workers.gpu_mb_per_worker,
+                                self.row_gpu_mb(self.config))
+        return rows
 
     @staticmethod
     def weight_files(config: Config) -> list[Path]:
@@ -202,8 +214,23 @@ class CosyVoiceBackend:
 
     @staticmethod
     def rows(config: Config) -> int:
-        """Rows a worker of this backend asks for (the slot sizes its pieces by them): batch_size."""
+        """Rows a worker of this backend asks for (the slot sizes its pieces by them): batch_size, 0 automatic."""
         return config.tts.cosyvoice.batch_size
+
+    @staticmethod
+    def row_gpu_mb(config: Config) -> float:
+        """GPU MiB per batch row: its static KV cache at the LLM's precision, and its share of the flow's work."""
+        from convtts.speak.cosyvoice.sizes import FLOW_MB_PER_ROW, row_kv_mb
+
+        return row_kv_mb(config) + FLOW_MB_PER_ROW
+
+    @staticmethod
+    def with_rows(config: Config, rows: int) -> Config:
+        """The config with tts.cosyvoice.batch_size set to `rows` (the slot's automatic choice)."""
+        import dataclasses
+
+        cosy = dataclasses.replace(config.tts.cosyvoice, batch_size=rows)
+        return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
 
     @property
     def batch_rows(self) -> int:
@@ -212,7 +239,7 @@ class CosyVoiceBackend:
 
     def shrink_batch(self) -> int:
         """Halve the rows after a CUDA out-of-memory; returns the new count."""
-        self.engine.max_rows = max(1, self.engine.max_rows // 2)
+        self.engine.resize(max(1, self.engine.max_rows // 2))  # its KV cache goes now, before empty_cache
         if self.uses_cuda:
             import torch
 
@@ -231,10 +258,8 @@ class CosyVoiceBackend:
         def requests():
             for key, text, speaker, seed in items:
                 request = Request(key, [], seed)
-                try:
-                    request.chunks = self._chunks(text, speaker)
-                except Exception as exc:  # the frontend refused this text: this utterance only
-                    request.error = exc
+                # the frontend runs in its thread while the engine decodes; a refused text fails alone
+                request.pending = (self.frontend or _INLINE).submit(self._chunks, text, speaker)
                 yield request
 
         try:
@@ -247,17 +272,23 @@ class CosyVoiceBackend:
 
     def _chunks(self, text: str, speaker: str) -> list[dict]:
         """The frontend inputs of each text chunk, built as inference_sft / inference_zero_shot do."""
+        with self.frontend_lock:
+            return self._frontend_chunks(text, speaker)
+
+    def _frontend_chunks(self, text: str, speaker: str) -> list[dict]:
         frontend, tf = self.model.frontend, self.cosy.text_frontend
         if speaker in self.prompts:
-            prompt_text, audio = self.prompts[speaker]
-            prompt_text = frontend.text_normalize(prompt_text, split=False, text_frontend=tf)
+            key, prompt = self.registered.key(speaker), self.prompts[speaker]
+            prompt_text = frontend.text_normalize(prompt.text, split=False, text_frontend=tf)
             # A copy per chunk: some releases hand back the registered voice's own dict with the
-            # text set in it, so every chunk of a batch would otherwise speak the last text.
-            return [dict(frontend.frontend_zero_shot(part, prompt_text, audio, self.sample_rate, speaker))
+            # text set in it, so every chunk of a batch would otherwise speak the last text. The
+            # copy also keeps the voice's features for this utterance should the cache let it go.
+            # The recording's path stands for the audio: a registered voice's features are used instead.
+            return [dict(frontend.frontend_zero_shot(part, prompt_text, prompt.audio, self.sample_rate, key))
                     for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
         if speaker in self.builtin:
             return [dict(frontend.frontend_sft(part, speaker)) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
-        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {sorted(self.builtin | set(self.prompts))}")
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
 
     @staticmethod
     def _result(request):
@@ -269,33 +300,33 @@ class CosyVoiceBackend:
             return SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
         return audio.astype(np.float32, copy=False)
 
-    def _register(self, voice: str) -> tuple[str, object]:
-        """Register a named zero-shot voice once per load; returns (prompt text, audio argument)."""
-        prompt = self.cosy.prompts[voice]
-        # Official code since 2025 takes the prompt as a file path (prompt_wav); older releases
-        # and cosyvoice2-eu take a 16 kHz tensor (prompt_speech_16k).
-        takes_path = list(inspect.signature(self.model.add_zero_shot_spk).parameters)[1] == "prompt_wav"
-        audio = prompt.audio if takes_path else load_prompt_16k(prompt.audio)
-        self.model.add_zero_shot_spk(prompt.text, audio, voice)
-        return prompt.text, audio
+    def prompt_audio(self, speaker: str) -> str | None:
+        """The prompt recording a zero-shot voice speaks from (for the manifest); None for a built-in speaker."""
+        prompt = self.prompts.get(speaker)
+        return str(Path(prompt.audio).resolve()) if prompt is not None else None
 
     def _outputs(self, text: str, speaker: str):
         options = dict(stream=False, speed=self.cosy.speed, text_frontend=self.cosy.text_frontend)
         if speaker in self.prompts:
-            prompt_text, audio = self.prompts[speaker]
-            return self.model.inference_zero_shot(text, prompt_text, audio, zero_shot_spk_id=speaker, **options)
+            key, prompt = self.registered.key(speaker), self.prompts[speaker]
+            return self.model.inference_zero_shot(text, prompt.text, prompt.audio, zero_shot_spk_id=key, **options)
         if speaker in self.builtin:
             return self.model.inference_sft(text, speaker, **options)
+        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
+
+    def _known(self) -> str:
         known = sorted(self.builtin | set(self.prompts))
-        raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {known}")
+        return f"{known[:10]}{f' and {len(known) - 10} more' if len(known) > 10 else ''}"
 
     def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
         if self.model is None:
             raise SynthesisError("the CosyVoice backend is closed")
+        if self.engine is not None and self.engine.casts_llm:
+            return self._synthesize_batched(text, speaker, seed)
         seed_everything(seed)
         chunks = []
         try:
-            with thread_errors() as caught:
+            with thread_errors() as caught, self.frontend_lock:
                 outputs = self._outputs(text, speaker)
                 try:
                     # Run to the end: upstream frees per-call state only after its last yield.
@@ -315,6 +346,13 @@ class CosyVoiceBackend:
             raise SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
         audio = np.concatenate([c.detach().float().cpu().numpy().reshape(-1) for c in chunks])
         return audio.astype(np.float32, copy=False)
+
+    def _synthesize_batched(self, text: str, speaker: str, seed: int) -> np.ndarray:
+        """One utterance through the batched engine: its LLM weights are cast, which upstream's path cannot run."""
+        [(_, result)] = list(self.synthesize_many([(0, text, speaker, seed)]))
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _forget_calls(self) -> None:
         """A failed call leaves its entries in upstream's per-call dicts; nothing else is running."""
@@ -345,9 +383,17 @@ class CosyVoiceBackend:
         return used / 2**20
 
     def close(self) -> None:
+        cache = self.registered
+        if cache is not None and cache.made:
+            log.info("prompt features: %d voices registered in %.2f s, %d reused (at most %d kept) since the model "
+                     "was built", cache.made, cache.seconds, cache.reused, cache.size)
+        if self.frontend is not None:
+            self.frontend.shutdown(wait=True)
+            self.frontend = None
         self.model = None
         self.engine = None
         self.prompts = {}
+        self.registered = None
         self.builtin = set()
         gc.collect()  # the model holds reference cycles; free it now, not at some later collection
         if self.uses_cuda:

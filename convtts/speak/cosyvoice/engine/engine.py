@@ -1,20 +1,33 @@
-"""v1's batched engine: continuous batching of the LLM decode, the flow for rows of close lengths, the vocoder."""
+"""The batched engine's loop: requests scheduled into rows, the LLM stepped for all rows, tokens drawn, audio rendered.
+
+One loop for every model (v1's TransformerLM here, v2/v3's Qwen2 in qwen.py); what differs is
+the runner (runner_v1, runner_qwen) and the flow. Two ways to draw tokens:
+
+- on the CPU (Sampler, upstream's exact rule per row on the row's torch.Generator): each step's
+  log-probabilities come to the host, the tokens go back; the reference;
+- on the GPU (GpuSampler, static runners only), inside the step's CUDA graph: the next step is
+  launched before the CPU reads the tokens of the last one, so the GPU never waits for the
+  CPU's bookkeeping (a row that ended is stepped once more, and that step is thrown away).
+"""
 from __future__ import annotations
 
 import inspect
 import logging
-from collections import deque
+import time
+from collections import defaultdict, deque
+from contextlib import contextmanager
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from convtts.config import PrecisionConfig
+from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
-from convtts.speak.cosyvoice.engine.flow import flow_batch, length_groups
-from convtts.speak.cosyvoice.engine.requests import Request, Row
-from convtts.speak.cosyvoice.engine.sampler import Sampler
-from convtts.speak.cosyvoice.engine.vocoder import finalizes, vocode_one
+from convtts.speak.cosyvoice.engine.audio import AudioStage
+from convtts.speak.cosyvoice.engine.readback import TokenReadback
+from convtts.speak.cosyvoice.engine.requests import RUNNING, Sequence
+from convtts.speak.cosyvoice.engine.runner import DecodeOptions
+from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, supports_static
+from convtts.speak.cosyvoice.engine.sampler import GpuSampler, Sampler
+from convtts.speak.cosyvoice.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -38,31 +51,87 @@ def plain_flow(model) -> bool:
     return getattr(inner, "fp16", False) is False and isinstance(estimator, torch.nn.Module)
 
 
+class StageTimer:
+    """Seconds per stage of the loop; with `sync`, CUDA is synchronised around each (exact, slower)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.sync = False
+
+    @contextmanager
+    def __call__(self, stage: str):
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.seconds[stage] += time.perf_counter() - started
+
+
 class BatchEngine:
     """Speaks lists of utterances with up to `max_rows` decoding at once."""
 
-    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None):
+    runners = {"upstream": UpstreamTransformerRunner, "static": TransformerRunner}
+
+    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None, options: DecodeOptions | None = None,
+                 settings: CosyVoiceConfig | None = None):
         inner = model.model
         self.precision = precision or PrecisionConfig()
+        self.options = options or DecodeOptions()
         self.inner = inner
         self.llm, self.flow, self.hift = inner.llm, inner.flow, inner.hift
-        self.device = inner.device
+        self.device = torch.device(inner.device)
         self.max_rows = max_rows
         self.silent = set(getattr(inner, "silent_tokens", []) or [])
-        self.sos = getattr(self.llm, "sos", getattr(self.llm, "sos_eos", 0))
-        self.eos = self.llm.speech_token_size
         # Tokens that end a decode: v1 has one; v2 and v3 name theirs (3 and 200).
-        self.stops = list(getattr(self.llm, "stop_token_ids", [self.eos]))
-        self.kv: list[torch.Tensor] = []
-        self.rows: list[Row] = []
-        self.failed_early: list[Request] = []
-        self.decoded: list[Row] = []  # rows whose decode ended, waiting for the flow
+        self.stops = list(getattr(self.llm, "stop_token_ids", [self.llm.speech_token_size]))
+        self.stop_set = set(self.stops)
         self.sampler = Sampler(self.llm)
-        self.hift_finalizes = finalizes(self.hift)
+        self.runner = self._runner()
+        self.gpu_sampling = self._gpu_sampling()
+        # the flow's and vocoder's passes: graphs, rows, memory (tts.cosyvoice)
+        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings or CosyVoiceConfig())
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
-        self.min_ratio = float(bounds["min_token_text_ratio"].default)
-        self.max_ratio = float(bounds["max_token_text_ratio"].default)
+        self.ratios = float(bounds["min_token_text_ratio"].default), float(bounds["max_token_text_ratio"].default)
+        self.scheduler: Scheduler | None = None
+        self.timer = StageTimer()
+
+    def _runner(self):
+        kind = self.options.decode
+        if kind == "static" and not self.static_supported():
+            log.warning("this LLM's layers are not the ones our decode step reproduces: upstream's decode path runs")
+            kind = "upstream"
+        return self.runners[kind](self.llm, self.device, self.precision.llm, self.options)
+
+    def static_supported(self) -> bool:
+        return supports_static(self.llm)
+
+    def _gpu_sampling(self) -> bool:
+        possible = self.runner.static and self.sampler.options is not None
+        if self.options.sampler == "auto":
+            return possible and self.device.type == "cuda"
+        if self.options.sampler == "gpu" and not possible:
+            log.warning("tokens are drawn on the CPU: GPU sampling needs the static decode and upstream's ras_sampling rule")
+        return self.options.sampler == "gpu" and possible
+
+    @property
+    def rows(self) -> list[Sequence]:
+        """The sequences decoding now."""
+        return self.scheduler.running if self.scheduler is not None else []
+
+    @property
+    def casts_llm(self) -> bool:
+        """Whether the LLM's weights were cast (upstream's own path can no longer run them)."""
+        return self.runner.casts
+
+    def resize(self, rows: int) -> None:
+        """Decode with `rows` rows from the next call on; what the decode held on the device is dropped now."""
+        self.max_rows = rows
+        self.runner.release_all()
 
     @property
     def flow_rows(self) -> int:
@@ -73,228 +142,162 @@ class BatchEngine:
     def speak(self, requests, speed: float = 1.0):
         """Speak requests as rows free up; yield each one when its audio (or error) is final.
 
-        `requests` may be a lazy iterator: it is read only when a row is free, so a caller can stop
-        feeding it (to rebuild the model) and get every request it did hand over back.
+        `requests` may be a lazy iterator: it is read only when a row is free (or a few ahead, so
+        that their text frontend runs while the GPU decodes), so a caller can stop feeding it (to
+        rebuild the model) and get every request it did hand over back.
         """
-        source = iter(requests)
-        waiting: deque = deque()
-        self.kv, self.rows = [], []
-        logp = None
-        with torch.inference_mode():
-            while True:
-                self._fill(waiting, source)
-                yield from self._take_failed()
-                if not waiting and not self.rows:
-                    if not self.decoded:
-                        break
-                    yield from self._flush(waiting, speed)  # may queue the requests' next chunks
-                    continue
-                logp = self._admit(waiting, logp)
-                finished = self._sample(logp)
-                self.decoded += [row for row in self.rows if row in finished]
-                self._drop(finished)
-                logp = self._step() if self.rows else None
-                if len(self.decoded) >= self.flow_rows:
-                    yield from self._flush(waiting, speed)
-                yield from self._take_failed()
-        self.kv, self.rows, self.decoded = [], [], []
+        self.scheduler = Scheduler(self.max_rows, self.ratios, ahead=max(1, self.max_rows // 4))
+        sampler = self._device_sampler if self.gpu_sampling else None
+        try:
+            with torch.inference_mode():
+                self.runner.prepare(self.max_rows, sampler)
+                decode = self._decode_ahead if self.gpu_sampling else self._decode
+                yield from decode(iter(requests), speed)
+        finally:
+            self._settle()
 
-    def _flush(self, waiting: deque, speed: float):
+    def _device_sampler(self, rows: int) -> GpuSampler:
+        self.readback = TokenReadback(rows, self.device)
+        return GpuSampler(self.sampler, self.runner.vocab, self.stops, rows, self.device)
+
+    def _settle(self) -> None:
+        """Wait for text frontends still at work (they share upstream's frontend with the next caller)."""
+        if self.scheduler is not None:
+            for request in self.scheduler.incoming:
+                request.resolve()
+        self.scheduler = None
+
+    def _decode(self, source, speed: float):
+        """Tokens drawn on the CPU: every step's log-probabilities come to the host."""
+        scheduler = self.scheduler
+        logp = None
+        while not scheduler.finished():
+            scheduler.fill(source)
+            yield from scheduler.take_failed()
+            for new in self._admit():
+                logp = new if logp is None else torch.cat([logp, new])
+            if scheduler.running:
+                self._sample(logp)
+                logp = self._step() if scheduler.running else None
+            if scheduler.flow_due(self.flow_rows):
+                yield from self._flush(speed)
+            yield from scheduler.take_failed()
+
+    def _decode_ahead(self, source, speed: float):
+        """Tokens drawn on the GPU: step n+1 is launched before the tokens of step n are read."""
+        scheduler = self.scheduler
+        launched: deque = deque()
+        while not scheduler.finished():
+            scheduler.fill(source)
+            yield from scheduler.take_failed()
+            self._admit()  # first tokens drawn on the GPU: nothing comes back
+            if scheduler.running:
+                launched.append(self._step())
+            while len(launched) > (1 if scheduler.running else 0):
+                self._read(*launched.popleft())
+            if scheduler.flow_due(self.flow_rows):
+                yield from self._flush(speed)
+            yield from scheduler.take_failed()
+
+    # -- decode ------------------------------------------------------------------------------
+    def _admit(self) -> list[torch.Tensor]:
+        """Prefill the chunks that take free rows; their first log-probabilities, in admission order."""
+        logps = []
+        for seq in self.scheduler.admit():
+            try:
+                with self.timer("prefill"):
+                    logps.append(self.runner.prefill(seq))
+            except Exception as exc:  # this utterance only
+                if is_out_of_memory(exc):
+                    raise
+                self.scheduler.abandon(seq, exc)
+        return logps
+
+    def _step(self):
+        """One decode step for every live row.
+
+        Drawing on the CPU: returns their next log-probabilities, in the scheduler's row order.
+        On the GPU: returns (the rows, the step's token readback), read later by _read.
+        """
+        rows = list(self.scheduler.running)
+        with self.timer("step"):
+            if not self.gpu_sampling:
+                return self.runner.step(rows)
+            bucket = self.runner.launch(rows)
+            return rows, self.readback.start(self.runner.sampler.io, bucket)
+
+    def _sample(self, logp) -> None:
+        """Each live row draws its next token by the model's sampling rule on its own random stream."""
+        rows = self.scheduler.running
+        with self.timer("sample"):
+            scores = logp.float().cpu()
+            for i, seq in enumerate(rows):
+                if len(seq.tokens) < seq.min_len or not seq.tokens:
+                    scores[i, self.stops] = -float("inf")  # upstream's ignore_eos, and never an empty utterance
+            tokens = self.sampler.draw(scores, rows)
+        ended = []
+        for seq, token in zip(list(rows), tokens):
+            if isinstance(token, BaseException):
+                seq.request.error = token
+                ended.append(seq)
+            elif not self._accept(seq, token):
+                ended.append(seq)
+        self._end(ended)
+
+    def _read(self, rows: list[Sequence], pending) -> None:
+        """The tokens a GPU step fed in and drew, for the rows that were live when it was launched."""
+        with self.timer("read"):
+            fed, drawn = self.readback.wait(pending)
+        ended = []
+        for seq in rows:
+            if seq.status != RUNNING:  # it ended at an earlier step: this one was thrown away
+                continue
+            if not seq.started:  # its first token, drawn at the prefill, went in to this step
+                seq.started = True
+                if not self._accept(seq, fed[seq.slot]):
+                    ended.append(seq)
+                    continue
+            if not self._accept(seq, drawn[seq.slot]):
+                ended.append(seq)
+        self._end(ended)
+
+    def _accept(self, seq: Sequence, token: int) -> bool:
+        """Take a drawn token; False when the sequence ended (a stop token, or its bound reached)."""
+        if len(seq.tokens) >= seq.max_len or token in self.stop_set:
+            return False
+        self._keep(seq, token)
+        return len(seq.tokens) < seq.max_len
+
+    def _keep(self, seq: Sequence, token: int) -> None:
+        seq.tokens.append(token)
+        if token in self.silent:
+            seq.silent_run += 1
+            if seq.silent_run > MAX_SILENT:
+                return
+        else:
+            seq.silent_run = 0
+        seq.kept.append(token)
+
+    def _end(self, ended: list[Sequence]) -> None:
+        for seq in ended:
+            self.scheduler.finish(seq, failed=seq.request.error is not None)
+        if ended:
+            self.runner.release(ended)
+
+    # -- flow and vocoder --------------------------------------------------------------------
+    def _flush(self, speed: float):
         """Flow and vocoder for the decoded rows together; yield the requests that are complete.
 
         Rows finish their decode a few at a time; gathering them first lets one flow pass serve
         many (on an H200 the flow of rows vocoded as they finished took 60% of the time).
         """
-        rows, self.decoded = self.decoded, []
-        for group in length_groups([row for row in rows if row.request.error is None and row.kept]):
-            self._vocode(group, speed)
-        for row in rows:
-            if not row.kept and row.request.error is None:
-                row.request.error = RuntimeError("the LLM produced no speech tokens")
-            if self._chain(row, waiting):
-                yield row.request
-
-    def _take_failed(self) -> list[Request]:
-        failed, self.failed_early = self.failed_early, []
-        return failed
-
-    def _fill(self, waiting: deque, source) -> None:
-        """Take new requests while rows are free (their first chunk waits for a row)."""
-        while len(self.rows) + len(waiting) < self.max_rows:
-            request = next(source, None)
-            if request is None:
-                return
-            if request.error is not None or not request.chunks:  # the frontend failed, or no text
-                request.error = request.error or RuntimeError("nothing to speak in the text")
-                self.failed_early.append(request)
-                continue
-            request.next_chunk = 1
-            waiting.append((request, request.chunks[0]))
-
-    def _chain(self, row: Row, waiting: deque) -> bool:
-        """Queue the request's next chunk, or say it is finished."""
-        request = row.request
-        if request.error is None and request.next_chunk < len(request.chunks):
-            waiting.appendleft((request, request.chunks[request.next_chunk]))
-            request.next_chunk += 1
-            return False
-        return True
-
-    # -- decode ------------------------------------------------------------------------------
-    def _admit(self, waiting: deque, logp):
-        """Prefill waiting chunks into free rows; returns the log-probabilities of every live row."""
-        new = []
-        while waiting and len(self.rows) + len(new) < self.max_rows:
-            request, chunk = waiting.popleft()
-            try:
-                new.append(self._prefill(request, chunk))
-            except Exception as exc:  # this utterance only
-                if is_out_of_memory(exc):
-                    raise
-                request.error = exc
-                self.failed_early.append(request)
-        for row, kv, row_logp in new:
-            self._merge(row, kv)
-            logp = row_logp if logp is None else torch.cat([logp, row_logp])
-        return logp
-
-    def _prefill(self, request: Request, chunk: dict):
-        """Upstream's first decode step for one chunk: its prompt through forward_chunk."""
-        lm_input, text_len = self._lm_input(chunk)
-        size = lm_input.shape[1]
-        mask = torch.tril(torch.ones((1, size, size), device=self.device)).to(torch.bool)
-        empty = torch.zeros((0, 0, 0, 0), device=self.device)
-        out, cache, _ = self.llm.llm.forward_chunk(lm_input, offset=0, required_cache_size=-1,
-                                                   att_cache=empty, cnn_cache=empty, att_mask=mask)
-        logp = self.llm.llm_decoder(out[:, -1]).log_softmax(dim=-1)
-        prompt_len = chunk["prompt_text"].shape[1] if "prompt_text" in chunk else 0
-        text_only = text_len - prompt_len
-        row = Row(request, chunk, min_len=int(text_only * self.min_ratio), max_len=int(text_only * self.max_ratio))
-        return row, [cache[i:i + 1] for i in range(cache.shape[0])], logp
-
-    def _lm_input(self, chunk: dict):
-        """[sos, speaker, text, task id, prompt speech] embeddings, as TransformerLM.inference builds them."""
-        llm, device = self.llm, self.device
-        text = chunk["text"].to(device)
-        prompt_text = chunk.get("prompt_text", torch.zeros(1, 0, dtype=torch.int32)).to(device)
-        text = torch.concat([prompt_text, text], dim=1)
-        text_len = torch.tensor([text.shape[1]], dtype=torch.int32, device=device)
-        text, _ = llm.encode(llm.text_embedding(text), text_len)
-        embedding = chunk.get("llm_embedding", torch.zeros(0, 192)).to(device)
-        if embedding.shape[0] != 0:
-            embedding = llm.spk_embed_affine_layer(F.normalize(embedding, dim=1)).unsqueeze(dim=1)
-        else:
-            embedding = torch.zeros(1, 0, llm.llm_input_size, dtype=text.dtype, device=device)
-        sos = llm.llm_embedding.weight[self.sos].reshape(1, 1, -1)
-        task = llm.llm_embedding.weight[llm.task_id].reshape(1, 1, -1)
-        prompt_speech = chunk.get("llm_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)).to(device)
-        prompt_emb = llm.speech_embedding(prompt_speech) if prompt_speech.shape[1] else \
-            torch.zeros(1, 0, llm.llm_input_size, dtype=text.dtype, device=device)
-        return torch.concat([sos, embedding, text, task, prompt_emb], dim=1), int(text_len.item())
-
-    def _merge(self, row: Row, kv: list[torch.Tensor]) -> None:
-        """Add a row's cache: the shorter side is padded on the left (masked out in attention)."""
-        if not self.rows:
-            self.kv, self.rows = kv, [row]
-            return
-        length, new_length = self.kv[0].shape[2], kv[0].shape[2]
-        if new_length < length:
-            kv = [F.pad(k, (0, 0, length - new_length, 0)) for k in kv]
-            row.pad = length - new_length
-        elif new_length > length:
-            self.kv = [F.pad(k, (0, 0, new_length - length, 0)) for k in self.kv]
-            for other in self.rows:
-                other.pad += new_length - length
-        self.kv = [torch.cat([a, b]) for a, b in zip(self.kv, kv)]
-        self.rows.append(row)
-
-    def _drop(self, finished: set) -> None:
-        """Remove finished rows and the left padding every remaining row shares."""
-        if not finished:
-            return
-        keep = [i for i, row in enumerate(self.rows) if row not in finished]
-        self.rows = [self.rows[i] for i in keep]
-        if not self.rows:
-            self.kv = []
-            return
-        index = torch.tensor(keep, device=self.device)
-        shared = min(row.pad for row in self.rows)
-        self.kv = [k.index_select(0, index)[:, :, shared:] for k in self.kv]
-        for row in self.rows:
-            row.pad -= shared
-
-    def _sample(self, logp) -> set:
-        """Each live row draws its next token by the model's sampling rule on its own random stream."""
-        finished = set()
-        if not self.rows:
-            return finished
-        scores = logp.float().cpu()
-        for i, row in enumerate(self.rows):
-            if len(row.tokens) < row.min_len or not row.tokens:
-                scores[i, self.stops] = -float("inf")  # upstream's ignore_eos, and never an empty utterance
-        tokens = self.sampler.draw(scores, self.rows)
-        for row, token in zip(self.rows, tokens):
-            if isinstance(token, BaseException):
-                row.request.error = token
-                finished.add(row)
-            elif len(row.tokens) >= row.max_len or token in self.stops:
-                finished.add(row)
-            else:
-                self._keep(row, token)
-                if len(row.tokens) >= row.max_len:
-                    finished.add(row)
-        return finished
-
-    def _keep(self, row: Row, token: int) -> None:
-        row.tokens.append(token)
-        if token in self.silent:
-            row.silent_run += 1
-            if row.silent_run > MAX_SILENT:
-                return
-        else:
-            row.silent_run = 0
-        row.kept.append(token)
-
-    def _step(self):
-        """One decode step for every live row: the last token in, the next log-probabilities out."""
-        encoder = self.llm.llm
-        tokens = torch.tensor([row.tokens[-1] for row in self.rows], device=self.device)
-        xs = self.llm.speech_embedding.weight[tokens].unsqueeze(1)
-        length = self.kv[0].shape[2]
-        xs, _, _ = encoder.embed(xs, torch.ones(len(self.rows), 1, 1, dtype=torch.bool, device=self.device), length)
-        pos_emb = encoder.embed.position_encoding(offset=0, size=length + 1)
-        pads = torch.tensor([row.pad for row in self.rows], device=self.device)
-        mask = (torch.arange(length + 1, device=self.device)[None, :] >= pads[:, None]).unsqueeze(1)
-        empty = torch.zeros((0, 0, 0, 0), device=self.device)
-        for i, layer in enumerate(encoder.encoders):
-            xs, _, self.kv[i], _ = layer(xs, mask, pos_emb, att_cache=self.kv[i], cnn_cache=empty)
-        if encoder.normalize_before:
-            xs = encoder.after_norm(xs)
-        return self.llm.llm_decoder(xs[:, -1]).log_softmax(dim=-1)
-
-    # -- flow and vocoder --------------------------------------------------------------------
-    def _vocode(self, rows: list[Row], speed: float) -> None:
-        if not rows:
-            return
-        try:
-            mels = self._flow(rows)
-        except Exception as exc:
-            if is_out_of_memory(exc):
-                raise
-            if len(rows) == 1:
-                rows[0].request.error = exc
-                return
-            for row in rows:  # find the row that fails: the others are spoken alone
-                self._vocode([row], speed)
-            return
-        for row, mel in zip(rows, mels):
-            try:
-                row.request.audio.append(self._hift(row.request, mel, speed))
-            except Exception as exc:
-                row.request.error = exc
-
-    def _flow(self, rows: list[Row]) -> list[torch.Tensor]:
-        return flow_batch(self.flow, rows, self.device)
-
-    def _hift(self, request: Request, mel: torch.Tensor, speed: float) -> np.ndarray:
-        return vocode_one(self.hift, request, mel, speed, self.hift_finalizes)
+        seqs = self.scheduler.take_decoded()
+        with self.timer("flow"):
+            self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed)
+        for seq in seqs:
+            if not seq.kept and seq.request.error is None:
+                seq.request.error = RuntimeError("the LLM produced no speech tokens")
+            seq.request.tokens.append(seq.kept)
+            request = self.scheduler.complete(seq)
+            if request is not None:
+                yield request

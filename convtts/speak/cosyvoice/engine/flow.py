@@ -1,32 +1,83 @@
-"""Flow matching for several decoded rows at once: v1's masked flow, v2/v3's causal flow, the Euler solve."""
+"""Flow matching for several decoded rows at once: v1's masked flow, v2/v3's causal flow, rows grouped per pass.
+
+Rows are padded on the right to the longest of their pass, and nothing a row computes sees the
+padding: the estimator is re-driven (estimator.py: v1's group norms over the row's own frames, key
+masks), v2's encoder gets zeros past each row's end where its look-ahead reads, v1's encoder and
+v3's look-ahead convolution already do. So a row in a pass matches its solo rendering up to float
+rounding: within 1e-5 of full scale in fp32 (measured 1e-7) for v1, v2 and v3 alike. The Euler
+solve itself (eager, bucketed, CUDA graphs) is solver.py's.
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from convtts.speak.cosyvoice.engine.precision import matmul_mode, part_module, storage_dtype
 from convtts.speak.cosyvoice.engine.requests import Row, own_random_stream
+from convtts.speak.cosyvoice.engine.sizing import estimator_widths, flow_bytes_per_frame, rows_within
+from convtts.speak.cosyvoice.engine.solver import Solver, width_bucket
+
+SPREAD = 1.25  # longest over shortest row in one flow pass: padding costs work, not accuracy
 
 
-SPREAD = 1.25  # longest over shortest row in one flow pass
-
-
-def length_groups(rows: list[Row]) -> list[list[Row]]:
-    """Rows by decoded length, cut where the longest would pass SPREAD times the shortest.
-
-    A flow pass pads its rows to the longest, and the estimator's group norms count the padded
-    frames: rows of close lengths keep each one near its solo rendering and waste little work.
-    """
+def length_groups(rows: list[Row], frames_of=lambda row: len(row.kept), cap=lambda frames: 1 << 30) -> list[list[Row]]:
+    """Rows by length, cut where the longest would pass SPREAD times the shortest or the group
+    would pass `cap(longest)` rows (the memory of one pass)."""
     groups: list[list[Row]] = []
-    for row in sorted(rows, key=lambda r: len(r.kept)):
-        if groups and len(row.kept) <= SPREAD * len(groups[-1][0].kept):
+    for row in sorted(rows, key=frames_of):
+        if groups and frames_of(row) <= SPREAD * frames_of(groups[-1][0]) and len(groups[-1]) < cap(frames_of(row)):
             groups[-1].append(row)
         else:
             groups.append([row])
     return groups
 
 
-def flow_batch(flow, rows: list[Row], device) -> list[torch.Tensor]:
-    """v1 flow (MaskedDiffWithXvec.inference) for several rows at once; returns each row's mel."""
+class Flow:
+    """One engine's flow: its parts in the configured format, the Euler solver, the rows per pass."""
+
+    def __init__(self, flow, precision: str = "fp32", device="cpu", graphs: bool = False, compile: bool = False,
+                 max_graphs: int = 16, max_mb: int = 4096, bucket: bool | None = None):
+        self.flow, self.precision, self.device = flow, precision, device
+        self.v1 = type(flow).__name__ == "MaskedDiffWithXvec"
+        self.solver = Solver(flow.decoder, precision, graphs, compile, max_graphs, device, bucket)
+        self.max_mb = max_mb
+        self.per_frame = flow_bytes_per_frame(estimator_widths(flow.decoder.estimator), precision)
+        # v2's conformer encoder runs in the flow's format too (v1's is at the token rate, cheap;
+        # v3 has none, only a look-ahead convolution)
+        upsampling = type(getattr(flow, "encoder", None)).__name__ == "UpsampleConformerEncoder"
+        self.encoder = part_module(flow.encoder, precision) if upsampling else None
+        self.encoder_proj = part_module(flow.encoder_proj, precision) if self.encoder is not None else None
+
+    @classmethod
+    def configured(cls, flow, precision: str, cosy, device) -> "Flow":
+        """The flow as tts.cosyvoice configures it (cuda_graphs, flow.compile, .max_graphs, .max_mb)."""
+        return cls(flow, precision, device, graphs=cosy.cuda_graphs, compile=cosy.flow.compile,
+                   max_graphs=cosy.flow.max_graphs, max_mb=cosy.flow.max_mb)
+
+    def groups(self, rows: list[Row]) -> list[list[Row]]:
+        """The rows' flow passes: close lengths together, each within the memory budget."""
+        def cap(frames: int) -> int:
+            return rows_within(self.max_mb, width_bucket(frames) * self.per_frame / 2**20)
+
+        return length_groups(rows, self.frames, cap)
+
+    def frames(self, row: Row) -> int:
+        """Mel frames of the row's pass: its prompt's and its own."""
+        prompt = flow_prompt_tokens(row).shape[1]
+        if self.v1:
+            feat = row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80)).shape[1]
+            return feat + int(len(row.kept) / self.flow.input_frame_rate * 22050 / 256)
+        return (prompt + len(row.kept)) * self.flow.token_mel_ratio
+
+    def mels(self, rows: list[Row]) -> list[torch.Tensor]:
+        """Each row's mel [1, 80, frames] for its own tokens (the prompt's frames cut off), fp32."""
+        with matmul_mode(self.precision):
+            return flow_batch(self, rows) if self.v1 else flow_batch_causal(self, rows)
+
+
+def flow_batch(runner: Flow, rows: list[Row]) -> list[torch.Tensor]:
+    """v1 flow (MaskedDiffWithXvec.inference) for several rows at once."""
+    flow, device = runner.flow, runner.device
     prompt_tokens = [flow_prompt_tokens(row).shape[1] for row in rows]
     feats = [row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80)) for row in rows]
     embedded, lengths = embed_flow_tokens(flow, rows, device)
@@ -39,7 +90,7 @@ def flow_batch(flow, rows: list[Row], device) -> list[torch.Tensor]:
         mel_len2 = int((total - len1) / flow.input_frame_rate * 22050 / 256)
         mel, _ = flow.length_regulator.inference(h[i:i + 1, :len1], h[i:i + 1, len1:total], mel_len1, mel_len2, flow.input_frame_rate)
         mels.append((mel[0], mel_len1, mel_len2))
-    return solve(flow.decoder, rows, mels, feats, flow_speakers(flow, rows, device), device)
+    return solve(runner, rows, mels, feats, flow_speakers(flow, rows, device))
 
 
 def flow_prompt_tokens(row: Row) -> torch.Tensor:
@@ -64,8 +115,9 @@ def flow_speakers(flow, rows: list[Row], device) -> torch.Tensor:
     return flow.spk_embed_affine_layer(F.normalize(torch.cat(embeddings), dim=1))
 
 
-def solve(decoder, rows, mels, feats, spks, device) -> list[torch.Tensor]:
-    """Upstream's Euler solve with classifier-free guidance, for padded rows under one mask."""
+def solve(runner: Flow, rows, mels, feats, spks) -> list[torch.Tensor]:
+    """v1: each row's noise from its own stream, prompt features as the condition, the Euler solve."""
+    device = runner.device
     width = max(m.shape[0] for m, _, _ in mels)
     batch = len(rows)
     mu = torch.zeros(batch, 80, width, device=device, dtype=spks.dtype)
@@ -80,52 +132,56 @@ def solve(decoder, rows, mels, feats, spks, device) -> list[torch.Tensor]:
             cond[i, :, :len1] = feats[i][0].to(device).transpose(0, 1)
         with own_random_stream(row.request):  # upstream: randn_like(mu), drawn after the decode
             x[i, :, :size] = torch.randn(1, 80, size)[0].to(device)
-    x = euler(decoder, x, mask, mu, spks, cond)
+    x = runner.solver.solve(x, mask, mu, spks, cond, [m.shape[0] for m, _, _ in mels])
     return [x[i:i + 1, :, len1:len1 + len2].float() for i, (_, len1, len2) in enumerate(mels)]
 
 
-def euler(decoder, x, mask, mu, spks, cond, **options) -> torch.Tensor:
-    """Upstream's 10 Euler steps with classifier-free guidance (solve_euler), for any number of rows.
-
-    The first half of each estimator call is conditioned, the second has mu, speaker and prompt
-    zeroed; `options` go to the estimator (v2/v3 take streaming=False).
-    """
-    batch = x.shape[0]
-    t_span = torch.linspace(0, 1, 11, device=x.device, dtype=mu.dtype)  # upstream's n_timesteps=10
-    if decoder.t_scheduler == "cosine":
-        t_span = 1 - torch.cos(t_span * 0.5 * torch.pi)
-    t, dt = t_span[0].unsqueeze(0), t_span[1] - t_span[0]
-    zeros = torch.zeros_like(mu)
-    rate = decoder.inference_cfg_rate
-    for step in range(1, len(t_span)):
-        out = decoder.forward_estimator(
-            torch.cat([x, x]), torch.cat([mask, mask]), torch.cat([mu, zeros]),
-            t.expand(2 * batch).contiguous(), torch.cat([spks, torch.zeros_like(spks)]), torch.cat([cond, zeros]),
-            **options,
-        )
-        guided, free = torch.split(out, [batch, batch], dim=0)
-        x = x + dt * ((1.0 + rate) * guided - rate * free)
-        t = t + dt
-        if step < len(t_span) - 1:
-            dt = t_span[step + 1] - t
-    return x
+def encode_causal(runner: Flow, embedded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """v2: the conformer encoder that upsamples to mel frames; v3: the look-ahead convolution,
+    each token repeated for its mel frames. fp32 out."""
+    flow = runner.flow
+    if runner.encoder is None:
+        return flow.pre_lookahead_layer(embedded).repeat_interleave(flow.token_mel_ratio, dim=1)
+    dtype = storage_dtype(runner.precision)
+    h = upsample_encoder(runner.encoder, embedded.to(dtype), lengths)
+    return runner.encoder_proj(h).float()
 
 
-def flow_batch_causal(flow, rows: list[Row], device) -> list[torch.Tensor]:
+def upsample_encoder(encoder, xs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """v2's UpsampleConformerEncoder.forward (not streaming), with each row's embedded frames zeroed
+    past its end before the look-ahead convolution, which reads 3 frames ahead: alone, a row's
+    last frames see zero padding there; in a batch they would see the padding's embedding (bias and
+    norm of zero tokens) and, through attention, every frame of the row would shift."""
+    from cosyvoice.utils.mask import add_optional_chunk_mask, make_pad_mask
+
+    masks = ~make_pad_mask(lengths, xs.size(1)).unsqueeze(1)  # (B, 1, T)
+    if encoder.global_cmvn is not None:
+        xs = encoder.global_cmvn(xs)
+    xs, pos_emb, masks = encoder.embed(xs, masks)
+    xs = xs * masks.transpose(1, 2).to(xs.dtype)
+    chunk_masks = add_optional_chunk_mask(xs, masks, False, False, 0, 0, -1)
+    xs = encoder.forward_layers(encoder.pre_lookahead_layer(xs), chunk_masks, pos_emb, masks)
+    xs, lengths = encoder.up_layer(xs.transpose(1, 2).contiguous(), lengths)
+    xs = xs.transpose(1, 2).contiguous()
+    masks = ~make_pad_mask(lengths, xs.size(1)).unsqueeze(1)
+    xs, pos_emb, masks = encoder.up_embed(xs, masks)
+    chunk_masks = add_optional_chunk_mask(xs, masks, False, False, 0, 0, -1)
+    xs = encoder.forward_up_layers(xs, chunk_masks, pos_emb, masks)
+    return encoder.after_norm(xs) if encoder.normalize_before else xs
+
+
+def flow_batch_causal(runner: Flow, rows: list[Row]) -> list[torch.Tensor]:
     """v2/v3 flow (CausalMaskedDiffWithXvec / CausalMaskedDiffWithDiT .inference) for several rows at once.
 
-    Rows are padded on the right. Every layer that mixes frames is causal (convolutions padded on
-    the left) or masked (attention), and the norms are per frame, so a row's frames do not see the
-    padding: a row in a batch matches its solo rendering up to float rounding. Like upstream, each
-    row starts from the decoder's fixed noise and gets the mel frames after its prompt's.
+    Every layer that mixes frames is causal (convolutions padded on the left), masked (attention)
+    or given zeros past the row's end (v2's look-ahead, upsample_encoder), and the norms are per
+    frame, so a row's frames do not see the padding. Like upstream, each row starts from the
+    decoder's fixed noise and gets the mel frames after its prompt's.
     """
+    flow, device = runner.flow, runner.device
     feats = [row.chunk.get("prompt_speech_feat", torch.zeros(1, 0, 80))[0] for row in rows]
     embedded, lengths = embed_flow_tokens(flow, rows, device)
-    if hasattr(flow, "encoder"):  # v2: a conformer encoder that upsamples to mel frames
-        h, _ = flow.encoder(embedded, lengths, streaming=False)
-        h = flow.encoder_proj(h)
-    else:  # v3: the look-ahead convolution, each token repeated for its mel frames
-        h = flow.pre_lookahead_layer(embedded).repeat_interleave(flow.token_mel_ratio, dim=1)
+    h = encode_causal(runner, embedded, lengths)
     frames = [int(n) * flow.token_mel_ratio for n in lengths.tolist()]
     width = h.shape[1]
     mask = (torch.arange(width, device=device)[None, :] < torch.tensor(frames, device=device)[:, None]).unsqueeze(1).to(h.dtype)
@@ -134,6 +190,6 @@ def flow_batch_causal(flow, rows: list[Row], device) -> list[torch.Tensor]:
     for i, feat in enumerate(feats):
         cond[i, :, :feat.shape[0]] = feat.to(device).transpose(0, 1)
     noise = flow.decoder.rand_noise[:, :, :width].to(device=device, dtype=mu.dtype)
-    x = euler(flow.decoder, noise.expand(len(rows), -1, -1).contiguous(), mask, mu, flow_speakers(flow, rows, device), cond,
-              streaming=False)
+    x = runner.solver.solve(noise.expand(len(rows), -1, -1).contiguous(), mask, mu, flow_speakers(flow, rows, device), cond,
+                            frames)
     return [x[i:i + 1, :, feat.shape[0]:frames[i]].float() for i, feat in enumerate(feats)]

@@ -1,4 +1,4 @@
-"""An utterance in the batched engine (Request) and one text chunk of it in the decode (Row)."""
+"""An utterance in the batched engine (Request) and one text chunk of it in the decode (Sequence)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -7,33 +7,64 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+# A sequence's life: waiting for a row, running (decoding in a row), decoded (its tokens wait for
+# the flow), done (spoken), failed (its request has an error).
+WAITING, RUNNING, DECODED, DONE, FAILED = "waiting", "running", "decoded", "done", "failed"
+
 
 @dataclass(eq=False)
 class Request:
-    """One utterance: the caller's key for it, its frontend inputs (one dict per text chunk), its seed."""
+    """One utterance: the caller's key for it, its frontend inputs (one dict per text chunk), its seed.
+
+    `pending` is the text frontend still at work on it (a Future of the chunk list), if any.
+    """
     key: object
     chunks: list[dict]
     seed: int
     generator: torch.Generator = None  # this utterance's own random stream (CPU)
     audio: list[np.ndarray] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # the speech tokens each chunk decoded, as the flow got them
     error: BaseException | None = None
     next_chunk: int = 0
+    pending: object = None
 
     def __post_init__(self):
         self.generator = torch.Generator().manual_seed(self.seed)
 
+    def ready(self) -> bool:
+        return self.pending is None or self.pending.done()
+
+    def resolve(self) -> None:
+        """Take the frontend's result (waiting for it if need be): the chunks, or the error."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        try:
+            self.chunks = pending.result()
+        except Exception as exc:  # the frontend refused this text: this utterance only
+            self.error = exc
+
 
 @dataclass(eq=False)
-class Row:
-    """One text chunk in the decode: its cache padding, sampled tokens and bounds."""
+class Sequence:
+    """One text chunk of a request in the decode: its status, row slot, sampled tokens and bounds."""
     request: Request
     chunk: dict
+    index: int  # which chunk of the request
     min_len: int
     max_len: int
-    pad: int = 0
+    status: str = WAITING
+    slot: int = -1  # its row in a static cache
+    prompt_len: int = 0  # cache positions its prefill filled
+    launched: int = 0  # decode steps started for it (the cache holds prompt_len + launched positions)
+    pad: int = 0  # left padding in the upstream path's shared cache
     tokens: list[int] = field(default_factory=list)  # every sampled token (the repetition window)
     kept: list[int] = field(default_factory=list)  # what the flow gets (long silences trimmed)
     silent_run: int = 0
+    started: bool = False  # its first token (drawn at the prefill) has been read
+
+
+Row = Sequence  # the flow's name for a decoded sequence
 
 
 @contextmanager

@@ -1,13 +1,30 @@
-"""The HiFT vocoder: a decoded row's mel to its samples, as upstream's non-streaming call makes them."""
+"""The HiFT vocoder for the engine: decoded rows' mels to samples, several rows per pass, each with its own noise.
+
+A pass of one row is upstream's own non-streaming call (vocode_one). Larger passes run the
+masked re-drive of hift.py on a copy of HiFT with its weight norms folded (and its convolutions
+cast for bf16/fp16). Each row's noise is drawn from its own utterance's seed, in the shapes and
+order upstream draws it (v1: random phases on the CPU stream, then Gaussian noise; v2: initial
+phases, then noise; v3: fixed buffers), so a row's audio does not depend on its pass: it matches
+its solo rendering within 1e-5 of full scale in fp32 (float rounding of differently shaped kernels).
+"""
 from __future__ import annotations
 
 import inspect
+import logging
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.distributions.uniform import Uniform
 
+from convtts.speak.base import is_out_of_memory
+from convtts.speak.cosyvoice.engine.flow import SPREAD
+from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
+from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
 from convtts.speak.cosyvoice.engine.requests import Request, own_random_stream
+from convtts.speak.cosyvoice.engine.sizing import hift_widths, rows_within, vocoder_bytes_per_sample
+
+log = logging.getLogger(__name__)
 
 
 def finalizes(hift) -> bool:
@@ -15,10 +32,14 @@ def finalizes(hift) -> bool:
     return "finalize" in inspect.signature(hift.inference).parameters
 
 
+def stretch(mel: torch.Tensor, speed: float) -> torch.Tensor:
+    """Upstream's speed change: the mel resampled in time before the vocoder."""
+    return mel if speed == 1.0 else F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+
+
 def vocode_one(hift, request: Request, mel: torch.Tensor, speed: float, takes_finalize: bool) -> np.ndarray:
     """Upstream's non-streaming vocoder call for one utterance, its noise drawn from the utterance's seed."""
-    if speed != 1.0:
-        mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+    mel = stretch(mel, speed)
     if mel.device.type == "cuda":
         torch.cuda.manual_seed(request.seed)  # the vocoder's noise, drawn on the GPU
     with own_random_stream(request):
@@ -27,3 +48,123 @@ def vocode_one(hift, request: Request, mel: torch.Tensor, speed: float, takes_fi
         else:
             speech, _ = hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0))
     return speech.float().cpu().numpy().reshape(-1)
+
+
+def draw_noise(gen, request: Request, samples: int, device) -> dict:
+    """One row's noise as upstream draws it for `samples` samples, from the request's streams.
+
+    SineGen (v1): phases (CPU), harmonics' noise, then the unused noise branch; SineGen2 (v2):
+    initial phases, noise, noise branch. The unused draws are made all the same: a CPU run
+    goes on to sample the utterance's next chunk from the same stream.
+    """
+    harmonics = gen.harmonic_num + 1
+    if torch.device(device).type == "cuda":
+        torch.cuda.manual_seed(request.seed)
+    with own_random_stream(request):
+        if type(gen).__name__ == "SineGen":
+            phase = Uniform(low=-np.pi, high=np.pi).sample(sample_shape=(1, harmonics, 1)).to(device)
+            phase[:, 0, :] = 0
+            noise = {"phase": phase, "sine": torch.randn(1, harmonics, samples, device=device)}
+        else:
+            initial = torch.rand(1, harmonics, device=device)
+            initial[:, 0] = 0
+            # upstream draws randn_like of a transposed view: same layout, same normal_ kernel, same numbers
+            sine = torch.empty(1, harmonics, samples, device=device).transpose(1, 2).normal_()
+            noise = {"initial": initial, "sine": sine}
+        torch.randn(1, samples, 1, device=device)  # the noise branch upstream draws and the vocoder never reads
+    return noise
+
+
+def fixed_noise(gen, samples: int, device) -> dict:
+    """v3's causal SineGen2: the same initial phases and noise buffer for every utterance."""
+    return {"initial": gen.rand_ini.to(device), "sine": gen.sine_waves[:, :samples].to(device)}
+
+
+def batch_noise(gen, rows: list[dict], samples: int) -> dict:
+    """Rows' noise stacked, the per-sample noise padded with zeros to `samples` (SineGen keeps time
+    last, SineGen2 in the middle)."""
+    time = 2 if type(gen).__name__ == "SineGen" else 1
+    out = {key: torch.cat([noise[key] for noise in rows]) for key in rows[0] if key != "sine"}
+    padded = []
+    for noise in rows:
+        extra = samples - noise["sine"].shape[time]
+        padded.append(F.pad(noise["sine"], (0, extra) if time == 2 else (0, 0, 0, extra)))
+    out["sine"] = torch.cat(padded)
+    return out
+
+
+class Vocoder:
+    """One engine's vocoder: passes of up to `max_rows` rows (fewer when long: `max_mb` bounds a pass)."""
+
+    def __init__(self, hift, precision: str = "fp32", max_rows: int = 16, max_mb: int = 4096):
+        self.hift, self.precision = hift, precision
+        self.max_rows, self.max_mb = max_rows, max_mb
+        self.takes_finalize = finalizes(hift)
+        # a copy with folded weight norms (and cast convolutions); upstream's own serves passes of one
+        self.twin = cast_copy(hift, precision, keep_fp32=("f0_predictor", "m_source"), fold=True) if max_rows > 1 else None
+        self.per_sample = vocoder_bytes_per_sample(hift_widths(hift), precision)
+        self.last_passes: list[int] = []  # rows of each pass of the last call (for benchmarks)
+
+    @classmethod
+    def configured(cls, hift, precision: str, cosy) -> "Vocoder":
+        """The vocoder as tts.cosyvoice configures it (flow.vocoder_rows, flow.max_mb)."""
+        return cls(hift, precision, cosy.flow.vocoder_rows, cosy.flow.max_mb)
+
+    def speak(self, requests: list[Request], mels: list[torch.Tensor], speed: float) -> list:
+        """Each row's samples (1-D float32 numpy), or the exception that row's vocoding raised."""
+        out: list = [None] * len(mels)
+        passes = self._passes([stretch(m, speed).shape[2] for m in mels])
+        self.last_passes = [len(index) for index in passes]
+        for index in passes:
+            if len(index) == 1:
+                out[index[0]] = self._one(requests[index[0]], mels[index[0]], speed)
+                continue
+            chosen = [requests[i] for i in index]
+            states = [r.generator.get_state() for r in chosen]
+            try:
+                audio = self._batch(chosen, [stretch(mels[i], speed) for i in index])
+            except Exception as exc:
+                if is_out_of_memory(exc):
+                    raise
+                log.warning("a vocoder pass of %d rows failed (%s: %s); vocoding them one at a time", len(index),
+                            type(exc).__name__, exc)
+                for request, state in zip(chosen, states):
+                    request.generator.set_state(state)
+                audio = [self._one(requests[i], mels[i], speed) for i in index]
+            for i, samples in zip(index, audio):
+                out[i] = samples
+        return out
+
+    def _passes(self, frames: list[int]) -> list[list[int]]:
+        """Row indices per pass: by length, as the flow groups them (SPREAD), each pass within
+        max_rows and the memory budget."""
+        spf = samples_per_frame(self.hift)
+        passes: list[list[int]] = []
+        for i in sorted(range(len(frames)), key=lambda i: frames[i]):
+            cap = min(self.max_rows, rows_within(self.max_mb, frames[i] * spf * self.per_sample / 2**20))
+            if passes and len(passes[-1]) < cap and frames[i] <= SPREAD * frames[passes[-1][0]]:
+                passes[-1].append(i)
+            else:
+                passes.append([i])
+        return passes
+
+    def _one(self, request: Request, mel: torch.Tensor, speed: float):
+        try:
+            return vocode_one(self.hift, request, mel, speed, self.takes_finalize)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise
+            return exc
+
+    def _batch(self, requests: list[Request], mels: list[torch.Tensor]) -> list[np.ndarray]:
+        device = mels[0].device
+        gen = self.twin.m_source.l_sin_gen
+        samples = [m.shape[2] * samples_per_frame(self.twin) for m in mels]
+        if getattr(gen, "causal", False):
+            noise = fixed_noise(gen, max(samples), device)
+        else:
+            noise = batch_noise(gen, [draw_noise(gen, r, n, device) for r, n in zip(requests, samples)], max(samples))
+        with matmul_mode(self.precision):
+            audio, lengths = vocode_rows(self.twin, mels, noise)
+        audio = audio.float().cpu().numpy()  # one copy off the GPU for the pass
+        return [audio[i, :n].copy() for i, n in enumerate(lengths)]

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Variants of one setting side by side on one GPU: the same text through run_all.sh, each variant with its own --set items.
+
+Each variant is measured as bench/throughput.py measures a setting (audio seconds per second over a
+timed window once every worker is up, GPU memory per worker, GPU and CPU busy), in its own output
+directory. The report adds, from the variant's own rows and worker logs: what the quality gate
+spent (quality.gate_seconds per utterance and per audio second, which takes got the ASR check, how
+many were re-spoken or failed), which voices spoke, and how many prompt registrations the workers
+made and how long they took (a voice pool's cost); and each variant's throughput against the first's.
+Figures go to OUT.json after every variant, so a run cut short keeps what it measured.
+
+    python bench/compare_runs.py --model-dir /tmp/cv300m --setting 8:on:fp32:32 --seconds 60 \\
+        --variant gate-off --variant gate-on validate.enabled=true validate.recogniser=hf-whisper \\
+        validate.model_path=/tmp/whisper-turbo --out bench/results/gate
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import orjson
+
+from throughput import REPO, Setting, gpu_name, make_input, run_setting  # bench/ is this script's own folder on sys.path
+
+REGISTERED = re.compile(r"prompt features: (\d+) voices registered in ([0-9.]+) s, (\d+) reused")  # at each rebuild
+
+
+def rows_of(out: Path) -> tuple[list[dict], list[dict]]:
+    """Every row and failure the workers wrote (their own files: a run stopped by the window has no merge)."""
+    def read(pattern: str) -> list[dict]:
+        return [orjson.loads(line) for path in sorted((out / "work").glob(pattern))
+                for line in path.read_bytes().splitlines() if line.strip()]
+    return read("*.manifest.jsonl"), [f for f in read("*.failures.jsonl") if f.get("status") == "failed"]
+
+
+def gate_report(rows: list[dict], failures: list[dict]) -> dict | None:
+    gated = [r for r in rows if r.get("quality")]
+    if not gated:
+        return None
+    seconds = [r["quality"]["gate_seconds"] for r in gated if "gate_seconds" in r["quality"]]
+    kinds: dict[str, int] = {}
+    for r in gated:
+        kinds[r["quality"].get("asr", "?")] = kinds.get(r["quality"].get("asr", "?"), 0) + 1
+    audio = sum(r["duration"] for r in gated)
+    by_check: dict[str, int] = {}
+    for f in failures:
+        by_check[f.get("check", "error")] = by_check.get(f.get("check", "error"), 0) + 1
+    return {
+        "gated": len(gated), "asr": kinds, "respoken": sum(1 for r in gated if r.get("respeaks")),
+        "failed": by_check, "gate_seconds_mean": round(statistics.fmean(seconds), 4) if seconds else None,
+        "gate_seconds_p90": round(sorted(seconds)[int(0.9 * (len(seconds) - 1))], 4) if seconds else None,
+        "gate_seconds_per_audio_second": round(sum(seconds) / audio, 4) if audio else None,
+        "wer_mean": round(statistics.fmean([r["quality"]["wer"] for r in gated if "wer" in r["quality"]] or [0]), 3),
+    }
+
+
+def voice_report(rows: list[dict], logs: Path) -> dict:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.get("speaker")] = counts.get(r.get("speaker"), 0) + 1
+    registered = [REGISTERED.search(line) for log in logs.rglob("*.log") for line in log.read_text(errors="replace").splitlines()]
+    registered = [m for m in registered if m]
+    made, reused = sum(int(m.group(1)) for m in registered), sum(int(m.group(3)) for m in registered)
+    seconds = sum(float(m.group(2)) for m in registered)
+    # logged when a model closes (a rebuild): utterances spoken over those models = registrations + reuses
+    return {"voices": len(counts), "rows_per_voice_max": max(counts.values(), default=0),
+            "prompt_registrations": made, "prompt_reuses": reused, "prompt_seconds": round(seconds, 2),
+            "prompt_seconds_per_utterance": round(seconds / max(1, made + reused), 4)}
+
+
+def run_variant(name: str, sets: list[str], args, input_file: Path, work: Path) -> dict:
+    workers, mps, precision, *batch = args.setting.split(":")
+    setting = Setting(name, int(workers), mps, precision, int(batch[0]) if batch else 1)
+    variant_args = argparse.Namespace(**{**vars(args), "set": [*args.set, *sets]})
+    report = run_setting(setting, variant_args, input_file, work)
+    rows, failures = rows_of(work / name)
+    report.update(variant={"name": name, "sets": sets}, gate=gate_report(rows, failures),
+                  voices=voice_report(rows, work / f"{name}-log"))
+    return report
+
+
+def print_table(reports: list[dict]) -> None:
+    first = reports[0].get("audio_seconds_per_second")
+    print("| variant | audio s/s | vs first | gate s/utt (mean, p90) | gate s per audio s | ASR checked | "
+          "re-spoken | failed | voices | prompt registrations (s/utt) | GPU MiB/worker | GPU busy | CPU busy | exit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in reports:
+        rate, gate, voices, memory = r.get("audio_seconds_per_second"), r["gate"] or {}, r["voices"], r["memory"]
+        ratio = f"{rate / first:.3f}" if rate and first else "-"
+        per_worker = max((w["gpu_mb_max"] for w in memory["workers"].values()), default=None)
+        checked = sum(n for kind, n in gate.get("asr", {}).items() if not kind.startswith(("skipped", "off")))
+        print(f"| {r['variant']['name']} | {rate} | {ratio} | {gate.get('gate_seconds_mean')}, {gate.get('gate_seconds_p90')} | "
+              f"{gate.get('gate_seconds_per_audio_second')} | {checked}/{gate.get('gated', 0)} | {gate.get('respoken')} | "
+              f"{gate.get('failed')} | {voices['voices']} | {voices['prompt_registrations']} "
+              f"({voices['prompt_seconds_per_utterance']}) | {per_worker} | {memory.get('gpu_busy_mean')} | "
+              f"{memory['cpu_busy_mean']} | {r['exit_code']} |")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
+    p.add_argument("--text", default=str(REPO / "tests" / "data" / "llava_style.json"))
+    p.add_argument("--gpu", default="0", help="the GPU's index (or cpu:N for a dry run)")
+    p.add_argument("--setting", default="8:on:fp32:32", help="workers:mps(on|off):precision(fp16|fp32)[:batch size], for every variant")
+    p.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [KEY=VALUE ...]",
+                   help="a name, then the --set items of this variant only")
+    p.add_argument("--utterances", type=int, default=6000)
+    p.add_argument("--seconds", type=float, default=60, help="the timed window (0: run to the end)")
+    p.add_argument("--max-words", type=int, default=10)
+    p.add_argument("--rebuild-every", type=int, default=100)
+    p.add_argument("--segments-per-shard", type=int, default=200)
+    p.add_argument("--work", default="/tmp/convtts-compare")
+    p.add_argument("--set", action="append", default=[], help="group.key=value for every variant")
+    p.add_argument("--out", required=True, help="prefix of the .json result")
+    args = p.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    input_file = work / "input.json"
+    make_input(Path(args.text), args.utterances, args.max_words, input_file)
+    reports = []
+    for name, *sets in args.variant:
+        reports.append(run_variant(name, sets, args, input_file, work))
+        Path(f"{args.out}.json").write_bytes(orjson.dumps(
+            {"gpu": gpu_name(args.gpu), "setting": args.setting, "common_sets": args.set, "reports": reports},
+            option=orjson.OPT_INDENT_2))
+    print_table(reports)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

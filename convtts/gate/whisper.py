@@ -1,0 +1,157 @@
+"""The quality gate's GPU recogniser: Whisper through transformers, many takes per call, greedy, English.
+
+A local checkpoint directory (validate.model_path, as released: config.json, model.safetensors,
+generation_config.json, the tokenizer and feature-extractor files); nothing is downloaded. On CUDA
+the weights run in validate.asr_precision (bf16 by default), on the CPU in fp32. Each call turns up
+to validate.asr_batch takes into log-mel features together (on the model's device), runs the
+encoder once for all of them and decodes them together, greedily, as Whisper's own generate() does
+with language en, task transcribe and no timestamps. Each row stops at end-of-text or at a length
+bound taken from its audio's duration, so a take that babbles, or a random-weight decoder, cannot
+run to the model's 448 positions.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from convtts.config import ValidateConfig
+
+log = logging.getLogger(__name__)
+
+RATE = 16000
+WINDOW = 30 * RATE  # Whisper hears 30 s at a time; a longer take is cut into windows, their texts joined
+TOKENS_PER_SECOND = 7  # about 5 words a second, faster than people speak; 10 more for a short take's tail
+SPARE_TOKENS = 10
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def token_limit(samples: int, room: int) -> int:
+    """How many tokens a window of `samples` (16 kHz) may decode into, at most `room`."""
+    return min(room, math.ceil(samples / RATE * TOKENS_PER_SECOND) + SPARE_TOKENS)
+
+
+def windows(audio: np.ndarray) -> list[np.ndarray]:
+    """The take in windows of at most 30 s (one, almost always: segments are short)."""
+    return [audio[start:start + WINDOW] for start in range(0, max(len(audio), 1), WINDOW)]
+
+
+def pick_device(cfg: ValidateConfig) -> str:
+    import torch
+
+    if cfg.asr_device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.asr_device
+
+
+class TransformersWhisper:
+    """Whisper (transformers) on a local checkpoint directory, batched, on the worker's GPU when it has one."""
+
+    def __init__(self, cfg: ValidateConfig):
+        import torch
+        from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
+
+        started = time.time()
+        self.device = pick_device(cfg)
+        self.dtype = getattr(torch, DTYPES[cfg.asr_precision]) if self.device != "cpu" else torch.float32
+        path = cfg.model_path
+        self.model = WhisperForConditionalGeneration.from_pretrained(
+            path, dtype=self.dtype, local_files_only=True).to(self.device).eval()
+        self.features = WhisperFeatureExtractor.from_pretrained(path, local_files_only=True)
+        self.tokenizer = WhisperTokenizer.from_pretrained(path, local_files_only=True)
+        self.batch = cfg.asr_batch
+        self._token_rules()
+        log.info("Whisper from %s on %s in %s, %d takes a batch, loaded in %.1fs", path, self.device,
+                 str(self.dtype).removeprefix("torch."), self.batch, time.time() - started)
+
+    def _token_rules(self) -> None:
+        """The decoder's prompt and what it may not say, from the checkpoint's generation config."""
+        import torch
+
+        settings, tokens = self.model.generation_config, self.tokenizer.convert_tokens_to_ids
+        self.end = tokens("<|endoftext|>")
+        task = [tokens("<|en|>"), tokens("<|transcribe|>")] if getattr(settings, "is_multilingual", True) else []
+        self.prompt = [tokens("<|startoftranscript|>"), *task, tokens("<|notimestamps|>")]  # an .en model: no task tokens
+        vocab = self.model.config.vocab_size
+        # Text only: no special token or timestamp after the prompt, and the checkpoint's own list
+        # (the released ones suppress symbols Whisper was not trained to say).
+        never = set(getattr(settings, "suppress_tokens", None) or []) | set(range(self.end + 1, vocab))
+        first = set(getattr(settings, "begin_suppress_tokens", None) or []) | {self.end}
+        self.never = torch.tensor(sorted(t for t in never if t < vocab), device=self.device)
+        self.first = torch.tensor(sorted(t for t in first if t < vocab), device=self.device)
+        self.room = self.model.config.max_target_positions - len(self.prompt)
+
+    def transcribe(self, audio16k: np.ndarray) -> str:
+        return self.transcribe_many([audio16k])[0]
+
+    def transcribe_many(self, takes: list[np.ndarray]) -> list[str]:
+        """A transcript per take (16 kHz mono float), batch by batch."""
+        pieces = [(number, window) for number, take in enumerate(takes) for window in windows(take)]
+        texts = [""] * len(takes)
+        for start in range(0, len(pieces), self.batch):
+            part = pieces[start:start + self.batch]
+            for (number, _), text in zip(part, self._recognise([w for _, w in part])):
+                texts[number] = f"{texts[number]} {text.strip()}".lstrip()
+        return texts
+
+    def _recognise(self, audio: list[np.ndarray]) -> list[str]:
+        import torch
+
+        with torch.inference_mode():
+            features = self.features(audio, sampling_rate=RATE, return_tensors="pt", device=self.device).input_features
+            encoded = self.model.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
+            tokens = self._decode(encoded, [token_limit(len(a), self.room) for a in audio])
+        return self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+
+    def _decode(self, encoded, limits: list[int]) -> list[list[int]]:
+        """Greedy decoding of every row together, over one cache; a row is done at end-of-text or its limit."""
+        import torch
+        from transformers.modeling_outputs import BaseModelOutput
+
+        rows, device = len(limits), self.device
+        encoder = BaseModelOutput(last_hidden_state=encoded)
+        step_input = torch.tensor([self.prompt] * rows, device=device)
+        limit = torch.tensor(limits, device=device)
+        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        cache, said = None, []
+        for step in range(max(limits)):
+            out = self.model(encoder_outputs=encoder, decoder_input_ids=step_input, past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1].float()
+            logits[:, self.never] = -math.inf
+            if step == 0:
+                logits[:, self.first] = -math.inf
+            token = torch.where(done, self.end, logits.argmax(-1))
+            said.append(token)
+            done |= (token == self.end) | (step + 1 >= limit)
+            if bool(done.all()):
+                break
+            step_input = token[:, None]
+        return [[t for t in row if t != self.end] for row in torch.stack(said, 1).tolist()]
+
+
+def checkpoint_parameters(path: Path) -> int:
+    """Parameters in a checkpoint's safetensors files, from their headers (nothing else is read)."""
+    total = 0
+    for weights in sorted(path.glob("model*.safetensors")):
+        with open(weights, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
+
+
+def recogniser_gpu_mb(cfg: ValidateConfig) -> int:
+    """GPU memory an hf-whisper recogniser adds to a worker: its weights at asr_precision and, per take
+    of a batch, the encoder's widest activation and the decoder's cross-attention cache. 0 off the GPU.
+    large-v3-turbo in bf16 with 16 takes: 1,543 MiB of weights + 16 x 59 MiB."""
+    if not cfg.enabled or cfg.recogniser != "hf-whisper" or cfg.asr_device == "cpu":
+        return 0
+    path = Path(cfg.model_path)
+    dims = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    width = 2 if cfg.asr_precision in ("bf16", "fp16") else 4
+    frames = dims.get("max_source_positions", 1500)
+    per_take = width * frames * 2 * (dims["decoder_layers"] * dims["d_model"] + dims["encoder_ffn_dim"])
+    return round((checkpoint_parameters(path) * width + cfg.asr_batch * per_take) / 2**20)

@@ -1,0 +1,45 @@
+"""Decoded sequences to audio: the engine's one caller of the flow (flow.py) and the vocoder (vocoder.py)."""
+from __future__ import annotations
+
+import torch
+
+from convtts.config import CosyVoiceConfig, PrecisionConfig
+from convtts.speak.base import is_out_of_memory
+from convtts.speak.cosyvoice.engine.flow import Flow
+from convtts.speak.cosyvoice.engine.requests import Sequence
+from convtts.speak.cosyvoice.engine.vocoder import Vocoder
+
+
+class AudioStage:
+    """Flow passes for decoded sequences of close lengths together, then the vocoder for all of them
+    (its passes take rows of close lengths across the flow's groups).
+
+    A flow pass that fails is retried row by row, so only the sequence at fault fails (its request
+    gets the error); a CUDA out-of-memory goes up to the caller.
+    """
+
+    def __init__(self, flow, hift, device, precision: PrecisionConfig, settings: CosyVoiceConfig):
+        self.flow_pass = Flow.configured(flow, precision.flow, settings, device)
+        self.vocoder = Vocoder.configured(hift, precision.vocoder, settings)
+
+    def render(self, seqs: list[Sequence], speed: float) -> None:
+        """Append each sequence's audio to its request (or set the request's error)."""
+        done = [pair for group in self.flow_pass.groups(seqs) for pair in self._mels(group)]
+        requests, mels = [seq.request for seq, _ in done], [mel for _, mel in done]
+        for (seq, _), audio in zip(done, self.vocoder.speak(requests, mels, speed)):
+            if isinstance(audio, BaseException):
+                seq.request.error = audio
+            else:
+                seq.request.audio.append(audio)
+
+    def _mels(self, seqs: list[Sequence]) -> list[tuple[Sequence, torch.Tensor]]:
+        """(sequence, mel) for the sequences whose flow pass worked."""
+        try:
+            return list(zip(seqs, self.flow_pass.mels(seqs)))
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise
+            if len(seqs) == 1:
+                seqs[0].request.error = exc
+                return []
+            return [pair for seq in seqs for pair in self._mels([seq])]  # the others are spoken alone

@@ -1,0 +1,131 @@
+"""The flow estimators re-driven for padded batches: a row's frames never see another row's or the padding.
+
+Upstream's estimators (v1's ConditionalDecoder, v2's CausalConditionalDecoder, v3's DiT) are
+called here module by module, with three changes that keep a padded row equal to its solo
+rendering and the memory small:
+
+- v1's Block1D normalises over groups of channels and *all* frames, padding included (up to 2% of
+  full scale from solo in a padded pass); here its statistics are taken over the row's own frames
+  (`masked_group_norm`), which is what the row alone computes. v2's and v3's norms are per frame.
+- The attention masks are one key mask per row (B, 1, T) broadcast over queries and heads;
+  upstream repeats them to (B, T, T) per block, and diffusers again per head, which at 2 x 32 rows
+  of 800 frames is 1.3 GB for each of v1's 18 transformer blocks.
+- Inputs arrive in fp32 and are cast to the estimator's own dtype (a bf16/fp16 copy, see
+  precision.py); the timestep embedding is computed in fp32 before the cast, the output is fp32.
+
+Everything else (convolutions, which see zeros past a row's end as in the solo pass; the causal
+layers; the feed-forwards) is upstream's own modules.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+
+MASKED = -1.0e10  # upstream's attention bias for a masked key (mask_to_bias)
+
+
+def padded_forward(estimator) -> Callable | None:
+    """estimate(x, mask, mu, t, spks, cond) for a padded batch, or None for an estimator we do not know."""
+    kind = type(estimator).__name__
+    if kind in ("ConditionalDecoder", "CausalConditionalDecoder"):
+        return partial(unet, estimator)
+    if kind == "DiT":
+        return partial(dit, estimator)
+    return None
+
+
+def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, T) additive attention bias: 0 for a row's frames, very negative for its padding."""
+    bias = (1.0 - mask.float()) * MASKED
+    if dtype == torch.float16:  # -1e10 overflows fp16 to -inf, and 0 * -inf is NaN
+        bias = bias.clamp(min=torch.finfo(torch.float16).min)
+    return bias.to(dtype)
+
+
+def masked_group_norm(x: torch.Tensor, norm: torch.nn.GroupNorm, mask: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+    """GroupNorm with each row's statistics over its own frames (mask 1), in fp32."""
+    b, c, t = x.shape
+    g = norm.num_groups
+    values = x.float().view(b, g, c // g, t)
+    keep = mask.float().view(b, 1, 1, t)
+    count = frames.view(b, 1, 1, 1) * (c // g)
+    mean = (values * keep).sum(dim=(2, 3), keepdim=True) / count
+    centred = values - mean
+    var = (centred.square() * keep).sum(dim=(2, 3), keepdim=True) / count
+    out = (centred * torch.rsqrt(var + norm.eps)).view(b, c, t)
+    return (out * norm.weight.float()[:, None] + norm.bias.float()[:, None]).to(x.dtype)
+
+
+def has_group_norm(block) -> bool:
+    return any(isinstance(m, torch.nn.GroupNorm) for m in block.block)
+
+
+def block_1d(block, x, mask, frames):
+    """Block1D (conv, norm, Mish) or CausalBlock1D (conv, LayerNorm, Mish), masked as upstream's forward."""
+    if not has_group_norm(block):
+        return block(x, mask)
+    conv, norm, act = block.block
+    return act(masked_group_norm(conv(x * mask), norm, mask, frames)) * mask
+
+
+def resnet_1d(resnet, x, mask, frames, temb):
+    """ResnetBlock1D / CausalResnetBlock1D with block_1d for its two blocks."""
+    h = block_1d(resnet.block1, x, mask, frames)
+    h = h + resnet.mlp(temb).unsqueeze(-1)
+    h = block_1d(resnet.block2, h, mask, frames)
+    return h + resnet.res_conv(x * mask)
+
+
+def level(resnet, blocks, x, mask, frames, bias, temb):
+    """A resnet then transformer blocks at one resolution of the U-Net."""
+    x = resnet_1d(resnet, x, mask, frames, temb)
+    x = x.transpose(1, 2).contiguous()
+    for block in blocks:
+        x = block(hidden_states=x, attention_mask=bias, timestep=temb)
+    return x.transpose(1, 2).contiguous()
+
+
+def unet(est, x, mask, mu, t, spks, cond):
+    """ConditionalDecoder.forward (v1) / CausalConditionalDecoder.forward (v2, not streaming), padding-safe."""
+    dtype = est.final_proj.weight.dtype
+    temb = est.time_mlp(est.time_embeddings(t.float()).to(dtype))
+    h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1).to(dtype)
+    masks = [mask.to(dtype)]
+    for _ in est.down_blocks[1:]:  # every down block but the last halves the frames
+        masks.append(masks[-1][:, :, ::2])
+    frames = [m.float().sum(dim=2).clamp(min=1.0) for m in masks]
+    biases = [key_bias(m, dtype) for m in masks]
+    hiddens = []
+    for i, (resnet, blocks, down) in enumerate(est.down_blocks):
+        h = level(resnet, blocks, h, masks[i], frames[i], biases[i], temb)
+        hiddens.append(h)
+        h = down(h * masks[i])
+    for resnet, blocks in est.mid_blocks:
+        h = level(resnet, blocks, h, masks[-1], frames[-1], biases[-1], temb)
+    for i, (resnet, blocks, up) in zip(reversed(range(len(masks))), est.up_blocks):
+        skip = hiddens.pop()
+        h = torch.cat([h[:, :, :skip.shape[-1]], skip], dim=1)
+        h = level(resnet, blocks, h, masks[i], frames[i], biases[i], temb)
+        h = up(h * masks[i])
+    h = block_1d(est.final_block, h, masks[0], frames[0])
+    return (est.final_proj(h * masks[0]) * masks[0]).float()
+
+
+def dit(est, x, mask, mu, t, spks, cond):
+    """DiT.forward (v3, not streaming), with the key mask as (B, 1, 1, T) instead of (B, 1, T, T)."""
+    dtype = est.proj_out.weight.dtype
+    embed = est.time_embed
+    temb = embed.time_mlp(embed.time_embed(t.float()).to(dtype))
+    h = est.input_embed(x.transpose(1, 2).to(dtype), cond.transpose(1, 2).to(dtype), mu.transpose(1, 2).to(dtype),
+                        spks.to(dtype))
+    rope = est.rotary_embed.forward_from_seq_len(h.shape[1])
+    residual = h
+    keys = mask.bool()[:, :, None, :]  # the attention processor takes mask[:, 0, -1] as the rows' frames
+    for block in est.transformer_blocks:
+        h = block(h, temb, mask=keys, rope=rope)
+    if est.long_skip_connection is not None:
+        h = est.long_skip_connection(torch.cat((h, residual), dim=-1))
+    h = est.norm_out(h, temb)
+    return est.proj_out(h).transpose(1, 2).float()

@@ -1,0 +1,33 @@
+"""The tokens of a GPU decode step, copied to the host without making the GPU wait."""
+from __future__ import annotations
+
+import torch
+
+DEPTH = 4  # copies that may be under way at once (the engine keeps two)
+
+
+class TokenReadback:
+    """Round-robin pinned buffers: a step's [tokens fed in, tokens drawn] copied asynchronously, an event to wait on."""
+
+    def __init__(self, rows: int, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.buffers = [torch.zeros(2, rows, dtype=torch.long, pin_memory=self.cuda) for _ in range(DEPTH)]
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(DEPTH)]
+        self.next = 0
+
+    def start(self, io: torch.Tensor, rows: int):
+        """Queue the copy of io (after the step that fills it); returns what wait() takes."""
+        slot = self.next
+        self.next = (self.next + 1) % DEPTH
+        self.buffers[slot].copy_(io, non_blocking=self.cuda)  # whole and contiguous: a plain asynchronous copy
+        if self.events[slot] is not None:
+            self.events[slot].record()
+        return slot, rows
+
+    def wait(self, pending) -> tuple[list[int], list[int]]:
+        """(tokens fed in, tokens drawn) per slot of the step's rows, once the copy is done."""
+        slot, rows = pending
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()
+        fed, drawn = self.buffers[slot][:, :rows].tolist()
+        return fed, drawn

@@ -1,0 +1,218 @@
+"""Runs one model family's LLM for the engine: its precision, the prefill of a chunk, the decode steps.
+
+Two kinds per family (runner_v1, runner_qwen):
+
+- the upstream runner steps upstream's own layer modules over one cache padded on the left
+  (PaddedCache); the reference, and what the engine did before static caches;
+- the static runner steps our own decode code, from the same module weights, over a
+  StaticCache, one CUDA graph per bucket (StepGraphs), and can draw the tokens on the GPU in
+  the same graph (GpuSampler); the next step is launched before the CPU reads the last one.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from convtts.speak.cosyvoice.engine.graphs import StepGraphs, length_bucket, row_bucket
+from convtts.speak.cosyvoice.engine.kvcache import PaddedCache, StaticCache, round_capacity
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+HEADROOM = 2  # cache positions past a row's decode bound: the step launched before its end is read
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How the engine runs the LLM (tts.cosyvoice: decode, cuda_graphs, compile, sampler; row_tokens from max_row_tokens)."""
+    decode: str = "static"  # static: our step over a static cache; upstream: upstream's layers, padded cache
+    cuda_graphs: bool = True  # static decode on CUDA: one graph per bucket
+    compile: bool = False  # static decode: torch.compile the step (inside the graphs)
+    sampler: str = "auto"  # cpu: upstream's exact rule per row; gpu: the same rule on the GPU; auto: gpu on CUDA
+    row_tokens: int = 1024  # static cache positions per row to start with (it grows when a chunk needs more)
+
+
+def cast_llm(llm: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Cast the LLM's weights to dtype, its speech-token head excepted (logits stay fp32); True if cast."""
+    if dtype == torch.float32:
+        return False
+    llm.to(dtype)
+    llm.llm_decoder.float()
+    return True
+
+
+class Runner:
+    """The model-independent part: precision, logits in fp32."""
+
+    static = False
+
+    def __init__(self, llm, device, precision: str, options: DecodeOptions):
+        self.llm, self.device, self.options = llm, device, options
+        self.dtype = DTYPES[precision]
+        self.tf32 = precision == "tf32"
+        self.casts = cast_llm(llm, self.dtype)
+
+    @contextmanager
+    def precision(self):
+        """TF32 matrix products for the LLM's work only (the flow and vocoder keep their own setting)."""
+        if not self.tf32:
+            yield
+            return
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Speech-token log-probabilities in fp32 from the last hidden states [rows, width]."""
+        return self.llm.llm_decoder(hidden.float()).log_softmax(dim=-1)
+
+    def release_all(self) -> None:
+        """Drop what the decode holds on the device (the next prepare allocates again)."""
+
+
+class UpstreamRunner(Runner):
+    """Upstream's layers over one left-padded cache of the live rows (they step in admission order)."""
+
+    def prepare(self, rows: int, sampler=None) -> None:
+        self.cache = PaddedCache()
+
+    def release_all(self) -> None:
+        self.cache = PaddedCache()
+
+    def prefill(self, seq) -> torch.Tensor:
+        with self.precision():
+            logp, layers = self.prompt(seq)
+        seq.prompt_len = layers[0].shape[2]
+        self.cache.merge(seq, layers)
+        return logp
+
+    def release(self, seqs) -> None:
+        self.cache.drop(set(seqs))
+
+    def step(self, seqs) -> torch.Tensor:
+        """Log-probabilities of every live row, in the order of `seqs` (the cache's order)."""
+        if seqs != self.cache.order:
+            raise RuntimeError("the padded cache's rows are not the rows asked for")
+        with self.precision():
+            return self.forward(seqs)
+
+    def prompt(self, seq):
+        raise NotImplementedError
+
+    def forward(self, seqs) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class StaticRunner(Runner):
+    """Our decode step over a static cache: rows in fixed slots, steps bucketed and graphed.
+
+    A family supplies `prompt(seq)` (log-probabilities and per-layer keys and values of the
+    chunk's prompt), `tables(capacity)` (position tables) and `forward(rows, length)` (the last
+    hidden states of the first `rows` slots, attending over `length` positions).
+    """
+
+    static = True
+
+    def __init__(self, llm, device, precision: str, options: DecodeOptions, layers: int, heads: int, dim: int, vocab: int):
+        super().__init__(llm, device, precision, options)
+        self.shape = (layers, heads, dim)
+        self.vocab = vocab
+        self.cache: StaticCache | None = None
+        self.sampler = None  # a GpuSampler when the step draws the tokens
+        self.graphs: StepGraphs | None = None
+
+    def prepare(self, rows: int, sampler=None) -> None:
+        """Allocate the cache for `rows` rows (again only if that changed); `sampler` builds a GpuSampler or is None."""
+        if self.cache is not None and self.cache.rows == rows and (self.sampler is not None) == (sampler is not None):
+            return
+        self.release_all()
+        layers, heads, dim = self.shape
+        self.cache = StaticCache(layers, rows, heads, dim, round_capacity(self.options.row_tokens), self.dtype, self.device)
+        self.sampler = sampler(rows) if sampler is not None else None
+        self.logps = torch.zeros(rows, self.vocab, device=self.device)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Position tables and graphs for the cache's capacity."""
+        self.tables(self.cache.capacity)
+        state = [self.cache.lengths, self.cache.tokens] + (self.sampler.state() if self.sampler is not None else [])
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.graphs = StepGraphs(self.run_step, self.device, self.options.cuda_graphs, self.options.compile, state)
+
+    def release_all(self) -> None:
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.cache = self.sampler = self.graphs = self.logps = None
+
+    def prefill(self, seq) -> torch.Tensor:
+        """The chunk's prompt into its slot; returns the first token's log-probabilities [1, vocab]."""
+        with self.precision():
+            logp, keys, values = self.prompt(seq)
+            self.fit(keys[0].shape[2] + seq.max_len + HEADROOM)
+            seq.prompt_len = self.cache.fill(seq.slot, keys, values)
+            seq.launched = 0
+            if self.sampler is not None:
+                self.sampler.start(seq.slot, seq, logp, self.cache.tokens)
+        return logp
+
+    def fit(self, positions: int) -> None:
+        """Grow the cache (and start new graphs) when a row needs more positions than it has."""
+        if positions <= self.cache.capacity:
+            return
+        capacity = round_capacity(positions)
+        log.info("static KV cache grows from %d to %d positions per row (a chunk needs %d)", self.cache.capacity, capacity, positions)
+        self.cache = self.cache.grown(capacity)
+        self._rebuild()
+
+    def release(self, seqs) -> None:
+        """Rows that left need nothing: their slots are written over by the next prefill."""
+
+    def buckets(self, seqs) -> tuple[int, int]:
+        rows = row_bucket(max(seq.slot for seq in seqs) + 1, self.cache.rows)
+        length = length_bucket(max(seq.prompt_len + seq.launched + 1 for seq in seqs), self.cache.capacity)
+        return rows, length
+
+    def step(self, seqs) -> torch.Tensor:
+        """One step of `seqs` (their last tokens fed in); their log-probabilities, in their order."""
+        slots = torch.tensor([seq.slot for seq in seqs], device=self.device)
+        self.cache.tokens.index_copy_(0, slots, torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device))
+        self._launch(seqs)
+        return self.logps.index_select(0, slots)
+
+    def launch(self, seqs) -> int:
+        """One step of every slot up to the last of `seqs`, tokens drawn on the GPU; returns the row bucket."""
+        return self._launch(seqs)[0]
+
+    def _launch(self, seqs) -> tuple[int, int]:
+        rows, length = self.buckets(seqs)
+        with self.precision():
+            self.graphs.run(rows, length)
+        for seq in seqs:
+            seq.launched += 1
+        return rows, length
+
+    def run_step(self, rows: int, length: int) -> None:
+        """The captured step: hidden states, log-probabilities (or drawn tokens), lengths advanced."""
+        lengths = self.cache.lengths[:rows]
+        logp = self.logp(self.forward(rows, length))
+        if self.sampler is not None:
+            self.sampler.step(logp, rows, self.cache.tokens)
+        else:
+            self.logps[:rows].copy_(logp)
+        torch.clamp(lengths + 1, max=self.cache.capacity - 1, out=lengths)
+
+    def prompt(self, seq):
+        raise NotImplementedError
+
+    def tables(self, capacity: int) -> None:
+        raise NotImplementedError
+
+    def forward(self, rows: int, length: int) -> torch.Tensor:
+        raise NotImplementedError

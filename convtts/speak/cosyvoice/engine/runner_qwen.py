@@ -1,0 +1,172 @@
+"""v2/v3's LLM (a Hugging Face Qwen2 between upstream's speech embeddings and its speech-token head).
+
+The prompt is built as Qwen2LM.inference builds it and prefilled through the backbone (without
+its 151,936-way text head, which upstream computes and never reads). The upstream runner steps
+the backbone for all live rows over a left-padded cache; the static runner steps our own code
+from the same weights: RMSNorm, rotary positions per row, grouped-query attention over the
+row's own slot, SwiGLU, the final norm.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from convtts.speak.cosyvoice.engine.runner import StaticRunner, UpstreamRunner
+
+END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    """A Hugging Face KV cache as [keys 0, values 0, keys 1, ...], each [rows, heads, time, dim]."""
+    if hasattr(cache, "layers"):  # transformers 5
+        return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return [t for pair in zip(cache.key_cache, cache.value_cache) for t in pair]
+
+
+def make_cache(tensors: list[torch.Tensor]):
+    from transformers import DynamicCache
+
+    pairs = list(zip(tensors[0::2], tensors[1::2]))
+    if hasattr(DynamicCache, "from_legacy_cache"):  # transformers 4
+        return DynamicCache.from_legacy_cache(tuple(pairs))
+    return DynamicCache(pairs)
+
+
+class QwenPrompt:
+    """The prompt [sos, prompt text + text, task id, prompt speech] and its prefill through the backbone."""
+
+    def __init__(self, llm, device):
+        self.llm, self.device = llm, device
+        self.causal_lm = llm.llm.model  # Qwen2ForCausalLM
+        self.backbone = self.causal_lm.model  # without the text head
+        self.is_v3 = type(llm).__name__ == "CosyVoice3LM"
+        # v2 keeps sos and task id in llm_embedding; v3 has none and keeps them in speech_embedding
+        self.specials = llm.speech_embedding if self.is_v3 else llm.llm_embedding
+        self.sos = getattr(llm, "sos", getattr(llm, "sos_eos", 0))
+
+    def embeddings(self, chunk: dict) -> torch.Tensor:
+        device, llm = self.device, self.llm
+        prompt_text = chunk.get("prompt_text", torch.zeros(1, 0, dtype=torch.int32)).to(device)
+        text = torch.concat([prompt_text, chunk["text"].to(device)], dim=1)
+        if self.is_v3 and not bool((text == END_OF_PROMPT_ID).any()):
+            raise ValueError("CosyVoice3 needs <|endofprompt|> in the prompt text or the text")
+        text_emb = self.causal_lm.get_input_embeddings()(text)
+        sos = self.specials.weight[self.sos].reshape(1, 1, -1)
+        task = self.specials.weight[llm.task_id].reshape(1, 1, -1)
+        speech = chunk.get("llm_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)).to(device)
+        speech_emb = llm.speech_embedding(speech) if speech.shape[1] else \
+            torch.zeros(1, 0, llm.llm_input_size, dtype=text_emb.dtype, device=device)
+        return torch.concat([sos, text_emb, task, speech_emb], dim=1)
+
+    def prefill(self, chunk: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(last hidden state [1, width], the cache as [keys 0, values 0, ...])."""
+        lm_input = self.embeddings(chunk)
+        mask = torch.ones(lm_input.shape[:2], dtype=torch.long, device=self.device)
+        out = self.backbone(inputs_embeds=lm_input, attention_mask=mask, use_cache=True)
+        return out.last_hidden_state[:, -1], cache_tensors(out.past_key_values)
+
+
+class UpstreamQwenRunner(UpstreamRunner):
+    """Decode steps through the Hugging Face backbone over one left-padded cache (pads masked, own positions)."""
+
+    def __init__(self, llm, device, precision, options):
+        super().__init__(llm, device, precision, options)
+        self.prompts = QwenPrompt(llm, device)
+
+    def prompt(self, seq):
+        hidden, layers = self.prompts.prefill(seq.chunk)
+        return self.logp(hidden), layers
+
+    def forward(self, seqs) -> torch.Tensor:
+        tokens = torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device)
+        xs = self.llm.speech_embedding.weight[tokens].unsqueeze(1)
+        length = self.cache.layers[0].shape[2]
+        pads = torch.tensor([seq.pad for seq in seqs], device=self.device)
+        mask = (torch.arange(length + 1, device=self.device)[None, :] >= pads[:, None]).long()
+        out = self.prompts.backbone(inputs_embeds=xs, attention_mask=mask, position_ids=(length - pads)[:, None],
+                                    past_key_values=make_cache(self.cache.layers), use_cache=True)
+        self.cache.layers = cache_tensors(out.past_key_values)
+        for seq in seqs:
+            seq.launched += 1
+        return self.logp(out.last_hidden_state[:, -1])
+
+
+def supports_static(llm) -> bool:
+    """Our step reproduces Qwen2 decoder layers with default rotary positions and no sliding window."""
+    backbone = llm.llm.model.model
+    config = backbone.config
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return (type(backbone).__name__ == "Qwen2Model" and rope.get("rope_type", rope.get("type", "default")) == "default"
+            and not getattr(config, "use_sliding_window", False) and config.hidden_act == "silu")
+
+
+class QwenRunner(StaticRunner):
+    """v2/v3 decode steps of our own over the static cache, from the Qwen2 backbone's own weights."""
+
+    def __init__(self, llm, device, precision, options):
+        self.prompts = QwenPrompt(llm, device)
+        backbone = self.prompts.backbone
+        config = backbone.config
+        self.heads = config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        super().__init__(llm, device, precision, options, config.num_hidden_layers, config.num_key_value_heads, dim,
+                         llm.llm_decoder.out_features)
+        self.backbone = backbone
+        self.layers = list(backbone.layers)
+        self.qkv = [fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers]
+        self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj)[0] for layer in self.layers]
+
+    def prompt(self, seq):
+        hidden, layers = self.prompts.prefill(seq.chunk)
+        return self.logp(hidden), layers[0::2], layers[1::2]
+
+    def tables(self, capacity: int) -> None:
+        """cos and sin of every position the cache can hold, computed as the backbone's rotary module does."""
+        rotary = self.backbone.rotary_emb
+        positions = torch.arange(capacity, device=self.device).float()
+        freqs = positions[:, None] * rotary.inv_freq.to(device=self.device, dtype=torch.float)[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        scale = getattr(rotary, "attention_scaling", 1.0)
+        self.cos = (angles.cos() * scale).to(self.dtype)
+        self.sin = (angles.sin() * scale).to(self.dtype)
+        self.positions = torch.arange(capacity, device=self.device)
+
+    def forward(self, rows: int, length: int) -> torch.Tensor:
+        lengths = self.cache.lengths[:rows]  # the new token's position in each slot
+        x = self.llm.speech_embedding.weight[self.cache.tokens[:rows]]
+        cos, sin = self.cos[lengths].unsqueeze(1), self.sin[lengths].unsqueeze(1)
+        beyond = (self.positions[:length][None, :] > lengths[:, None])[:, None, None, :]
+        for i, layer in enumerate(self.layers):
+            x = x + self.attend(i, layer.self_attn, layer.input_layernorm(x), lengths, cos, sin, beyond, length)
+            h = layer.post_attention_layernorm(x)
+            gate, up = F.linear(h, self.gate_up[i]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        return self.backbone.norm(x)
+
+    def attend(self, i: int, attention, x, lengths, cos, sin, beyond, length: int) -> torch.Tensor:
+        rows = x.shape[0]
+        _, groups, dim = self.shape
+        q, k, v = F.linear(x, *self.qkv[i]).split([self.heads * dim, groups * dim, groups * dim], dim=-1)
+        q = rotate(q.view(rows, self.heads, dim), cos, sin)
+        k = rotate(k.view(rows, groups, dim), cos, sin)
+        self.cache.write(i, rows, lengths, k, v.view(rows, groups, dim))
+        keys, values = self.cache.k[i, :rows, :, :length], self.cache.v[i, :rows, :, :length]
+        q = q.view(rows, groups, self.heads // groups, dim)  # the query heads sharing each key head
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * attention.scaling
+        weights = torch.softmax(scores.masked_fill(beyond, -float("inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+        context = torch.matmul(weights, values).reshape(rows, self.heads * dim)
+        return attention.o_proj(context)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions, Hugging Face's convention (the two halves of each head rotated together)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def fused(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Linear layers on the same input as one weight and bias (one matrix product)."""
+    weight = torch.cat([linear.weight for linear in linears])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    return weight, torch.cat([linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0]) for linear in linears])

@@ -1,0 +1,209 @@
+"""The flow's Euler solve for a padded pass: upstream's estimator, the padding-safe one, bucketed, in CUDA graphs.
+
+A flow pass is ten estimator calls on 2 x rows (classifier-free guidance), each a few hundred
+small kernels: on a GPU the launches, not the arithmetic, set its time. The solve is a pure
+function of its inputs, so on a GPU it is captured once per shape and replayed. Shapes are
+bucketed to make them repeat: rows up to the next of ROW_BUCKETS (extra rows copy the last real
+one), frames up to the next width_bucket (at most 1/8 more, padded with zeros and masked). The
+padding-safe estimator (estimator.py) keeps every row equal to its solo rendering up to float
+rounding, whatever the bucket adds.
+
+Modes, from the reference to the fastest:
+- eager, unpadded pass in fp32/tf32: upstream's own estimator (a pass of one row is upstream's
+  inference sample for sample);
+- eager, padded pass or bf16/fp16: the padding-safe estimator, at the pass's own shape;
+- bucketed (a GPU with tts.cosyvoice.cuda_graphs): padded to its bucket, captured as one graph
+  for all ten steps from a bucket's second pass, at most `max_graphs` kept (the most used), all
+  sharing one memory pool; torch.compile of the estimator when flow.compile is set.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from convtts.speak.base import is_out_of_memory
+from convtts.speak.cosyvoice.engine.estimator import padded_forward
+from convtts.speak.cosyvoice.engine.precision import is_reduced, matmul_mode, part_module
+
+log = logging.getLogger(__name__)
+
+STEPS = 10  # upstream's n_timesteps
+ROW_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CAPTURE_AFTER = 2  # passes of one bucket before it is captured: one-off shapes stay eager
+
+
+def rows_bucket(rows: int) -> int:
+    for size in ROW_BUCKETS:
+        if rows <= size:
+            return size
+    return -(-rows // 32) * 32
+
+
+def width_bucket(frames: int) -> int:
+    """frames rounded up to a multiple of 16, or of 1/8 to 1/16 of it when larger (at most 1/8 more)."""
+    step = max(16, 1 << max(0, frames.bit_length() - 4))
+    return -(-frames // step) * step
+
+
+def euler(estimate, x, mask, mu, spks, cond, cosine: bool, rate: float) -> torch.Tensor:
+    """Upstream's solve_euler with classifier-free guidance, for any number of rows.
+
+    The first half of each estimator call is conditioned, the second has mu, speaker and prompt
+    zeroed; the guided update and the state x stay in fp32 whatever the estimator's format.
+    """
+    batch = x.shape[0]
+    t_span = torch.linspace(0, 1, STEPS + 1, device=x.device, dtype=mu.dtype)
+    if cosine:
+        t_span = 1 - torch.cos(t_span * 0.5 * torch.pi)
+    t, dt = t_span[0].unsqueeze(0), t_span[1] - t_span[0]
+    zeros = torch.zeros_like(mu)
+    mask2, mu2 = torch.cat([mask, mask]), torch.cat([mu, zeros])
+    spks2, cond2 = torch.cat([spks, torch.zeros_like(spks)]), torch.cat([cond, zeros])
+    for step in range(1, len(t_span)):
+        out = estimate(torch.cat([x, x]), mask2, mu2, t.expand(2 * batch).contiguous(), spks2, cond2)
+        guided, free = torch.split(out, [batch, batch], dim=0)
+        x = x + dt * ((1.0 + rate) * guided - rate * free)
+        t = t + dt
+        if step < len(t_span) - 1:
+            dt = t_span[step + 1] - t
+    return x
+
+
+@dataclass
+class Captured:
+    graph: object
+    inputs: tuple
+    output: torch.Tensor
+
+
+class GraphCache:
+    """One CUDA graph per bucket of a pure function of tensors, captured from a bucket's second pass.
+
+    When `limit` graphs are held, a bucket seen more often than the least seen of them takes its
+    place; one seen as often waits (churn would cost a capture per pass for no replay).
+    """
+
+    def __init__(self, fn, limit: int):
+        self.fn, self.limit = fn, limit
+        self.graphs: dict = {}
+        self.seen: Counter = Counter()
+        self.pool = None
+        self.broken = False  # a capture failed: eager from then on
+        self.replays = 0
+
+    def run(self, key, inputs: tuple) -> torch.Tensor:
+        self.seen[key] += 1
+        entry = self.graphs.get(key)
+        if entry is not None:
+            for static, value in zip(entry.inputs, inputs):
+                static.copy_(value)
+            entry.graph.replay()
+            self.replays += 1
+            return entry.output.clone()  # before any other graph of the shared pool runs
+        out = self.fn(*inputs)  # this pass's result, and the warm-up a capture needs (lazy set-up done)
+        if self._admit(key):
+            self._capture(key, inputs)
+        return out
+
+    def _admit(self, key) -> bool:
+        if self.broken or self.limit <= 0 or self.seen[key] < CAPTURE_AFTER:
+            return False
+        if len(self.graphs) < self.limit:
+            return True
+        least = min(self.graphs, key=lambda k: self.seen[k])
+        if self.seen[least] >= self.seen[key]:
+            return False
+        del self.graphs[least]
+        return True
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+    def _capture(self, key, inputs: tuple) -> None:
+        static = tuple(t.clone() for t in inputs)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                output = self.fn(*static)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                self.clear()  # give their memory back; the caller's next pass decides
+                raise
+            self.broken = True
+            log.warning("the flow's CUDA graph capture failed (%s: %s); the flow runs eagerly", type(exc).__name__, exc)
+            return
+        self.graphs[key] = Captured(graph, static, output)
+
+
+class Solver:
+    """The Euler solve of one engine's flow: its estimator(s), precision and mode."""
+
+    def __init__(self, decoder, precision: str, graphs: bool, compile: bool, max_graphs: int, device,
+                 bucket: bool | None = None):
+        """`bucket` None: bucketed on a GPU with graphs or compile; True pads to buckets anywhere (tests)."""
+        self.decoder = decoder
+        self.precision = precision
+        self.causal = type(decoder).__name__ == "CausalConditionalCFM"
+        self.cosine = decoder.t_scheduler == "cosine"
+        self.rate = float(decoder.inference_cfg_rate)
+        self.estimator = part_module(decoder.estimator, precision)
+        self.safe = padded_forward(self.estimator)
+        if self.safe is None:
+            log.warning("unknown flow estimator %s: padded passes use upstream's forward", type(decoder.estimator).__name__)
+        on_gpu = torch.device(device).type == "cuda"
+        self.bucketed = self.safe is not None and (on_gpu and (graphs or compile) if bucket is None else bucket)
+        if compile and self.safe is not None:
+            self.safe = compiled(self.safe)
+        self.graphs = GraphCache(self._solve_safe, max_graphs if graphs and on_gpu else 0)
+
+    def solve(self, x, mask, mu, spks, cond, frames: list[int]) -> torch.Tensor:
+        """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
+        with matmul_mode(self.precision):
+            if self.bucketed:
+                try:
+                    return self._bucketed(x, mask, mu, spks, cond)
+                except Exception as exc:
+                    if is_out_of_memory(exc):  # the engine will shrink its rows: the graphs' memory goes first
+                        self.graphs.clear()
+                    raise
+            if self.safe is None or (not is_reduced(self.precision) and min(frames) == x.shape[2]):
+                return euler(self._upstream, x, mask, mu, spks, cond, self.cosine, self.rate)
+            return self._solve_safe(x, mask, mu, spks, cond)
+
+    def _upstream(self, x, mask, mu, t, spks, cond):
+        options = {"streaming": False} if self.causal else {}
+        return self.decoder.forward_estimator(x, mask, mu, t, spks, cond, **options)
+
+    def _solve_safe(self, x, mask, mu, spks, cond):
+        return euler(self.safe, x, mask, mu, spks, cond, self.cosine, self.rate)
+
+    def _bucketed(self, x, mask, mu, spks, cond):
+        rows, width = x.shape[0], x.shape[2]
+        key = (rows_bucket(rows), width_bucket(width))
+        inputs = pad_pass((x, mask, mu, cond), spks, *key)
+        if x.device.type != "cuda":  # the bucketed shapes without a GPU to capture them (tests)
+            return self._solve_safe(*inputs)[:rows, :, :width]
+        return self.graphs.run(key, inputs)[:rows, :, :width]
+
+
+def pad_pass(frames_first: tuple, spks: torch.Tensor, rows: int, width: int) -> tuple:
+    """(x, mask, mu, spks, cond) padded to `rows` (copies of the last row) and `width` (zeros)."""
+    def grow(t: torch.Tensor) -> torch.Tensor:
+        extra = rows - t.shape[0]
+        return torch.cat([t, t[-1:].expand(extra, *t.shape[1:])]) if extra else t
+
+    x, mask, mu, cond = (grow(torch.nn.functional.pad(t, (0, width - t.shape[2]))) for t in frames_first)
+    return x, mask, mu, grow(spks), cond
+
+
+def compiled(fn):
+    """torch.compile of the estimator, one graph per bucket shape (dynamic shapes would be slower)."""
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(fn, dynamic=False)

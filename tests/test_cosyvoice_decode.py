@@ -1,0 +1,270 @@
+"""Our decode steps against upstream's, step by step; the GPU sampler against upstream's rule (CPU, random weights).
+
+The static runners reproduce upstream's LLM layers from the modules' own weights: v1's
+relative-position encoder layers (checked against TransformerEncoder.forward_chunk, the call
+TransformerLM.inference makes) and the Qwen2 layers of v2/v3 (checked against the backbone's
+own decode step, as Qwen2LM.inference runs it). Rows of different lengths share each step, in
+slots with a dead one between them, past a length bucket and a cache growth, and a row admitted
+into a freed slot sees nothing of the row before it. fp32: the log-probabilities agree to 1e-5.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from convtts.speak.cosyvoice.engine.graphs import length_bucket, row_bucket, row_buckets
+from convtts.speak.cosyvoice.engine.requests import Request, Sequence
+from convtts.speak.cosyvoice.engine.runner import DTYPES, DecodeOptions
+
+STEPS = 130  # past the first length bucket (128 positions)
+FP32 = dict(rtol=1e-5, atol=1e-5)
+# bf16 or fp16 weights and activations, fp32 logits: teacher-forced on the same tokens, the log-probabilities
+# of 30 random-weight steps stay this close to fp32's (measured at most: bf16 0.019 for v1, 0.011 for Qwen2;
+# fp16 0.0024 and 0.0014).
+HALF = {"bf16": dict(rtol=0, atol=0.06), "fp16": dict(rtol=0, atol=0.008)}
+
+
+def v1_llm(blocks: int = 3, heads: int = 4):
+    """A TransformerLM of the released layout (tiny widths, several layers and heads), random weights."""
+    from hyperpyyaml import load_hyperpyyaml
+
+    from convtts.testing import cosyvoice_v1 as v1
+
+    sizes = dict(v1.SIZES["tiny"], llm_blocks=blocks, llm_heads=heads)
+    text = v1.YAML.format(seed=7, sample_rate=v1.SAMPLE_RATE, cfm=v1.CFM.format(cfm_class="ConditionalCFM"),
+                          text_vocab=v1.TEXT_VOCAB, speech_vocab=v1.SPEECH_VOCAB, token_rate=v1.TOKEN_RATE, hop=v1.HOP,
+                          pin="", **sizes)
+    torch.manual_seed(7)
+    return load_hyperpyyaml(text)["llm"].eval()
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    """A Qwen2 checkpoint with three layers and grouped-query attention (4 query heads on 2 key heads)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(11)
+    config = Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=4096)
+    path = tmp_path_factory.mktemp("qwen") / "backbone"
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def qwen_llm(path):
+    """A Qwen2LM (v2's LLM class) over the checkpoint, as upstream's yaml builds it."""
+    from cosyvoice.llm.llm import Qwen2Encoder, Qwen2LM
+    from cosyvoice.utils.common import ras_sampling
+
+    from convtts.speak.cosyvoice.runtime import _decode_steps_see_the_whole_cache
+
+    _decode_steps_see_the_whole_cache()  # as every model load does (transformers 5 masks)
+    torch.manual_seed(12)
+    sampling = functools.partial(ras_sampling, top_p=0.8, top_k=25, win_size=10, tau_r=0.1)
+    return Qwen2LM(32, 32, 120, Qwen2Encoder(str(path)), sampling).float().eval()
+
+
+def sequence(slot: int, text_tokens: int, seed: int, max_len: int = 200, v1: bool = True) -> Sequence:
+    generator = torch.Generator().manual_seed(seed)
+    chunk = {"text": torch.randint(0, 250, (1, text_tokens), generator=generator, dtype=torch.int32)}
+    if v1:
+        chunk["llm_embedding"] = torch.randn(1, 192, generator=generator)
+    else:
+        chunk["llm_prompt_speech_token"] = torch.randint(0, 100, (1, 4), generator=generator, dtype=torch.int32)
+    seq = Sequence(Request(seed, [chunk], seed), chunk, 0, min_len=0, max_len=max_len)
+    seq.slot = slot
+    return seq
+
+
+class V1Reference:
+    """One row decoded as TransformerLM.inference does: the prompt, then one forward_chunk per token."""
+
+    def __init__(self, llm, seq):
+        from convtts.speak.cosyvoice.engine.runner_v1 import sos_of, v1_prefill, v1_prompt
+
+        self.llm = llm
+        hidden, self.cache = v1_prefill(llm, v1_prompt(llm, seq.chunk, sos_of(llm), torch.device("cpu"), torch.float32))
+        self.first = llm.llm_decoder(hidden).log_softmax(dim=-1)
+
+    def step(self, token: int) -> torch.Tensor:
+        x = self.llm.speech_embedding.weight[token].reshape(1, 1, -1)
+        empty = torch.zeros((0, 0, 0, 0))
+        out, self.cache, _ = self.llm.llm.forward_chunk(x, offset=self.cache.shape[2], required_cache_size=-1, att_cache=self.cache,
+                                                        cnn_cache=empty, att_mask=torch.ones((1, 1, 1), dtype=torch.bool))
+        return self.llm.llm_decoder(out[:, -1]).log_softmax(dim=-1)
+
+
+class QwenReference:
+    """One row decoded as Qwen2LM.inference does: forward_one_step for the prompt, then per token."""
+
+    def __init__(self, llm, seq):
+        from convtts.speak.cosyvoice.engine.runner_qwen import QwenPrompt
+
+        self.llm = llm
+        lm_input = QwenPrompt(llm, torch.device("cpu")).embeddings(seq.chunk)
+        size = lm_input.shape[1]
+        out, self.cache = llm.llm.forward_one_step(lm_input, masks=torch.tril(torch.ones((1, size, size))).bool())
+        self.first = llm.llm_decoder(out[:, -1]).log_softmax(dim=-1)
+
+    def step(self, token: int) -> torch.Tensor:
+        x = self.llm.speech_embedding.weight[token].reshape(1, 1, -1)
+        out, self.cache = self.llm.llm.forward_one_step(x, masks=torch.ones((1, 1, 1)).bool(), cache=self.cache)
+        return self.llm.llm_decoder(out[:, -1]).log_softmax(dim=-1)
+
+
+def run_against_reference(runner, reference, make_seq, tolerance) -> None:
+    """Rows of three prompt lengths in slots 0, 2 and 3 (slot 1 empty) step together, each against its own
+    reference; after 40 steps slot 0's row ends and a new one takes the slot."""
+    torch.manual_seed(3)
+    seqs = [make_seq(0, 5, 100), make_seq(2, 9, 101), make_seq(3, 14, 102)]
+    with torch.inference_mode():
+        runner.prepare(4)
+        refs = {}
+        for seq in seqs:
+            refs[seq] = reference(seq)
+            torch.testing.assert_close(runner.prefill(seq), refs[seq].first, **tolerance)
+        for step in range(STEPS):
+            if step == 40:
+                seqs[0] = make_seq(0, 7, 103)
+                refs[seqs[0]] = reference(seqs[0])
+                torch.testing.assert_close(runner.prefill(seqs[0]), refs[seqs[0]].first, **tolerance)
+            tokens = torch.randint(0, 100, (len(seqs),)).tolist()
+            for seq, token in zip(seqs, tokens):
+                seq.tokens.append(token)
+            logp = runner.step(seqs)
+            for i, (seq, token) in enumerate(zip(seqs, tokens)):
+                torch.testing.assert_close(logp[i:i + 1], refs[seq].step(token), **tolerance, msg=f"step {step}, slot {seq.slot}")
+
+
+def test_v1_static_step_is_upstreams_forward_chunk():
+    from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, supports_static
+
+    llm = v1_llm()
+    assert supports_static(llm)
+    # 64 positions to start with: the first prefill grows the cache (its decode bound needs more)
+    runner = TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64))
+    run_against_reference(runner, functools.partial(V1Reference, llm), sequence, FP32)
+    assert runner.cache.capacity == 256  # grown: a 14-token prompt and 200 tokens of decode bound
+
+
+def test_qwen_static_step_is_the_backbones_decode_step(qwen_dir):
+    from convtts.speak.cosyvoice.engine.runner_qwen import QwenRunner, supports_static
+
+    llm = qwen_llm(qwen_dir)
+    assert supports_static(llm)
+    runner = QwenRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64))
+    run_against_reference(runner, functools.partial(QwenReference, llm), functools.partial(sequence, v1=False), FP32)
+
+
+def test_upstream_runners_are_upstreams_steps(qwen_dir):
+    """The padded path (upstream's own layers, rows in one left-padded cache) against the same references."""
+    from convtts.speak.cosyvoice.engine.runner_qwen import UpstreamQwenRunner
+    from convtts.speak.cosyvoice.engine.runner_v1 import UpstreamTransformerRunner
+
+    for cls, llm, reference, make_seq in (
+        (UpstreamTransformerRunner, v1_llm(), V1Reference, sequence),
+        (UpstreamQwenRunner, qwen_llm(qwen_dir), QwenReference, functools.partial(sequence, v1=False)),
+    ):
+        runner = cls(llm, torch.device("cpu"), "fp32", DecodeOptions(decode="upstream"))
+        seqs = [make_seq(0, 5, 100), make_seq(1, 12, 101)]
+        with torch.inference_mode():
+            runner.prepare(2)
+            refs = {seq: reference(llm, seq) for seq in seqs}
+            for seq in seqs:
+                torch.testing.assert_close(runner.prefill(seq), refs[seq].first, **FP32)
+            for step in range(20):
+                for seq in seqs:
+                    seq.tokens.append(step + 1)
+                logp = runner.step(seqs)
+                for i, seq in enumerate(seqs):
+                    torch.testing.assert_close(logp[i:i + 1], refs[seq].step(step + 1), **FP32)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("family", ["v1", "qwen"])
+def test_a_half_precision_step_stays_near_fp32(family, precision, qwen_dir):
+    """bf16 or fp16 weights (logits in fp32) against fp32, teacher-forced on the same tokens."""
+    from convtts.speak.cosyvoice.engine.runner_qwen import QwenRunner
+    from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner
+
+    make = (lambda: v1_llm()) if family == "v1" else (lambda: qwen_llm(qwen_dir))
+    cls = TransformerRunner if family == "v1" else QwenRunner
+    make_seq = sequence if family == "v1" else functools.partial(sequence, v1=False)
+    exact, half = cls(make(), torch.device("cpu"), "fp32", DecodeOptions()), cls(make(), torch.device("cpu"), precision, DecodeOptions())
+    assert half.casts and half.cache is None and next(half.llm.llm.parameters()).dtype == DTYPES[precision]
+    assert half.llm.llm_decoder.weight.dtype == torch.float32
+    worst = 0.0
+    with torch.inference_mode():
+        pairs = []
+        for runner in (exact, half):
+            runner.prepare(2)
+            pairs.append([make_seq(0, 6, 200), make_seq(1, 11, 201)])
+            for seq in pairs[-1]:
+                runner.prefill(seq)
+        for step in range(30):
+            logps = []
+            for runner, seqs in zip((exact, half), pairs):
+                for seq in seqs:
+                    seq.tokens.append(step * 3 + 1)
+                logps.append(runner.step(seqs))
+            assert logps[1].dtype == torch.float32
+            worst = max(worst, float((logps[0] - logps[1]).abs().max()))
+            torch.testing.assert_close(logps[1], logps[0], **HALF[precision])
+    assert worst > 0  # the cast did change the numbers
+
+
+def test_a_bigger_bucket_gives_the_same_rows():
+    """What graphs rely on: a step over more rows (dead slots) and more positions changes no live row."""
+    from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner
+
+    llm = v1_llm()
+    runner = TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=512))
+    with torch.inference_mode():
+        runner.prepare(8)
+        seqs = [sequence(0, 5, 300), sequence(1, 9, 301)]
+        for seq in seqs:
+            runner.prefill(seq)
+            runner.cache.tokens[seq.slot] = 17
+        lengths = runner.cache.lengths.clone()
+        runner.run_step(2, 128)
+        small = runner.logps[:2].clone()
+        runner.cache.lengths.copy_(lengths)
+        runner.run_step(8, 512)
+        torch.testing.assert_close(runner.logps[:2], small, **FP32)
+        assert runner.cache.lengths[:2].tolist() == [int(n) + 1 for n in lengths[:2]]
+
+
+def test_buckets():
+    assert row_buckets(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert row_buckets(12) == [1, 2, 4, 8, 12] and row_buckets(1) == [1] and row_buckets(4) == [1, 2, 4]
+    assert [row_bucket(n, 32) for n in (1, 3, 5, 9, 17, 32)] == [1, 4, 8, 16, 24, 32]
+    assert [length_bucket(n, 1000) for n in (1, 128, 129, 999)] == [128, 128, 256, 1000]
+
+
+def test_the_compiled_step_is_the_eager_step():
+    """torch.compile's kernels for the static step (what the GPU graphs capture when compile is on)."""
+    from torch._dynamo.utils import counters
+
+    from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner
+
+    llm = v1_llm(blocks=2)
+    eager = TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=512))
+    compiled = TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=512, compile=True))
+    counters.clear()
+    with torch.inference_mode():
+        pairs = []
+        for runner in (eager, compiled):
+            runner.prepare(4)
+            pairs.append([sequence(0, 5, 400), sequence(2, 9, 401)])
+            for seq in pairs[-1]:
+                runner.prefill(seq)
+        for step in range(140):  # two length buckets
+            logps = []
+            for runner, seqs in zip((eager, compiled), pairs):
+                for seq in seqs:
+                    seq.tokens.append(step % 50)
+                logps.append(runner.step(seqs))
+            torch.testing.assert_close(logps[1], logps[0], **FP32)
+    assert counters["stats"]["unique_graphs"] >= 1  # it did compile

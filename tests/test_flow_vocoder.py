@@ -1,0 +1,241 @@
+"""The batched engine's flow and vocoder paths against each row rendered alone in eager fp32 (tiny random models, CPU).
+
+Every path a setting can choose is compared with the reference (the row alone: upstream's
+estimator, upstream's vocoder call): audio lengths exactly, samples within the path's stated
+tolerance in full-scale units. Measured on these models: fp32 paths (padded passes, the padded
+and bucketed shapes a CUDA graph captures, HiFT in batches) 1e-7; bf16 flow 1.6e-4, fp16 flow 3e-5;
+bf16 vocoder 2.9e-3, fp16 vocoder 3.3e-4. v1 and v2 run here on the installed runtime; v3 through
+bench/flow_vocoder.py in a process of its own on the checkout $COSYVOICE_ROOT names (so the bench's
+CPU run is tested too).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import COSYVOICE_CHECKOUT, REPO, script_env
+from convtts.config import ConfigError, CosyVoiceConfig, load_config
+from convtts.speak.cosyvoice.engine.estimator import masked_group_norm, padded_forward
+from convtts.speak.cosyvoice.engine.flow import Flow
+from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
+from convtts.speak.cosyvoice.engine.sizing import RELEASED_FLOW, estimator_widths, flow_pass_mb
+from convtts.speak.cosyvoice.engine.solver import width_bucket
+from convtts.speak.cosyvoice.engine.vocoder import Vocoder
+from convtts.testing.cosyvoice_model import build_model_dir
+from convtts.testing.flow_vocoder import Setting, deviation, flow_inputs, make_rows, reference, render, token_lists
+
+FP32 = 1e-5  # float rounding of differently shaped kernels
+FLOW_BF16, FLOW_FP16 = 2e-3, 5e-4
+VOCODER_BF16, VOCODER_FP16 = 1e-2, 2e-3
+SECONDS = [0.3, 0.6, 0.65, 0.7, 0.75]  # one row alone, four sharing flow and vocoder passes
+SETTINGS = [
+    (Setting("eager"), FP32),  # padded flow pass at its own width, HiFT in one pass of four rows
+    (Setting("bucketed", bucket=True), FP32),  # rows and frames padded to the CUDA graphs' buckets
+    (Setting("flow-bf16", flow="bf16", bucket=True, vocoder_rows=1), FLOW_BF16),
+    (Setting("flow-fp16", flow="fp16", vocoder_rows=1), FLOW_FP16),
+    (Setting("vocoder-bf16", vocoder="bf16"), VOCODER_BF16),
+    (Setting("vocoder-fp16", vocoder="fp16"), VOCODER_FP16),
+]
+
+
+# fp16 on a CPU is emulated and slow: its cast path is the same for every version, run on v1 (and v3's vocoder).
+CASES = [(1, s, t) for s, t in SETTINGS] + [(2, s, t) for s, t in SETTINGS if "fp16" not in s.name]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """version -> the tiny model loaded by the installed runtime, built on first use."""
+    from convtts.speak.cosyvoice.runtime import load_model
+
+    loaded = {}
+
+    def get(version: int):
+        if version not in loaded:
+            speakers = ["a"] if version == 1 else []
+            folder = build_model_dir(tmp_path_factory.mktemp(f"fv{version}") / "tiny", "tiny", speakers,
+                                     tokens_per_text_token=3, version=version)
+            loaded[version] = load_model(CosyVoiceConfig(model_dir=str(folder)))
+        return loaded[version]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def rows(models):
+    """version -> (flow inputs, token lists, each row's reference audio)."""
+    made = {}
+
+    def get(version: int):
+        if version not in made:
+            model = models(version)
+            chunk, tokens = flow_inputs(model, prompt_seconds=0.5), token_lists(model, SECONDS)
+            made[version] = chunk, tokens, reference(model, chunk, tokens)
+        return made[version]
+
+    return get
+
+
+@pytest.mark.parametrize("version, setting, tolerance", CASES, ids=[f"v{v}-{s.name}" for v, s, _ in CASES])
+def test_each_path_renders_a_row_as_it_would_alone(models, rows, version, setting, tolerance):
+    chunk, tokens, ref = rows(version)
+    audio = render(models(version), chunk, tokens, setting).audio
+    assert [len(a) for a in audio] == [len(r) for r in ref]
+    assert deviation(audio, ref) <= tolerance, setting.name
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_rows_of_close_lengths_share_passes(models, rows, version):
+    chunk, tokens, _ = rows(version)
+    inner = models(version).model
+    flow = Flow(inner.flow, "fp32", inner.device)
+    groups = flow.groups(make_rows(chunk, tokens))
+    assert sorted(len(g) for g in groups) == [1, 4]
+    vocoder = Vocoder(inner.hift, "fp32", max_rows=3)
+    assert vocoder._passes([40, 41, 42, 43, 20, 60]) == [[4], [0, 1, 2], [3], [5]]  # by length, at most 3 rows
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_passes_stay_within_the_memory_budget(models, rows, version):
+    chunk, tokens, _ = rows(version)
+    inner, rows = models(version).model, make_rows(chunk, tokens)
+    widest = width_bucket(max(Flow(inner.flow, "fp32", inner.device).frames(row) for row in rows))
+    flow = Flow(inner.flow, "fp32", inner.device, max_mb=flow_pass_mb(inner.flow, "fp32", 2, widest))  # two of the longest
+    groups = flow.groups(rows)
+    assert max(len(g) for g in groups) == 2 and sum(len(g) for g in groups) == len(tokens)
+
+
+def test_the_unet_estimators_do_not_see_the_padding():
+    """Both U-Nets at two resolutions (the released v1 has two, the tiny one only one)."""
+    from cosyvoice.flow.decoder import CausalConditionalDecoder, ConditionalDecoder
+
+    torch.manual_seed(0)
+    lengths, width = [37, 50, 23], 56
+    for cls, upstream_shift in ((ConditionalDecoder, True), (CausalConditionalDecoder, False)):
+        est = cls(in_channels=320, out_channels=80, channels=(32, 32), dropout=0.0, attention_head_dim=16, n_blocks=1,
+                  num_mid_blocks=2, num_heads=2, act_fn="gelu").eval()
+        with torch.no_grad():
+            for p in est.parameters():  # norms and biases away from their neutral start
+                p.add_(torch.randn_like(p) * 0.05)
+        x, mu, cond = (torch.randn(3, 80, width) for _ in range(3))
+        spks, t = torch.randn(3, 80), torch.rand(3)
+        mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float().unsqueeze(1)
+        with torch.inference_mode():
+            ours, theirs = padded_forward(est)(x, mask, mu, t, spks, cond), est(x, mask, mu, t, spks, cond)
+            for i, n in enumerate(lengths):
+                alone = est(x[i:i + 1, :, :n], mask[i:i + 1, :, :n], mu[i:i + 1, :, :n], t[i:i + 1], spks[i:i + 1],
+                            cond[i:i + 1, :, :n])[0]
+                assert (ours[i, :, :n] - alone).abs().max() < 1e-4 * alone.abs().max()
+                # upstream's own forward: v1's group norms count the padding, v2's layers do not
+                assert ((theirs[i, :, :n] - alone).abs().max() > 1e-2) == (upstream_shift and n < width)
+
+
+def test_masked_group_norm_is_group_norm_over_a_rows_frames():
+    torch.manual_seed(1)
+    norm = torch.nn.GroupNorm(4, 16).eval()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 16, 30)
+    mask = torch.ones(2, 1, 30)
+    mask[1, :, 18:] = 0
+    frames = mask.sum(dim=2)
+    out = masked_group_norm(x, norm, mask, frames)
+    torch.testing.assert_close(out[0], norm(x[:1])[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1, :, :18], norm(x[1:, :, :18])[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_cast_and_folded_copy_leaves_upstreams_hift_as_it_was(models, version):
+    from torch.nn.utils import parametrize
+
+    hift = models(version).model.hift
+    mel = torch.randn(1, 80, 12)
+    with torch.inference_mode():
+        torch.manual_seed(3)
+        before, _ = hift.inference(speech_feat=mel)
+        twin = cast_copy(hift, "bf16", keep_fp32=("f0_predictor", "m_source"), fold=True)
+        torch.manual_seed(3)
+        after, _ = hift.inference(speech_feat=mel)
+    assert torch.equal(before, after)
+    assert any(parametrize.is_parametrized(m) for m in hift.modules())
+    assert not any(parametrize.is_parametrized(m) for m in twin.modules())
+    assert twin.conv_post.weight.dtype == torch.bfloat16 and twin.f0_predictor.classifier.weight.dtype == torch.float32
+
+
+def test_tf32_is_set_for_a_part_and_put_back():
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32
+    with matmul_mode("tf32"):
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+        with matmul_mode("fp32"):
+            assert not matmul.allow_tf32 and not cudnn.allow_tf32  # strict: convolutions too
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+    assert (matmul.allow_tf32, cudnn.allow_tf32) == before
+
+
+def test_the_released_widths_are_the_architectures():
+    """sizing.py sizes workers from the released estimators' widths before any model is loaded."""
+    from cosyvoice.flow.decoder import ConditionalDecoder
+    from convtts.testing.cosyvoice_v1 import SIZES
+
+    full = SIZES["full"]
+    est = ConditionalDecoder(in_channels=320, out_channels=80, channels=tuple(full["est_channels"]), dropout=0.0,
+                             attention_head_dim=full["est_head_dim"], n_blocks=1, num_mid_blocks=1,
+                             num_heads=full["est_heads"], act_fn="gelu")
+    assert estimator_widths(est) == RELEASED_FLOW[1]
+
+
+def test_flow_settings_are_checked_up_front():
+    cosy = load_config(None, ["tts.cosyvoice.flow.vocoder_rows=4", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
+    assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 16
+    for bad, key in (("tts.cosyvoice.flow.vocoder_rows=0", "vocoder_rows"), ("tts.cosyvoice.flow.max_mb=10", "max_mb"),
+                     ("tts.cosyvoice.flow.max_graphs=-1", "max_graphs"), ("tts.cosyvoice.cuda_graphs=yes please", "cuda_graphs"),
+                     ("tts.cosyvoice.flow.graphs=true", "graphs")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [bad])
+
+
+def test_v3_paths_through_the_bench_on_a_cpu(tmp_path):
+    """bench/flow_vocoder.py on a tiny v3 model (DiT flow, causal HiFT): every setting within its tolerance."""
+    if not COSYVOICE_CHECKOUT:
+        pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
+    env = script_env(COSYVOICE_ROOT=COSYVOICE_CHECKOUT)
+    model = tmp_path / "v3"
+    built = subprocess.run([sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", "3", "--size", "tiny",
+                            "--out", str(model), "--tokens-per-text-token", "3"], env=env, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    out = tmp_path / "v3.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "flow_vocoder.py"), "--version", "3", "--model-dir", str(model),
+                           "--runtime-root", COSYVOICE_CHECKOUT, "--rows", "4", "--seconds", "0.6:0.75", "--prompt-seconds", "0.5",
+                           "--flow", "fp32,bf16", "--graphs", "on", "--bucket", "--vocoder", "fp32:16,bf16:16,fp16:16",
+                           "--repeat", "1", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = {s["setting"]: s for s in json.loads(out.read_text())["settings"]}
+    tolerance = {"flow-fp32-graphs-on": FP32, "flow-bf16-graphs-on": FLOW_BF16, "vocoder-fp32-rows-16": FP32,
+                 "vocoder-bf16-rows-16": VOCODER_BF16, "vocoder-fp16-rows-16": VOCODER_FP16}
+    assert set(figures) == set(tolerance)
+    for name, limit in tolerance.items():
+        assert figures[name]["lengths_match"] and figures[name]["deviation_full_scale"] <= limit, figures[name]
+        assert figures[name]["audio_seconds"] > 2.4
+
+
+def test_the_padded_estimator_traces_as_one_graph():
+    """flow.compile hands it to torch.compile: no graph break (aot_eager checks the tracing; the
+    GPU's inductor compiles the same graph)."""
+    from cosyvoice.flow.decoder import ConditionalDecoder
+
+    torch.manual_seed(2)
+    est = ConditionalDecoder(in_channels=320, out_channels=80, channels=(32, 32), dropout=0.0, attention_head_dim=16,
+                             n_blocks=1, num_mid_blocks=1, num_heads=2, act_fn="gelu").eval()
+    forward = padded_forward(est)
+    x, mu, cond = (torch.randn(2, 80, 40) for _ in range(3))
+    mask = torch.ones(2, 1, 40)
+    mask[1, :, 30:] = 0
+    with torch.inference_mode():
+        traced = torch.compile(forward, backend="aot_eager", fullgraph=True, dynamic=False)
+        args = (x, mask, mu, torch.rand(2), torch.randn(2, 80), cond)
+        torch.testing.assert_close(traced(*args), forward(*args))

@@ -1,0 +1,196 @@
+"""The quality gate's GPU recogniser (hf-whisper) on the CPU: a tiny random Whisper of the real architecture.
+
+convtts.testing.whisper_model writes the checkpoint directory (config, weights, generation config,
+tokenizer and feature extractor, as released) offline; transformers loads it as it would
+whisper-large-v3-turbo. Its transcripts are random words, so these tests check the plumbing and the
+batching (the same transcripts as transformers' own generate() one take at a time), not accuracy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from conftest import read_jsonl, run_all, script_env, write_input
+from convtts.config import ConfigError, load_config
+from convtts.gate.quality import QualityFailure, Take, open_gate, take_seed
+from convtts.gate.whisper import RATE, WINDOW, TransformersWhisper, token_limit
+from convtts.testing.whisper_model import build_whisper_dir
+
+BASE_SEED = 1234  # workers.seed's default
+CONVERSATIONS = [  # six segments, each long enough for the ASR check
+    {"id": "street", "conversations": [
+        {"from": "human", "value": "What is the man holding in his left hand?"},
+        {"from": "gpt", "value": "He is holding a small red umbrella and a newspaper."},
+        {"from": "human", "value": "Where is he standing right now?"},
+        {"from": "gpt", "value": "He is standing at a bus stop near the park."}]},
+    {"id": "garage", "conversations": [
+        {"from": "human", "value": "How many bicycles are hanging on the wall?"},
+        {"from": "gpt", "value": "There are three bicycles hanging on the wall."}]},
+]
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory):
+    return build_whisper_dir(tmp_path_factory.mktemp("whisper") / "tiny", "tiny")
+
+
+def gate_config(whisper_dir, *extra):
+    return load_config(None, ["validate.enabled=true", "validate.recogniser=hf-whisper",
+                              f"validate.model_path={whisper_dir}", *extra]).validate
+
+
+@pytest.fixture(scope="module")
+def recogniser(whisper_dir):
+    return TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3"))
+
+
+def noise(seconds: float, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(int(RATE * seconds)) * 0.1).astype(np.float32)
+
+
+def one_at_a_time(recogniser, audio: np.ndarray) -> str:
+    """transformers' own Whisper generate() on one take (window by window), bounded as the gate bounds it."""
+    texts = []
+    for start in range(0, len(audio), WINDOW):
+        window = audio[start:start + WINDOW]
+        features = recogniser.features(window, sampling_rate=RATE, return_tensors="pt").input_features
+        tokens = recogniser.model.generate(features, language="en", task="transcribe",
+                                           max_new_tokens=token_limit(len(window), recogniser.room))
+        texts.append(recogniser.tokenizer.batch_decode(tokens, skip_special_tokens=True)[0].strip())
+    return " ".join(texts)
+
+
+def test_batched_transcripts_are_generates_one_at_a_time(recogniser):
+    """Seven takes of 0.6 to 9 s and one of 34 s (two windows), three rows at a time: every row of
+    every batch says what transformers' generate() says for its take alone, and no two takes alike."""
+    takes = [noise(seconds, seed) for seed, seconds in enumerate((2.0, 0.6, 5.5, 9.0, 1.2, 3.3, 7.1, 34.0))]
+    batched = recogniser.transcribe_many(takes)
+    assert batched == [one_at_a_time(recogniser, take) for take in takes]
+    assert len(set(batched)) == len(takes) and all(batched)
+    assert recogniser.transcribe(takes[2]) == batched[2]
+
+
+def test_decoding_is_bounded_by_the_audio_duration(recogniser):
+    """A random decoder never says end-of-text: each row stops at its own bound, 7 tokens a second and 10 more."""
+    import torch
+
+    takes = [noise(seconds, seed) for seed, seconds in enumerate((0.5, 2.0, 6.0))]
+    features = recogniser.features(takes, sampling_rate=RATE, return_tensors="pt").input_features
+    limits = [token_limit(len(take), recogniser.room) for take in takes]
+    assert limits == [14, 24, 52]
+    with torch.inference_mode():
+        encoded = recogniser.model.model.encoder(features).last_hidden_state
+        tokens = recogniser._decode(encoded, limits)
+    assert [len(row) for row in tokens] == limits
+    assert token_limit(WINDOW, recogniser.room) == 220 and token_limit(10**9, recogniser.room) == 444
+
+
+def test_gate_judges_takes_together_with_the_batched_recogniser(whisper_dir, recogniser):
+    """judge_many: signal checks per take, one recogniser call for the rest, a verdict per take in order."""
+    gate = open_gate(gate_config(whisper_dir, "validate.max_wer=100", "validate.asr_batch=4"))
+    assert gate.batch_rows == 4
+    text = "There are three bicycles hanging on the wall."
+    rate = 22050
+    speechlike = [np.sin(np.arange(int(rate * s)) * 0.05 * (k + 1)).astype(np.float32) * 0.3
+                  for k, s in enumerate((2.5, 1.0, 2.8))]
+    silent = np.zeros(rate * 3, np.float32)
+    verdicts = gate.judge_many([Take(speechlike[0], rate, text, "a"), Take(silent, rate, text, "b"),
+                                Take(speechlike[1], rate, "Yes, sure.", "c"), Take(speechlike[2], rate, text, "d")])
+    assert isinstance(verdicts[1], QualityFailure) and verdicts[1].check == "silence"
+    assert verdicts[2]["asr"] == "skipped: under 3 words"
+    for verdict in (verdicts[0], verdicts[3]):
+        assert verdict["asr"] == "hf-whisper" and verdict["heard"] and verdict["wer"] > 0.6
+        assert verdict["gate_seconds"] > 0
+    assert verdicts[0]["heard"] != verdicts[3]["heard"]
+
+    strict = dataclasses.replace(gate, cfg=dataclasses.replace(gate.cfg, max_wer=0.6))
+    refused = strict.judge_many([Take(speechlike[0], rate, text, "a")])[0]
+    assert isinstance(refused, QualityFailure) and refused.check == "wer" and refused.scores["asr"] == "hf-whisper"
+
+
+@pytest.mark.parametrize("missing, message", [("config.json", "missing config.json"),
+                                              ("model.safetensors", "missing model.safetensors"),
+                                              ("vocab.json", "vocab.json or tokenizer.json")])
+def test_a_checkpoint_missing_a_file_is_refused_up_front(tmp_path, whisper_dir, missing, message):
+    import shutil
+
+    copy = tmp_path / "whisper"
+    shutil.copytree(whisper_dir, copy)
+    (copy / missing).unlink()
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        gate_config(copy)
+    for bad in ("validate.asr_precision=int8", "validate.asr_batch=0", "validate.asr_device=tpu"):
+        with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0])):
+            gate_config(whisper_dir, bad)
+
+
+@pytest.mark.e2e
+def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, whisper_dir):
+    """A real run: Piper spoken through synthesize_many, the takes judged in groups by the hf-whisper gate.
+    A silent first take is re-spoken with the next seed and kept; an id silent on every take is a
+    failure row; every kept row carries the recogniser's transcript and WER (max_wer is set high: a
+    random Whisper hears random words)."""
+    source = write_input(tmp_path / "in.json", CONVERSATIONS)
+    out = tmp_path / "out"
+    result = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1",
+                     "--log-dir", tmp_path / "log", "--set", "tts.backend=bad_audio_backend:BatchedBadAudioPiper",
+                     "--set", "validate.enabled=true", "--set", "validate.recogniser=hf-whisper",
+                     "--set", f"validate.model_path={whisper_dir}", "--set", "validate.max_wer=100",
+                     "--set", "validate.asr_batch=4", "--set", "validate.max_respeaks=1",
+                     env=script_env(CONVTTS_TEST_BAD="street-001-00=silence:1,garage-000-00=silence:all"))
+    assert result.returncode == 1, result.stderr
+    rows = {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")}
+    assert len(rows) == 5 and "garage-000-00" not in rows
+    assert rows["street-001-00"]["respoken_for"] == ["silence 1 > 0.6"]
+    for uid, row in rows.items():
+        assert row["seed"] == take_seed(BASE_SEED, uid, row["respeaks"])
+        assert row["quality"]["asr"] == "hf-whisper" and row["quality"]["heard"] and row["quality"]["wer"] > 0
+    failed = [f for f in read_jsonl(out / "failures.jsonl") if f["status"] == "failed"]
+    assert [(f["id"], f["check"], f["respeaks"]) for f in failed] == [("garage-000-00", "silence", 1)]
+    logs = "".join(p.read_text() for p in (tmp_path / "log").rglob("*.log"))
+    assert "quality gate on (recogniser hf-whisper, 4 takes at a time)" in logs
+    assert "Whisper from" in logs and "on cpu in float32" in logs
+
+
+def test_gpu_memory_a_worker_adds_for_its_recogniser(whisper_dir, recogniser):
+    """The slot sizes its workers with it: weights at asr_precision from the safetensors headers, plus a batch's activations."""
+    from convtts.gate.whisper import checkpoint_parameters, recogniser_gpu_mb
+
+    parameters = sum(p.numel() for p in recogniser.model.parameters())
+    assert checkpoint_parameters(whisper_dir) == parameters
+    per_take = 2 * 1500 * 2 * (1 * 64 + 128)  # bf16, 1500 frames: 1 decoder layer of 64, an encoder FFN of 128
+    config = gate_config(whisper_dir)
+    assert recogniser_gpu_mb(config) == round((parameters * 2 + 16 * per_take) / 2**20)
+    assert recogniser_gpu_mb(dataclasses.replace(config, asr_device="cpu")) == 0
+    assert recogniser_gpu_mb(dataclasses.replace(config, recogniser="pocketsphinx", model_path="")) == 0
+
+
+def test_assume_english_checks_what_the_common_word_test_would_skip(whisper_dir, recogniser):
+    """Without pocketsphinx's dictionary (a GPU node may lack it), an English sentence of rarer words
+    reads as not English; validate.assume_english gives it the ASR check all the same."""
+    from convtts.gate.quality import Gate
+
+    text = "Jagged peaks rise on both sides under a clear blue sky."
+    audio = (np.sin(np.arange(22050 * 3) * 0.05) * 0.3).astype(np.float32)
+    config = gate_config(whisper_dir, "validate.max_wer=100")
+    assert Gate(config, recogniser, None).judge(audio, 22050, text)["asr"] == "skipped: not English"
+    assumed = Gate(dataclasses.replace(config, assume_english=True), recogniser, None)
+    assert assumed.judge(audio, 22050, text)["asr"] == "hf-whisper"
+
+
+@pytest.mark.e2e
+def test_a_cpu_slot_is_not_asked_for_whisper_on_a_gpu(tmp_path, whisper_dir):
+    """validate.asr_device=cuda with --gpus cpu:1: the slot stops before any worker starts (else every
+    worker would die loading Whisper), its log says why, and nothing is spoken. (The device is the
+    slot's: preprocess cannot know it, so run_all.sh reports a failed slot, exit 1, not 2.)"""
+    source = write_input(tmp_path / "in.json", CONVERSATIONS[1:])
+    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--log-dir", tmp_path / "log",
+                     "--set", "validate.enabled=true", "--set", "validate.recogniser=hf-whisper",
+                     "--set", f"validate.model_path={whisper_dir}", "--set", "validate.asr_device=cuda")
+    assert result.returncode == 1 and "slot 0 (cpu) exited 2" in result.stderr
+    slot_log = next((tmp_path / "log").rglob("slot-0.log")).read_text()
+    assert "validate.asr_device=cuda, but this slot runs on the CPU" in slot_log and "worker" not in slot_log
+    assert not (tmp_path / "out" / "audio").exists()

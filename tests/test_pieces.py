@@ -1,0 +1,201 @@
+"""A slot's pieces of work: their sizes, the tail, the hand-back after a worker dies, and each shard's
+stats file written last, on a real output folder (plan files, manifests, audio) and no processes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import orjson
+import pytest
+import soundfile as sf
+
+from conftest import read_jsonl
+from convtts.run.pieces import MAX_PIECE, MIN_PIECE, WorkQueue, cut_size, preview_cuts
+from convtts.state.layout import Layout, shard_name
+from convtts.state.shardio import append_line, read_json, shard_complete
+
+RUN = "run1"
+
+
+# -- sizes ------------------------------------------------------------------------------------------
+
+
+def test_one_shard_on_four_workers_is_cut_as_the_module_says():
+    assert preview_cuts([100], 4) == [13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3, 3, 3] + [MIN_PIECE] * 7
+
+
+def test_a_big_run_starts_with_the_largest_pieces_and_ends_with_the_tail():
+    sizes = preview_cuts([1000] * 3, 8)
+    assert sum(sizes) == 3000 and sizes[:5] == [MAX_PIECE] * 5
+    assert sizes[-8:] == [MIN_PIECE] * 8  # every one of eight workers ends on a piece of two
+
+
+@pytest.mark.parametrize(
+    "counts, workers, rows",
+    [
+        ([100], 4, 1),
+        ([7, 1, 30, 2], 3, 1),
+        ([5, 1, 30], 2, 4),
+        ([500, 3, 64], 16, 8),
+        ([3], 1, 1),
+        ([1000], 1, 32),
+    ],
+)
+def test_every_piece_is_within_bounds_and_no_shard_leaves_a_runt(counts, workers, rows):
+    low, high = MIN_PIECE, max(MAX_PIECE, 4 * rows)
+    sizes, remaining = [], sum(counts)
+    for count in counts:
+        cut, available = [], count
+        while available:
+            cut.append(cut_size(available, remaining, workers, rows))
+            available -= cut[-1]
+            remaining -= cut[-1]
+        assert sum(cut) == count and all(size <= high + low - 1 for size in cut)
+        # a piece smaller than the floor is a whole shard smaller than it, never a shard's leftover
+        assert all(size >= low for size in cut) or (cut == [count] and count < low)
+        sizes += cut
+    assert sizes == preview_cuts(counts, workers, rows) and sum(sizes) == sum(counts)
+
+
+def test_a_batched_worker_gets_up_to_four_batches_early_and_the_tail_pieces_late():
+    # it asks for its next piece before its rows run dry, so a piece need not fill them
+    sizes = preview_cuts([200], 4, rows=8)
+    assert max(sizes) <= max(MAX_PIECE, 32) and sizes[-4:] == [MIN_PIECE] * 4
+    assert cut_size(10_000, 10_000, 4, rows=32) == 128  # four batches of 32 rows at most...
+    assert cut_size(200, 200, 4, rows=32) == 25  # ...and as the work left says below that
+
+
+# -- a real output folder ---------------------------------------------------------------------------
+
+
+def plan(root, *sizes: int) -> Layout:
+    """A plan of shards holding `sizes` segments each: ids s{shard}-{index:03d}, in plan order."""
+    layout = Layout(root / "out")
+    layout.shards_dir.mkdir(parents=True)
+    layout.work_dir.mkdir()
+    for number, size in enumerate(sizes):
+        rows = [{"id": f"s{number}-{i:03d}", "text": f"segment {i}", "speaker": "joe"} for i in range(size)]
+        layout.shard_file(shard_name(number)).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return layout
+
+
+def spoken_before(layout: Layout, shard: str, uid: str, writer: str = "w0") -> None:
+    """A row and its audio, as an earlier run's worker left them."""
+    audio = layout.audio_dir(shard) / f"{uid}.wav"
+    audio.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(audio, np.full(1600, 0.1, dtype=np.float32), 16000)
+    append_line(
+        layout.manifest(shard, writer),
+        {"id": uid, "audio": str(audio.relative_to(layout.root)), "num_samples": 1600, "duration": 0.1, "run": "run0"},
+    )
+
+
+def speak_all(queue: WorkQueue, piece, ok: bool = True) -> None:
+    for uid in piece.ids:
+        piece.started.add(uid)
+        queue.reported(piece, uid, ok, audio_seconds=1.0)
+
+
+def test_pieces_follow_the_preview_and_the_stats_file_comes_last(tmp_path):
+    layout = plan(tmp_path, 30)
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=2)
+    pieces = []
+    while (piece := queue.next_piece()) is not None:
+        pieces.append(piece)
+    assert [len(p.ids) for p in pieces] == preview_cuts([30], 2)
+    assert [uid for p in pieces for uid in p.ids] == [f"s0-{i:03d}" for i in range(30)]  # plan order, each once
+    for piece in reversed(pieces):  # reported out of order: the stats wait for the last piece out
+        assert not layout.stats("shard-00000").exists()
+        speak_all(queue, piece)  # a piece is in once each of its ids is reported
+    stats = read_json(layout.stats("shard-00000"))
+    assert stats["done"] == stats["new"] == stats["segments"] == 30 and stats["pieces"] == len(pieces)
+    assert stats["failed"] == stats["pending"] == 0 and stats["audio_seconds"] == 30 and stats["run"] == RUN
+    assert shard_complete(layout, "shard-00000") and not queue.has_work()
+
+
+def test_a_failed_utterance_leaves_its_shard_incomplete(tmp_path):
+    layout = plan(tmp_path, 4)
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
+    while (piece := queue.next_piece()) is not None:
+        speak_all(queue, piece, ok=False)
+    assert read_json(layout.stats("shard-00000"))["failed"] == 4 and not shard_complete(layout, "shard-00000")
+
+
+def test_opening_a_shard_resumes_it(tmp_path):
+    layout = plan(tmp_path, 6)
+    for uid in ("s0-000", "s0-003"):
+        spoken_before(layout, "shard-00000", uid)
+    layout.stats("shard-00000").write_bytes(b'{"failed": 0, "pending": 0}')  # a stale done marker
+    leftover = layout.audio_dir("shard-00000") / ".s0-001.wav.tmp999"  # a worker killed mid-write
+    leftover.write_bytes(b"half")
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
+    assert queue.total == 4  # estimated from line counts before the shard is opened
+    pieces = []
+    while (piece := queue.next_piece()) is not None:
+        assert not layout.stats("shard-00000").exists() and not leftover.exists()
+        pieces.append(piece)
+    assert [uid for p in pieces for uid in p.ids] == ["s0-001", "s0-002", "s0-004", "s0-005"]
+    for piece in pieces:
+        speak_all(queue, piece)
+    stats = read_json(layout.stats("shard-00000"))
+    assert stats["done"] == 6 and stats["new"] == 4 and stats["audio_seconds"] == pytest.approx(4.2)
+
+
+def test_a_shard_with_nothing_left_to_speak_gets_its_stats_at_once(tmp_path):
+    layout = plan(tmp_path, 2, 3)
+    for uid in ("s0-000", "s0-001"):
+        spoken_before(layout, "shard-00000", uid)
+    queue = WorkQueue(layout, ["shard-00000", "shard-00001"], RUN, workers=1)
+    piece = queue.next_piece()
+    assert piece.shard == "shard-00001"
+    assert read_json(layout.stats("shard-00000"))["done"] == 2  # closed on the way to the next shard
+
+
+def test_a_dead_workers_unreported_ids_go_back_first_in_line_and_only_the_one_in_flight_is_charged(tmp_path):
+    layout = plan(tmp_path, 12)
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
+    first = queue.next_piece()
+    assert len(first.ids) == 6
+    for uid in first.ids[:2]:
+        first.started.add(uid)
+        queue.reported(first, uid, True, 1.0)
+    first.started.add(first.ids[2])  # it died speaking this one
+    audio = layout.audio_dir("shard-00000")
+    mine, other = audio / f".{first.ids[2]}.wav.tmp4242", audio / f".{first.ids[5]}.wav.tmp42421"
+    mine.write_bytes(b"half")
+    other.write_bytes(b"a live worker's")  # pid 42421 is not pid 4242
+
+    assert queue.worker_died(first, -9, 4242) == [first.ids[2]]
+    assert not mine.exists() and other.exists()
+    crash = read_jsonl(layout.crashes("shard-00000"))
+    assert [(c["id"], c["exitcode"], c["run"]) for c in crash] == [(first.ids[2], -9, RUN)]
+    again = queue.next_piece()
+    assert again.ids[:4] == first.ids[2:] and again.crashes == {first.ids[2]: 1}
+    assert not layout.stats("shard-00000").exists()
+
+
+def test_every_id_of_a_batch_in_flight_is_charged(tmp_path):
+    layout = plan(tmp_path, 6)
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
+    queue.rows = 3
+    piece = queue.next_piece()
+    piece.started.update(piece.ids[:3])  # one batch of three begun, none finished
+    assert queue.worker_died(piece, -11, 1) == piece.ids[:3]
+    assert queue.next_piece().crashes == dict.fromkeys(piece.ids[:3], 1)
+
+
+def test_deaths_in_this_run_are_remembered_when_the_slot_starts_again(tmp_path):
+    layout = plan(tmp_path, 4)
+    append_line(layout.crashes("shard-00000"), {"id": "s0-001", "run": RUN, "exitcode": -9, "time": 1.0})
+    append_line(layout.crashes("shard-00000"), {"id": "s0-001", "run": RUN, "exitcode": -9, "time": 2.0})
+    append_line(layout.crashes("shard-00000"), {"id": "s0-002", "run": "run0", "exitcode": -9, "time": 0.5})
+    piece = WorkQueue(layout, ["shard-00000"], RUN, workers=1).next_piece()
+    assert piece.crashes == {"s0-001": 2}  # an earlier run's deaths do not count against this one
+
+
+def test_remaining_work_sizes_pieces_across_shards(tmp_path):
+    layout = plan(tmp_path, 40, 40)
+    queue = WorkQueue(layout, ["shard-00000", "shard-00001"], RUN, workers=2)
+    first = queue.next_piece()
+    assert len(first.ids) == math.ceil(80 / 4) and queue.remaining() == 60

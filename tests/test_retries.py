@@ -1,0 +1,250 @@
+"""The retry rule, in one process: attempts, re-speaks, out-of-memory rebuilds, a batch-wide error.
+
+A real Worker (utterance.Host) speaks pieces of a real plan into a real output folder; its slot's end
+of the pipe is read back. The voice is tests/scripted_backend.py: a tone, except where the script
+makes a text fail; the quality gate is the real one, without its recogniser.
+"""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+
+import pytest
+
+from conftest import read_jsonl, write_input
+from convtts.config import load_config
+from convtts.gate.quality import take_seed
+from convtts.plan.planner import make_plan
+from convtts.run.messages import Built, Failed, SpeakPiece, Spoken, Started, Want
+from convtts.run.pieces import open_shard
+from convtts.run.worker import Worker, WorkerArgs
+from convtts.state.layout import Layout
+from convtts.state.shardio import load_done, load_failures
+
+SEED = 1234  # workers.seed's default
+ZEBRA = "farm-001-00"  # the one segment whose text holds the script's word
+CONVERSATION = {
+    "id": "farm",
+    "conversations": [
+        {"from": "human", "value": "What animals are in the field today?"},
+        {"from": "gpt", "value": "A zebra stands beside two brown horses."},
+        {"from": "human", "value": "What is the weather like there?"},
+        {"from": "gpt", "value": "The sky is clear and the grass is dry."},
+        {"from": "human", "value": "Is anyone riding the horses?"},
+        {"from": "gpt", "value": "No, they are grazing near the fence."},
+    ],
+}
+IDS = [f"farm-{turn:03d}-00" for turn in range(6)]
+
+
+@pytest.fixture
+def tally(tmp_path, monkeypatch):
+    folder = tmp_path / "tally"
+    folder.mkdir()
+    monkeypatch.setenv("CONVTTS_TEST_TALLY", str(folder))
+    return folder
+
+
+class Run:
+    """A worker on a planned output, and what it told its slot."""
+
+    def __init__(self, root, backend: str, *overrides: str):
+        self.config = load_config(
+            None,
+            [
+                f"tts.backend=scripted_backend:{backend}",
+                "validate.enabled=true",
+                "validate.recogniser=none",
+                *overrides,
+            ],
+        )
+        self.layout = Layout(root / "out")
+        make_plan(write_input(root / "in.json", [CONVERSATION]), self.layout, self.config, workers=1)
+        self.shard = self.layout.shard_names()[0]
+        self.layout.work_dir.mkdir()  # as the slot does before a worker speaks (its progress file is there)
+        open_shard(self.layout, self.shard, "run1")
+        self.inbox, pipe = multiprocessing.Pipe()
+        self.worker = Worker(WorkerArgs(0, 0, str(self.layout.root), self.config, "run1", os.getpid()), pipe)
+        self.worker.build("start")
+
+    def speak(self, ids=IDS, crashes: dict | None = None) -> None:
+        self.worker.run_piece(SpeakPiece(self.shard, list(ids), crashes or {}))
+
+    def messages(self) -> list:
+        said = []
+        while self.inbox.poll():
+            said.append(self.inbox.recv())
+        return said
+
+    def rows(self) -> dict[str, dict]:
+        return load_done(self.layout, self.shard)
+
+    def failures(self) -> dict[str, dict]:
+        return load_failures(self.layout, self.shard)
+
+
+def calls(tally, text_word: str = "zebra") -> list[dict]:
+    return [c for c in read_jsonl(tally / "calls.jsonl") if text_word in c["text"]]
+
+
+def run(tmp_path, monkeypatch, script: str, backend: str = "ScriptedTone", *overrides: str) -> Run:
+    monkeypatch.setenv("CONVTTS_TEST_SCRIPT", script)
+    return Run(tmp_path, backend, *overrides)
+
+
+# -- one at a time ----------------------------------------------------------------------------------
+
+
+def test_an_error_is_tried_again_with_the_same_seed_until_it_succeeds(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=error:2")
+    worker.speak()
+    rows = worker.rows()
+    assert sorted(rows) == IDS and worker.failures() == {}
+    assert rows[ZEBRA]["attempts"] == 3 and rows[ZEBRA]["seed"] == take_seed(SEED, ZEBRA, 0)
+    assert [c["seed"] for c in calls(tally)] == [take_seed(SEED, ZEBRA, 0)] * 3  # the same take, tried again
+    assert all(rows[uid]["attempts"] == 1 for uid in IDS if uid != ZEBRA)
+    said = worker.messages()
+    assert isinstance(said[-1], Spoken) and sum(isinstance(m, Started) for m in said) == 6
+    assert not any(isinstance(m, Want) for m in said)  # a piece spoken by hand asks the slot for nothing
+
+
+def test_errors_past_max_attempts_leave_a_failure_row_and_the_piece_goes_on(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=error:all", "ScriptedTone", "workers.max_attempts=3")
+    worker.speak()
+    assert sorted(worker.rows()) == [uid for uid in IDS if uid != ZEBRA]
+    failure = worker.failures()[ZEBRA]
+    assert failure["status"] == "failed" and failure["attempts"] == 3 and len(failure["errors"]) == 3
+    assert failure["reason"].startswith("SynthesisError: scripted error")
+    assert failure["backend"] == "scripted_backend:ScriptedTone"
+    assert len(calls(tally)) == 3
+    assert [m.uid for m in worker.messages() if isinstance(m, Failed)] == [ZEBRA]
+
+
+def test_deaths_of_a_worker_count_as_attempts(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=error:all", "ScriptedTone", "workers.max_attempts=3")
+    worker.speak([ZEBRA], crashes={ZEBRA: 1})
+    failure = worker.failures()[ZEBRA]
+    assert len(calls(tally)) == 2 and failure["attempts"] == 3  # one death and two errors
+    assert failure["errors"][0] == "worker process died while speaking it (1x)"
+
+    worker.speak([ZEBRA], crashes={ZEBRA: 3})  # attempts used up by deaths: not tried again
+    assert len(calls(tally)) == 2
+    assert worker.failures()[ZEBRA]["errors"] == ["worker process died while speaking it (3x)"]
+
+
+def test_a_refused_take_is_spoken_again_with_the_next_seed_without_costing_an_attempt(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=silent:1")
+    worker.speak()
+    row = worker.rows()[ZEBRA]
+    assert row["attempts"] == 1 and row["respeaks"] == 1 and row["respoken_for"] == ["silence 1 > 0.6"]
+    assert row["seed"] == take_seed(SEED, ZEBRA, 1)
+    assert [c["seed"] for c in calls(tally)] == [take_seed(SEED, ZEBRA, 0), take_seed(SEED, ZEBRA, 1)]
+
+
+def test_a_take_refused_every_time_fails_on_the_gates_check(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=silent:all", "ScriptedTone", "validate.max_respeaks=2")
+    worker.speak()
+    failure = worker.failures()[ZEBRA]
+    assert failure["check"] == "silence" and failure["respeaks"] == 2 and failure["attempts"] == 1
+    assert [c["seed"] for c in calls(tally)] == [take_seed(SEED, ZEBRA, take) for take in range(3)]
+    assert not (worker.layout.audio_dir(worker.shard) / f"{ZEBRA}.wav").exists()  # nothing refused is written
+
+
+def test_out_of_memory_rebuilds_the_model_then_tries_again(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=oom:1")
+    worker.speak()
+    assert worker.rows()[ZEBRA]["attempts"] == 2
+    assert [m.reason for m in worker.messages() if isinstance(m, Built)] == ["start", "out of GPU memory"]
+    first, second = calls(tally)
+    assert second["build"] == first["build"] + 1  # the second try ran on the new model
+
+
+def test_a_full_disk_stops_the_piece_and_records_no_failure(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=full:all")
+    with pytest.raises(OSError) as stopped:
+        worker.speak()
+    assert stopped.value.errno == errno.ENOSPC and len(calls(tally)) == 1  # no utterance is at fault: no retry
+    assert sorted(worker.rows()) == IDS[:1] and worker.failures() == {}
+
+
+# -- batched ----------------------------------------------------------------------------------------
+
+
+def paths(tally) -> dict[str, list[str]]:
+    """The paths the calls of each text took (one | many), by text."""
+    taken: dict[str, list[str]] = {}
+    for call in read_jsonl(tally / "calls.jsonl"):
+        if call["path"] != "build":
+            taken.setdefault(call["text"], []).append(call["path"])
+    return taken
+
+
+def test_a_batch_tries_a_failed_utterance_again_in_a_later_batch(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=error:1", "ScriptedBatchTone")
+    worker.speak()
+    rows = worker.rows()
+    assert sorted(rows) == IDS and rows[ZEBRA]["attempts"] == 2
+    assert [c["path"] for c in calls(tally)] == ["many", "many"]
+    assert all(taken == ["many"] for text, taken in paths(tally).items() if "zebra" not in text)
+
+
+def test_out_of_memory_in_a_batch_halves_the_rows_and_retries_what_was_in_flight(tmp_path, monkeypatch, tally):
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "4")
+    worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")
+    worker.speak()
+    rows = worker.rows()
+    assert sorted(rows) == IDS and worker.worker.backend.batch_rows == 2
+    # The first batch of four held the zebra: all four were in flight, none was written, each is
+    # charged an attempt and spoken again in batches of two; the two after them were never touched.
+    assert [rows[uid]["attempts"] for uid in IDS] == [2, 2, 2, 2, 1, 1]
+    assert [c["path"] for c in calls(tally)] == ["many", "many"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="batching.speak_batched: once an out-of-memory leaves one row, the queued "
+    "utterances are spoken alone as new ones: their attempts, errors and refused takes are forgotten",
+)
+def test_utterances_keep_their_attempts_when_the_rows_fall_to_one(tmp_path, monkeypatch, tally):
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "2")
+    worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")
+    worker.speak()
+    rows = worker.rows()
+    assert sorted(rows) == IDS and worker.worker.backend.batch_rows == 1
+    assert rows[ZEBRA]["attempts"] == 2  # the out-of-memory cost it one, as with rows to spare
+
+
+def test_a_batch_wide_error_is_spoken_one_at_a_time_and_loses_nothing(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=broken:1", "ScriptedBatchTone")
+    worker.speak()
+    rows = worker.rows()
+    assert sorted(rows) == IDS and worker.failures() == {}
+    in_flight, later = IDS[:3], IDS[3:]
+    taken = paths(tally)
+    assert all(taken[text][-1] == "one" for text in _texts(worker, in_flight))
+    assert all(rows[uid]["attempts"] == 2 for uid in in_flight)  # the broken batch counted as an attempt
+    assert all(taken[text] == ["many"] for text in _texts(worker, later))  # then batches again
+
+
+def test_an_utterance_that_killed_a_worker_is_spoken_alone(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "", "ScriptedBatchTone")
+    worker.speak(crashes={ZEBRA: 1})
+    rows = worker.rows()
+    assert sorted(rows) == IDS and rows[ZEBRA]["attempts"] == 2
+    assert [c["path"] for c in calls(tally)] == ["one"]
+    assert all(taken == ["many"] for text, taken in paths(tally).items() if "zebra" not in text)
+
+
+def test_a_refused_take_in_a_batch_is_spoken_again_with_its_next_seed(tmp_path, monkeypatch, tally):
+    worker = run(tmp_path, monkeypatch, "zebra=silent:1", "ScriptedBatchTone")
+    worker.speak()
+    row = worker.rows()[ZEBRA]
+    assert row["respeaks"] == 1 and row["attempts"] == 1 and row["seed"] == take_seed(SEED, ZEBRA, 1)
+    assert [(c["path"], c["seed"]) for c in calls(tally)] == [("many", take_seed(SEED, ZEBRA, t)) for t in range(2)]
+
+
+def _texts(run: Run, ids: list[str]) -> list[str]:
+    segments = run.worker.segments(run.shard)
+    return [segments[uid]["text"] for uid in ids]

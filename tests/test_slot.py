@@ -1,0 +1,123 @@
+"""A slot whose workers die: the deaths charged to the ids in flight, the rest handed back, the
+workers started again, and a slot that gives up when its workers die before speaking anything.
+
+A real Slot runs in the test process and spawns real workers (about half a second each); their voice
+is tests/scripted_backend.py, which kills its worker with SIGKILL where the script says.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import pytest
+
+from conftest import alive, read_jsonl, write_input
+from convtts import EXIT_FAILURES, EXIT_OK
+from convtts.config import load_config
+from convtts.plan.planner import make_plan
+from convtts.run.slot import MAX_BARREN_DEATHS, Slot, SlotOptions
+from convtts.state.layout import Layout
+from convtts.state.shardio import load_done, load_failures, read_json
+
+SHARD = "shard-00000"
+ZEBRA = "farm-001-00"
+CONVERSATION = {
+    "id": "farm",
+    "conversations": [
+        {"from": "human", "value": "What animals are in the field today?"},
+        {"from": "gpt", "value": "A zebra stands beside two brown horses."},
+        {"from": "human", "value": "What is the weather like there?"},
+        {"from": "gpt", "value": "The sky is clear and the grass is dry."},
+        {"from": "human", "value": "Is anyone riding the horses?"},
+        {"from": "gpt", "value": "No, they are grazing near the fence."},
+    ],
+}
+IDS = [f"farm-{turn:03d}-00" for turn in range(6)]
+
+
+@pytest.fixture
+def slot_run(tmp_path, monkeypatch, caplog):
+    """run(script, workers, *overrides) plans the conversation and runs a slot on it; returns its exit code."""
+    tally = tmp_path / "tally"
+    tally.mkdir()
+    monkeypatch.setenv("CONVTTS_TEST_TALLY", str(tally))  # the spawned workers inherit the environment
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # the slot installs its own
+    caplog.set_level(logging.INFO, logger="convtts")
+    layout = Layout(tmp_path / "out")
+
+    def run(script: str, workers: int, backend: str = "ScriptedTone", *overrides: str) -> int:
+        monkeypatch.setenv("CONVTTS_TEST_SCRIPT", script)
+        config = load_config(None, [f"tts.backend=scripted_backend:{backend}", *overrides])
+        make_plan(write_input(tmp_path / "in.json", [CONVERSATION]), layout, config, workers=1)
+        shards = layout.shard_names()
+        slot = Slot(layout, config, lambda: shards, SlotOptions(0, workers, "run1", str(tmp_path / "log")))
+        code = slot.run()
+        assert not slot.handles or not any(alive(h.proc.pid) for h in slot.handles.values())
+        return code
+
+    run.layout, run.tally = layout, tally
+    yield run
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def deaths(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if " died (exit " in r.getMessage()]
+
+
+def test_a_worker_killed_mid_piece_costs_the_utterance_one_attempt_and_loses_nothing(slot_run, caplog):
+    assert slot_run("zebra=kill:1", workers=2) == EXIT_OK
+    layout = slot_run.layout
+    crashes = read_jsonl(layout.crashes(SHARD))
+    assert [(c["id"], c["exitcode"], c["run"]) for c in crashes] == [(ZEBRA, -signal.SIGKILL, "run1")]
+    rows = load_done(layout, SHARD)
+    assert sorted(rows) == IDS and rows[ZEBRA]["attempts"] == 2
+    spoken = [r["id"] for path in layout.manifests(SHARD) for r in read_jsonl(path)]
+    assert sorted(spoken) == IDS  # each id spoken once: the one in flight, and only it, again
+    stats = read_json(layout.stats(SHARD))
+    assert stats["done"] == 6 and stats["failed"] == 0 and stats["pending"] == 0
+    assert len(deaths(caplog)) == 1 and f"on ['{ZEBRA}']" in deaths(caplog)[0]
+
+
+def test_every_id_of_a_batch_in_flight_is_charged_and_then_spoken_alone(slot_run):
+    assert slot_run("zebra=kill:1", 1, "ScriptedBatchTone") == EXIT_OK
+    layout = slot_run.layout
+    charged = [c["id"] for c in read_jsonl(layout.crashes(SHARD))]
+    assert charged == IDS[:3]  # the batch the worker had begun: which one killed it is not known
+    rows = load_done(layout, SHARD)
+    assert sorted(rows) == IDS and [rows[uid]["attempts"] for uid in IDS] == [2, 2, 2, 1, 1, 1]
+    texts = {row["id"]: row["text"] for row in rows.values()}
+    calls = [c for c in read_jsonl(slot_run.tally / "calls.jsonl") if c["path"] != "build"]
+    alone = [c["text"] for c in calls if c["path"] == "one"]
+    assert alone == [texts[uid] for uid in IDS[:3]]  # a charged id cannot take a batch down again
+
+
+def test_an_utterance_that_kills_every_worker_fails_once_its_attempts_are_spent(slot_run, caplog):
+    assert slot_run("zebra=kill:all", 1, "ScriptedTone", "workers.max_attempts=2") == EXIT_FAILURES
+    layout = slot_run.layout
+    assert [c["id"] for c in read_jsonl(layout.crashes(SHARD))] == [ZEBRA, ZEBRA]
+    failure = load_failures(layout, SHARD)[ZEBRA]
+    assert failure["errors"] == ["worker process died while speaking it (2x)"] and failure["attempts"] == 2
+    assert sorted(load_done(layout, SHARD)) == [uid for uid in IDS if uid != ZEBRA]
+    assert read_json(layout.stats(SHARD))["failed"] == 1
+    # the second death came before its worker spoke anything, but one is not enough to give up
+    assert len(deaths(caplog)) == 2 and not any("giving up" in r.getMessage() for r in caplog.records)
+
+
+def test_deaths_with_speech_between_them_never_stop_the_slot(slot_run, caplog):
+    # three texts kill a worker once each; every new worker speaks something before it meets the next
+    assert slot_run("zebra=kill:1,weather=kill:1,riding=kill:1", workers=1) == EXIT_OK
+    assert len(deaths(caplog)) == 3 >= MAX_BARREN_DEATHS
+    assert sorted(load_done(slot_run.layout, SHARD)) == IDS
+
+
+def test_workers_that_die_before_speaking_anything_stop_the_slot(slot_run, caplog):
+    assert slot_run("@build=kill:all", workers=1) == EXIT_FAILURES
+    assert len(deaths(caplog)) == MAX_BARREN_DEATHS
+    assert any(
+        f"died {MAX_BARREN_DEATHS} times in a row without speaking; giving up" in r.getMessage() for r in caplog.records
+    )
+    assert not slot_run.layout.stats(SHARD).exists()  # nothing was marked done
+    builds = [c for c in read_jsonl(slot_run.tally / "calls.jsonl") if c["path"] == "build"]
+    assert len(builds) == MAX_BARREN_DEATHS  # no worker was started after the last death
