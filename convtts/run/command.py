@@ -48,6 +48,10 @@ def main(argv=None) -> int:
     if args.config is None and not args.plan_ready:
         args.config = str(layout.config_file)
     config = load_config_or_exit(args)
+    try:
+        check_gate(config.validate, args.device)  # quick: a gate this slot cannot run stops it before any worker
+    except ConfigError as exc:
+        fail(str(exc))
     if not 0 <= args.node_rank < args.nodes:
         fail(f"--node-rank must be in 0..{args.nodes - 1} (--nodes {args.nodes}), got {args.node_rank}")
     feed = open_feed() if args.feed else None
@@ -58,9 +62,8 @@ def main(argv=None) -> int:
     slot = make_slot(args, layout, config, feed, started)
     install_stop_handlers()
     try:
-        slot.start_workers()  # they load their models while the config is checked and the plan is made
-        check_backend(config)
-        check_gate(config.validate, args.device)  # the quality gate's recogniser runs in the same workers
+        slot.start_workers()  # they load their models while the backend is checked and the plan is made
+        check_backend(config)  # a model's speakers are read with torch: seconds, spent meanwhile
         return slot.run(args.plan_ready)
     except ConfigError as exc:
         slot.stop_workers()
