@@ -108,7 +108,8 @@ def busy_window(rows: list[dict]) -> dict:
         return {}
     begins, ends = max(firsts.values()), min(lasts.values())
     inside = [r for r in rows if begins < r["finished"] <= ends]
-    if len(inside) < max(10, len(rows) // 10):  # a burst or two of a batch: no rate to speak of
+    span = max(lasts.values()) - min(firsts.values())
+    if len(inside) < max(10, len(rows) // 10) or ends - begins < max(5.0, 0.1 * span):  # a burst of a batch or two
         return {"begins": begins, "ends": ends, "audio_s_per_s": None,
                 "note": f"every worker was busy for {max(ends - begins, 0):.1f} s only ({len(inside)} utterances)"}
     audio = sum(r["duration"] for r in inside)
