@@ -35,13 +35,17 @@ class Setting:
     name: str
     workers: int
     mps: str  # on | off
-    precision: str  # fp16 | fp32
+    precision: str  # fp16 | fp32: upstream's fp16 flag (the one-at-a-time path)
     batch: int = 1  # tts.cosyvoice.batch_size: utterances each worker decodes at once
+    overrides: tuple[str, ...] = ()  # this setting's own group.key=value items
 
     @classmethod
     def parse(cls, spec: str) -> "Setting":
-        name, workers, mps, precision, *batch = spec.split(":")
-        return cls(name, int(workers), mps, precision, int(batch[0]) if batch else 1)
+        """name:workers:mps:precision[:batch[:key=value,key=value...]]"""
+        name, workers, mps, precision, *rest = spec.split(":")
+        batch = int(rest[0]) if rest else 1
+        overrides = tuple(item for item in ":".join(rest[1:]).split(",") if item)
+        return cls(name, int(workers), mps, precision, batch, overrides)
 
 
 def make_input(text_file: Path, utterances: int, max_words: int, path: Path) -> None:
@@ -104,7 +108,7 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
            "--set", f"tts.cosyvoice.batch_size={setting.batch}",
            "--set", f"text.max_words={args.max_words}", "--set", f"workers.rebuild_every={args.rebuild_every}",
            "--set", f"shards.segments_per_shard={args.segments_per_shard}"]
-    for item in args.set:
+    for item in [*args.set, *setting.overrides]:
         cmd += ["--set", item]
     sampler = Sampler(args.gpu)
     sampler.start()
@@ -238,7 +242,8 @@ def main() -> int:
     p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
     p.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations to speak, in any input format of preprocess.py")
     p.add_argument("--gpu", default="0")
-    p.add_argument("--settings", nargs="*", default=[], help="name:workers:mps(on|off):precision(fp16|fp32)[:batch size]")
+    p.add_argument("--settings", nargs="*", default=[],
+                   help="name:workers:mps(on|off):precision(fp16|fp32)[:batch size[:group.key=value,...]]")
     p.add_argument("--sweep", default="", help="worker counts to run with and without MPS, fp16")
     p.add_argument("--utterances", type=int, default=300)
     p.add_argument("--seconds", type=float, default=0, help="stop each setting this long after all its workers are up (0: run to the end)")
