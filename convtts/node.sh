@@ -42,9 +42,10 @@ disk_full() {
   exit 1
 }
 
+STARTED="$(date +%s.%N)"  # the command's start: slots time their start-up from it
 INPUT="" OUT="$HOME_DIR/output" CONFIG="" GPUS="" WORKERS="" MPS="auto" LOG_ROOT="" FORCE=""
 ENGINE="bash" ADDRESS="" SLOT_RESOURCE="" NODE_RANK="" NODES="" SLURM=""
-PRE_ARGS=()
+PRE_ARGS=() SETS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --input) INPUT="${2:?--input needs a file}"; shift 2 ;;
@@ -54,7 +55,7 @@ while [[ $# -gt 0 ]]; do
     --workers) WORKERS="${2:?--workers needs a number}"; shift 2 ;;
     --mps) MPS="${2:?--mps needs auto, on or off}"; shift 2 ;;
     --fraction|--count|--seed) PRE_ARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
-    --set) PRE_ARGS+=(--set "${2:?--set needs group.key=value}"); shift 2 ;;
+    --set) SETS+=(--set "${2:?--set needs group.key=value}"); shift 2 ;;
     --log-dir) LOG_ROOT="${2:?--log-dir needs a folder}"; shift 2 ;;
     --force-replan) FORCE="--force"; shift ;;
     --engine) ENGINE="${2:?--engine needs bash or ray}"; shift 2 ;;
@@ -82,8 +83,9 @@ if [[ -n "$NODE_RANK$NODES" ]]; then
   (( NODE_RANK < NODES )) || bad_usage "--node-rank must be below --nodes, got $NODE_RANK of $NODES"
   [[ "$ENGINE" == bash ]] || bad_usage "--node-rank/--nodes/--slurm share shards between nodes by rank; --engine ray hands them out itself"
 fi
-[[ -n "$CONFIG" ]] && PRE_ARGS+=(--config "$CONFIG")
-[[ -n "$WORKERS" ]] && PRE_ARGS+=(--set "workers.per_slot=$WORKERS")
+[[ -n "$CONFIG" ]] && SETS=(--config "$CONFIG" "${SETS[@]}")
+[[ -n "$WORKERS" ]] && SETS+=(--set "workers.per_slot=$WORKERS")
+PRE_ARGS+=("${SETS[@]}")  # the plan's settings; a slot gets SETS alone (it has no use for the selection)
 
 # --- the slots: GPU ids, or cpu:N ---------------------------------------------------------
 SLOT_DEVICES=()
@@ -94,9 +96,20 @@ if [[ -z "$GPUS" ]]; then
     GPUS="cpu:1"
   fi
 fi
+# GPUs named on the command line must be this machine's: a missing one would run on the CPU.
+check_gpus() {
+  local listed id
+  command -v nvidia-smi >/dev/null 2>&1 || bad_usage "--gpus $1: this machine has no nvidia-smi, so no GPU to run on (--gpus cpu:N runs on the CPU)"
+  listed="$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ' | paste -sd, -)" || listed=""
+  [[ -n "$listed" ]] || bad_usage "--gpus $1: nvidia-smi lists no GPU on this machine (--gpus cpu:N runs on the CPU)"
+  for id in ${1//,/ }; do
+    [[ ",$listed," == *",$id,"* ]] || bad_usage "--gpus $1: this machine has no GPU $id; nvidia-smi lists $listed"
+  done
+}
 if [[ "$GPUS" =~ ^cpu:([1-9][0-9]*)$ ]]; then
   for ((i = 0; i < BASH_REMATCH[1]; i++)); do SLOT_DEVICES+=("cpu"); done
 elif [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+  check_gpus "$GPUS"
   IFS=, read -r -a SLOT_DEVICES <<<"$GPUS"
 else
   bad_usage "--gpus takes a list of GPU ids (0,1,2) or cpu:N, got '$GPUS'"
@@ -110,6 +123,7 @@ if [[ $rc -ne 0 ]]; then
   echo "$checked" | grep -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} .* INFO ' >&2
   exit 2
 fi
+export CONVTTS_RUN_STARTED="$STARTED" CONVTTS_VALIDATED="$(date +%s.%N)"
 
 # --- 2. lock the output directory ---------------------------------------------------------
 CREATED_OUT=""
@@ -133,19 +147,68 @@ if [[ -n "$NODES" ]]; then
 fi
 
 RUN_ID="$(date +%Y%m%dT%H%M%S)-$$${NODES:+-node$NODE_RANK}"
-STARTED="$(date +%s.%N)"
 LOG_DIR="${LOG_ROOT:-$HOME_DIR/log}/$(basename "$OUT")/$RUN_ID"
 mkdir -p "$LOG_DIR"
 
-# --- 3. plan: made when missing or stale ----------------------------------------------------
+# --- 3. MPS and the slots, stopping only what we started --------------------------------------
+# The slots start before the plan is made: their workers load their models meanwhile, and read the
+# plan once preprocess has written its exit code to PLAN_EXIT (the Ray driver's slots too).
+# shellcheck source=run/mps.sh
+source "$HERE/run/mps.sh"
+SLOT_PIDS=()
+MONITOR_PID=""
+PLAN_EXIT="$LOG_DIR/plan.exit"
+cleanup() {
+  [[ -n "$MONITOR_PID" ]] && kill "$MONITOR_PID" 2>/dev/null || true
+  mps_stop
+}
+stop_slots() {
+  for pid in "${SLOT_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait || true
+}
+on_signal() {
+  trap - INT TERM
+  echo "run_all.sh: $1 received; stopping this run's slots" >&2
+  stop_slots
+  [[ "$1" == INT ]] && exit 130 || exit 143
+}
+trap cleanup EXIT
+trap 'on_signal INT' INT
+trap 'on_signal TERM' TERM
+
+if [[ "$ENGINE" == ray ]]; then
+  # The driver starts the slots (and each node's MPS daemon) on the cluster; it is this run's only child.
+  RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
+            --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" "${SETS[@]}")
+  if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
+  "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>"$LOG_DIR/driver.log" &
+  SLOT_PIDS+=($!)
+else
+  if [[ "${SLOT_DEVICES[0]}" != cpu ]]; then mps_start "$MPS" "$LOG_DIR/mps"; export CONVTTS_MPS_READY="$(date +%s.%N)"; fi
+  NODE_ARGS=()
+  [[ -n "$NODES" ]] && NODE_ARGS=(--node-rank "$NODE_RANK" --nodes "$NODES")
+  for ((rank = 0; rank < WORLD; rank++)); do
+    device="${SLOT_DEVICES[$rank]}"
+    if [[ "$device" == cpu ]]; then visible="" kind=cpu; else visible="$device" kind=cuda; fi
+    CUDA_VISIBLE_DEVICES="$visible" "${SLOT[@]}" --output-dir "$OUT" --plan-ready "$PLAN_EXIT" "${SETS[@]}" \
+      --rank "$rank" --world "$WORLD" --device "$kind" --run-id "$RUN_ID" --log-dir "$LOG_DIR" "${NODE_ARGS[@]}" \
+      >"$LOG_DIR/slot-$rank.log" 2>&1 &
+    SLOT_PIDS+=($!)
+  done
+fi
+
+# --- 4. plan: made when missing or stale ----------------------------------------------------
 set +e
+PLAN_STARTED="$(date +%s.%N)"
 # Nodes starting together plan one at a time: the first makes the plan, the others find it fresh.
 [[ -n "$NODES" ]] && exec 7>"$OUT/.lock-plan" && flock 7
 "${PLAN[@]}" --input "$INPUT" --output-dir "$OUT" $FORCE "${PRE_ARGS[@]}" >"$LOG_DIR/preprocess.log" 2>&1
 rc=$?
 [[ -n "$NODES" ]] && exec 7>&-
+echo "$rc $PLAN_STARTED $(date +%s.%N)" >"$PLAN_EXIT.tmp" && mv "$PLAN_EXIT.tmp" "$PLAN_EXIT"  # exit code, start, end
 set -e
 if [[ $rc -ne 0 ]]; then
+  stop_slots  # they have written nothing: they were waiting for the plan
   if [[ $rc -ne $DISK_FULL_EXIT ]]; then
     grep -E '^error:' "$LOG_DIR/preprocess.log" >&2 || tail -n 20 "$LOG_DIR/preprocess.log" >&2
   fi
@@ -157,46 +220,10 @@ if [[ $rc -ne 0 ]]; then
 fi
 if [[ -t 1 ]]; then grep -v -E '^[0-9]{4}-' "$LOG_DIR/preprocess.log" || true; fi
 
-# --- 4. MPS, slots, and stopping only what we started ---------------------------------------
-# shellcheck source=run/mps.sh
-source "$HERE/run/mps.sh"
-SLOT_PIDS=()
-MONITOR_PID=""
-cleanup() {
-  [[ -n "$MONITOR_PID" ]] && kill "$MONITOR_PID" 2>/dev/null || true
-  mps_stop
-}
-on_signal() {
-  trap - INT TERM
-  echo "run_all.sh: $1 received; stopping this run's slots" >&2
-  for pid in "${SLOT_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait || true
-  [[ "$1" == INT ]] && exit 130 || exit 143
-}
-trap cleanup EXIT
-trap 'on_signal INT' INT
-trap 'on_signal TERM' TERM
-
+# --- 5. the run ---------------------------------------------------------------------------
 if [[ "$ENGINE" == ray ]]; then
-  # The driver starts the slots (and each node's MPS daemon) on the cluster; it is this run's only child.
-  RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
-            --run-id "$RUN_ID" --log-dir "$LOG_DIR")
-  if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
-  "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>"$LOG_DIR/driver.log" &
-  SLOT_PIDS+=($!)
   say "run $RUN_ID: slots on the Ray cluster at ${ADDRESS:-auto}; logs in $LOG_DIR (driver.log, slot-N.log)"
 else
-  if [[ "${SLOT_DEVICES[0]}" != cpu ]]; then mps_start "$MPS" "$LOG_DIR/mps"; fi
-  NODE_ARGS=()
-  [[ -n "$NODES" ]] && NODE_ARGS=(--node-rank "$NODE_RANK" --nodes "$NODES")
-  for ((rank = 0; rank < WORLD; rank++)); do
-    device="${SLOT_DEVICES[$rank]}"
-    if [[ "$device" == cpu ]]; then visible="" kind=cpu; else visible="$device" kind=cuda; fi
-    CUDA_VISIBLE_DEVICES="$visible" "${SLOT[@]}" --output-dir "$OUT" \
-      --rank "$rank" --world "$WORLD" --device "$kind" --run-id "$RUN_ID" --log-dir "$LOG_DIR" "${NODE_ARGS[@]}" \
-      >"$LOG_DIR/slot-$rank.log" 2>&1 &
-    SLOT_PIDS+=($!)
-  done
   say "run $RUN_ID: $WORLD slot(s) on ${GPUS}${NODES:+, node $NODE_RANK of $NODES}; logs in $LOG_DIR"
 fi
 if [[ -t 1 && "$ENGINE" == bash ]]; then
@@ -231,7 +258,7 @@ for ((rank = 0; rank < WORLD; rank++)); do
 done
 if [[ -n "$MONITOR_PID" ]]; then kill "$MONITOR_PID" 2>/dev/null || true; wait "$MONITOR_PID" 2>/dev/null || true; MONITOR_PID=""; echo; fi
 
-# --- 5. merge and report ------------------------------------------------------------------
+# --- 6. merge and report ------------------------------------------------------------------
 # No merge on a full disk: it would rewrite manifest.jsonl beside the work files and fail too.
 [[ $SLOT_DISK_FULL -eq 1 ]] && disk_full
 rc=0

@@ -58,7 +58,7 @@ def test_one_shard_keeps_four_workers_busy(tmp_path, hundred_segments):
     assert result.returncode == 0, result.stderr
     rows = assert_complete(four)
     assert 80 <= len(rows) <= 130 and len(list((four / "plan" / "shards").glob("shard-?????.jsonl"))) == 1
-    started = re.search(r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*starting (\d+) workers",
+    started = re.search(r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*; (\d+) workers",
                         slot_log(tmp_path / "log4"))
     assert started and int(started[1]) == len(rows) and int(started[2]) >= 8 and int(started[3]) == 4
 
@@ -84,7 +84,7 @@ def test_one_shard_keeps_four_workers_busy(tmp_path, hundred_segments):
     assert end - begin < 0.5 * (alone["slot0-w0"][1] - alone["slot0-w0"][0])
 
 
-def test_few_utterances_start_no_idle_workers(tmp_path):
+def test_few_utterances_keep_no_idle_workers(tmp_path):
     records = llava_conversations(1)
     records[0]["conversations"] = records[0]["conversations"][:2]
     records[0]["conversations"][1]["value"] = "Two zebras graze."
@@ -93,7 +93,7 @@ def test_few_utterances_start_no_idle_workers(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = assert_complete(tmp_path / "out")
     assert 2 <= len(rows) < 4
-    assert f"starting {len(rows)} workers, not 4" in slot_log(tmp_path / "log")
+    assert f"keeping {len(rows)} of 4 workers: no more than utterances to do" in slot_log(tmp_path / "log")
 
 
 def test_sigkill_slot_mid_piece_then_rerun_with_other_worker_count(tmp_path, hundred_segments):
@@ -139,3 +139,51 @@ def slot_pid(group: int) -> int:
         except (OSError, ProcessLookupError):
             continue
     raise AssertionError("no slot process found")
+
+
+def spans_of(rows: list[dict], worker: str) -> list[tuple[float, float]]:
+    return sorted((r["finished"] - r["synthesis_seconds"], r["finished"]) for r in rows if r["worker"] == worker)
+
+
+def test_an_idle_worker_takes_over_what_a_slow_one_has_not_begun(tmp_path, hundred_segments):
+    """One worker speaks eight times slower than the other three: once they run out of pieces they
+    take over the ids it holds and has not begun, so it finishes close to them, not a piece later."""
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS, CONVTTS_TEST_SLOW_WORKER="slot0-w0",
+                     CONVTTS_TEST_SLOW_FACTOR=8)
+    result = run_all("--input", hundred_segments, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1",
+                     "--workers", 4, *PACED, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(out)
+    assert re.search(r"worker 0 handed back \d+ utterances it had not begun", slot_log(log)), slot_log(log)
+    slow = UTTERANCE_SECONDS * 8
+    ends = {worker: b for worker, (_, b) in busy_intervals(rows).items()}
+    others = max(b for worker, b in ends.items() if worker != "slot0-w0")
+    assert ends["slot0-w0"] - others <= 2 * slow + 1.0, ends  # without the hand-back: about 8 slow utterances
+    assert Counter(r["worker"] for r in rows)["slot0-w0"] < 0.15 * len(rows)
+
+
+def test_batched_rows_stay_full_across_pieces_and_the_tail_is_short(tmp_path, hundred_segments):
+    """A batched voice of 4 rows (tests/paced_backend.py PacedBatchTone, one slow worker): each worker
+    asks for its next piece before its rows run dry, so they stay full across pieces and shards,
+    and the two end within about one utterance of each other."""
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=0.3, CONVTTS_TEST_ROWS=4, CONVTTS_TEST_SLOW_WORKER="slot0-w1",
+                     CONVTTS_TEST_SLOW_FACTOR=3)
+    result = run_all("--input", hundred_segments, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1",
+                     "--workers", 2, "--set", "tts.backend=paced_backend:PacedBatchTone",
+                     "--set", "shards.segments_per_shard=20", env=env)
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(out)
+    assert len(list((out / "plan" / "shards").glob("shard-?????.jsonl"))) >= 5
+    text = slot_log(log)
+    assert "of 4 rows each" in text, text
+    longest = max(r["synthesis_seconds"] for r in rows)
+    for worker in ("slot0-w0", "slot0-w1"):  # rows in flight, sampled until its last utterance began
+        spans = spans_of(rows, worker)
+        begin, end = spans[0][0] + 0.5, max(a for a, _ in spans) - longest
+        live = [sum(a <= t < b for a, b in spans) for t in [begin + 0.05 * i for i in range(int((end - begin) / 0.05))]]
+        # a row is free only for the moment between an utterance's end and the next one's start
+        assert len(live) > 40 and min(live) >= 3 and sum(live) / len(live) >= 3.8, (worker, live)
+    ends = [max(b for _, b in spans_of(rows, worker)) for worker in ("slot0-w0", "slot0-w1")]
+    assert abs(ends[0] - ends[1]) <= longest + 0.5, (ends, longest)

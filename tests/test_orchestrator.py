@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -19,14 +20,44 @@ from conftest import (
 pytestmark = pytest.mark.e2e
 
 
+# Lists the GPUs of MPS_TEST_GPUS (default one, index 0) as `nvidia-smi --query-gpu=index` does;
+# any other query fails, as on a machine whose driver is gone.
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu=index*) for gpu in ${MPS_TEST_GPUS-0}; do echo "$gpu"; done ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+def with_fake_smi(bin_dir: Path, env: dict) -> dict:
+    """`env` with bin_dir first on PATH, holding the stand-in nvidia-smi."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return dict(env, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+
+
 @pytest.fixture
 def mps_env(tmp_path):
     bin_dir = tmp_path / "bin"
     write_fake_mps(bin_dir)
     record = tmp_path / "mps.log"
-    env = script_env(MPS_TEST_LOG=record)
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env = with_fake_smi(bin_dir, script_env(MPS_TEST_LOG=record))  # run_all.sh checks --gpus 0 against it
     return env, record
+
+
+def test_gpus_the_machine_lacks_exit_2_before_anything_is_written(tmp_path, small_input):
+    out = tmp_path / "out"
+    none = run_all("--input", small_input, "--output-dir", out, "--gpus", "3")  # this machine: no nvidia-smi
+    assert none.returncode == 2 and "--gpus 3: this machine has no nvidia-smi" in none.stderr, none.stderr
+    two = dict(with_fake_smi(tmp_path / "bin", script_env()), MPS_TEST_GPUS="0 1")
+    missing = run_all("--input", small_input, "--output-dir", out, "--gpus", "0,3", env=two)
+    assert missing.returncode == 2, missing.stderr
+    assert "--gpus 0,3: this machine has no GPU 3; nvidia-smi lists 0,1" in missing.stderr
+    empty = run_all("--input", small_input, "--output-dir", out, "--gpus", "0", env=dict(two, MPS_TEST_GPUS=""))
+    assert empty.returncode == 2 and "nvidia-smi lists no GPU" in empty.stderr, empty.stderr
+    assert not out.exists()
 
 
 def test_mps_starts_before_the_slots_and_stops_after_success(tmp_path, small_input, mps_env):

@@ -43,7 +43,7 @@ def test_a_big_run_starts_with_the_largest_pieces_and_ends_with_the_tail():
     ],
 )
 def test_every_piece_is_within_bounds_and_no_shard_leaves_a_runt(counts, workers, rows):
-    low, high = max(MIN_PIECE, rows), max(MAX_PIECE, 4 * rows)
+    low, high = MIN_PIECE, max(MAX_PIECE, 4 * rows)
     sizes, remaining = [], sum(counts)
     for count in counts:
         cut, available = [], count
@@ -58,11 +58,13 @@ def test_every_piece_is_within_bounds_and_no_shard_leaves_a_runt(counts, workers
     assert sizes == preview_cuts(counts, workers, rows) and sum(sizes) == sum(counts)
 
 
-def test_a_batched_worker_gets_pieces_of_whole_rows():
+def test_a_batched_worker_gets_up_to_four_batches_early_and_the_tail_pieces_late():
+    # it asks for its next piece before its rows run dry, so a piece need not fill them
     sizes = preview_cuts([200], 4, rows=8)
-    assert min(sizes) >= 8 and max(sizes) <= max(MAX_PIECE, 32)
-    assert cut_size(200, 200, 4, rows=32) == 32  # a batch's worth at least...
-    assert cut_size(10_000, 10_000, 4, rows=32) == 128  # ...and up to four, so the rows stay full
+    assert max(sizes) <= max(MAX_PIECE, 32) and sum(sizes) == 200
+    assert min(sizes) == MIN_PIECE and sizes[-1] <= MIN_PIECE + 1  # the last hold 2, or 3 rather than leave 1
+    assert cut_size(10_000, 10_000, 4, rows=32) == 128  # four batches of 32 rows at most...
+    assert cut_size(200, 200, 4, rows=32) == 25  # ...and as the work left says below that
 
 
 # -- a real output folder ---------------------------------------------------------------------------
@@ -106,8 +108,7 @@ def test_pieces_follow_the_preview_and_the_stats_file_comes_last(tmp_path):
     assert [uid for p in pieces for uid in p.ids] == [f"s0-{i:03d}" for i in range(30)]  # plan order, each once
     for piece in reversed(pieces):  # reported out of order: the stats wait for the last piece out
         assert not layout.stats("shard-00000").exists()
-        speak_all(queue, piece)
-        queue.piece_done(piece)
+        speak_all(queue, piece)  # a piece is in once each of its ids is reported
     stats = read_json(layout.stats("shard-00000"))
     assert stats["done"] == stats["new"] == stats["segments"] == 30 and stats["pieces"] == len(pieces)
     assert stats["failed"] == stats["pending"] == 0 and stats["audio_seconds"] == 30 and stats["run"] == RUN
@@ -119,7 +120,6 @@ def test_a_failed_utterance_leaves_its_shard_incomplete(tmp_path):
     queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
     while (piece := queue.next_piece()) is not None:
         speak_all(queue, piece, ok=False)
-        queue.piece_done(piece)
     assert read_json(layout.stats("shard-00000"))["failed"] == 4 and not shard_complete(layout, "shard-00000")
 
 
@@ -139,7 +139,6 @@ def test_opening_a_shard_resumes_it(tmp_path):
     assert [uid for p in pieces for uid in p.ids] == ["s0-001", "s0-002", "s0-004", "s0-005"]
     for piece in pieces:
         speak_all(queue, piece)
-        queue.piece_done(piece)
     stats = read_json(layout.stats("shard-00000"))
     assert stats["done"] == 6 and stats["new"] == 4 and stats["audio_seconds"] == pytest.approx(4.2)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -60,3 +61,23 @@ def test_under_cron_progress_is_plain_lines_in_the_slot_log_and_stdout_is_the_su
     assert len(progress) >= 2, "no periodic progress line in the slot log"
     assert result.stdout.splitlines()[0].startswith("conversations ") and len(result.stdout.splitlines()) == 3
     assert "\r" not in result.stdout + result.stderr and result.stderr == ""
+
+
+@pytest.mark.e2e
+def test_progress_counts_planned_audio_and_says_while_workers_load(tmp_path, small_input):
+    """The share done and the time left come from the plan's words (estimated audio), not from
+    utterance counts; while workers load their model the line says so and gives no estimate."""
+    out, log = tmp_path / "out", tmp_path / "log"
+    result = run_all("--input", small_input, "--output-dir", out, "--gpus", "cpu:1", "--workers", "2", "--log-dir", log,
+                     "--set", "workers.progress_interval=0.3", "--set", "tts.backend=paced_backend:PacedTone",
+                     env=script_env(CONVTTS_TEST_LOAD_SECONDS=3, CONVTTS_TEST_UTTERANCE_SECONDS=0.1))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in next(log.rglob("slot-0.log")).read_text().splitlines() if " utterances (" in line]
+    loading = [line for line in lines if "still loading their model" in line]
+    assert loading and all("eta not known yet" in line for line in loading), lines
+    estimates = [line for line in lines if re.search(r"\d+% of [\d.]+ h planned, eta [\d.]+ min", line)]
+    assert len(estimates) >= 2, lines
+    plan = orjson.loads((out / "plan" / "plan.json").read_bytes())
+    status = orjson.loads((out / "work" / "slots" / "slot-0.json").read_bytes())
+    assert abs(status["planned_audio_seconds"] - plan["words"] * 60 / 150) < 1.0  # text.words_per_minute 150
+    assert status["planned_share_done"] == 1.0 and status["finished"] and status["loading"] == 0

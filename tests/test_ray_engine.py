@@ -9,6 +9,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import pytest
 
 from conftest import (
@@ -100,13 +101,36 @@ def test_a_node_killed_mid_run_has_its_shards_redone_by_the_others(tmp_path, clu
     assert run.returncode == 0, stderr.decode() + text
     rows = assert_complete(out)  # every id once, every audio whole
     assert re.search(r"slot \d+ on \S+ lost: .*node", text), text
-    assert re.search(r"slot \d+ lost: \d+ shards go back in line", text), text
+    assert re.search(r"slot \d+ lost: \d+ pieces \(\d+ utterances\).* go back in line", text), text
+    slot_logs = "\n".join(p.read_text() for p in log.rglob("slot-?.log"))
+    assert re.search(r"piece \d+ of shard-\d+ \(a lost slot's\): \d+ already spoken, \d+ to speak", slot_logs), slot_logs
     lost_pid = [pid for node, pid, _ in slots_started(text).values() if victim.node_id.startswith(node)]
     wait_for(lambda: not alive(lost_pid[0]), timeout=30)  # the lost slot's process did not outlive its node
     # Nothing was spoken twice, but for at most the one utterance the lost slot's worker had in flight.
     spoken = Counter(r["id"] for file_rows in writer_rows(out).values() for r in file_rows)
     assert sum(spoken.values()) - len(rows) <= 1, [uid for uid, n in spoken.items() if n > 1]
     assert len({r["run"] for r in rows}) == 1
+
+
+def test_one_shard_is_spoken_by_every_slot_in_pieces_and_its_stats_written_once(tmp_path, cluster):
+    """The driver hands out pieces, not shards: two slots share a one-shard job, each writing files
+    of its own, and the shard is marked done once, after its last piece."""
+    source = write_input(tmp_path / "in.json", llava_conversations(4))
+    head, _ = cluster({"resources": {SLOT: 1}}, {"resources": {SLOT: 1}})
+    out, log = tmp_path / "out", tmp_path / "log"
+    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *ray_args(head.address),
+                     "--set", "shards.segments_per_shard=200")
+    text = driver_log(log)
+    assert result.returncode == 0, result.stderr + text
+    rows = assert_complete(out)
+    assert len(list((out / "plan" / "shards").glob("shard-?????.jsonl"))) == 1
+    by_slot = Counter(name.split(".")[1].rsplit("-w", 1)[0][-2:] for name, file_rows in writer_rows(out).items()
+                      for _ in file_rows)
+    assert set(by_slot) == {"s0", "s1"} and min(by_slot.values()) >= 0.25 * len(rows), by_slot
+    finished = re.findall(r"shard-00000 finished: (\d+) of (\d+) spoken \((\d+) now, in (\d+) pieces\), 0 failed", text)
+    assert len(finished) == 1 and finished[0][0] == finished[0][1] == str(len(rows)) and int(finished[0][3]) >= 4, text
+    stats = orjson.loads((out / "work" / "shard-00000.stats.json").read_bytes())
+    assert stats["done"] == stats["segments"] == len(rows) and stats["failed"] == 0 and stats["pending"] == 0
 
 
 def test_driver_killed_then_rerun_completes_and_a_second_driver_is_refused(tmp_path, cluster):

@@ -50,7 +50,8 @@ def slot_run(tmp_path, monkeypatch, caplog):
         monkeypatch.setenv("CONVTTS_TEST_SCRIPT", script)
         config = load_config(None, [f"tts.backend=scripted_backend:{backend}", *overrides])
         make_plan(write_input(tmp_path / "in.json", [CONVERSATION]), layout, config, workers=1)
-        slot = Slot(layout, config, layout.shard_names(), SlotOptions(0, workers, "run1", str(tmp_path / "log")))
+        shards = layout.shard_names()
+        slot = Slot(layout, config, lambda: shards, SlotOptions(0, workers, "run1", str(tmp_path / "log")))
         code = slot.run()
         assert not slot.handles or not any(alive(h.proc.pid) for h in slot.handles.values())
         return code

@@ -1,10 +1,12 @@
-"""The builder on a Ray cluster: one slot per GPU anywhere in the cluster, shards handed out as slots ask.
+"""The builder on a Ray cluster: one slot per GPU anywhere in the cluster, pieces of shards handed out as slots ask.
 
-run_all.sh --engine ray locks the output, makes the plan, runs this driver, then merges. The
+run_all.sh --engine ray locks the output, starts this driver and makes the plan, then merges. The
 driver starts one SlotProcess actor per unit of the slot resource (a GPU by default), each running
-parallel_cosyvoice.py --feed on its node; it hands each slot a shard whenever the slot asks, so
-fast slots take more; a slot whose actor or node dies has its shards put back in line for the
-others. The output directory must be on a filesystem every node shares.
+parallel_cosyvoice.py --feed on its node; the slots load their models while the plan is made. It
+then hands pieces of shards (convtts.cluster.handout) to whichever slot asks, so fast slots take
+more and all finish close together; a slot keeps its workers and models across hand-outs. A slot
+whose actor or node dies has its pieces put back in line for the others. The output directory and
+the log folder must be on a filesystem every node shares.
 
 Exit codes: 0 every shard finished (merge counts failed utterances); 1 some shards were left unfinished; 2 no cluster, or
 no slot resource in it; 4 the output's disk is full (run_all.sh says so and exits 1).
@@ -18,22 +20,20 @@ import logging
 import signal
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
-from convtts.cli import fail, planned_layout, setup_logging
+from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
 from convtts.config import ConfigError, load_config
 from convtts.state.layout import Layout
+from convtts.cluster.handout import HANDBACK_GRACE, Book
 from convtts.cluster.ray_actors import NodeMPS, SlotProcess
+from convtts.run.startup import plan_exit_code
 from convtts.state.shardio import read_json
 
 log = logging.getLogger("ray_engine")
 
 NAMESPACE = "convtts"
-# A lost slot's shards wait this long before another slot may open them: Ray may report a node
-# dead a moment before the processes on it have noticed and exited (docs/ARCHITECTURE.md).
-HANDBACK_GRACE = 5.0
 PLACEMENT_TIMEOUT = 600.0  # no slot running and none placed for this long: the cluster has no room
 
 
@@ -47,7 +47,7 @@ class SlotState:
     actor: object
     node: str | None = None
     host: str = "?"
-    held: set = field(default_factory=set)  # shards handed to it and not yet finished
+    opening: str | None = None  # the shard it was told to open and has not reported on
     code: int | None = None  # its exit code, once it ended
     lost: str | None = None  # why the driver gave up on it
 
@@ -63,18 +63,18 @@ class Options:
     resource: str
     mps: str
     progress: bool
+    settings: list = field(default_factory=list)  # --config/--set for the slots, which start before the plan
+    plan_ready: str | None = None  # the file run_all.sh writes preprocess's exit code to
 
 
 class Driver:
-    def __init__(self, ray, options: Options, shards: list[str], interval: float):
+    def __init__(self, ray, options: Options, interval: float):
         self.ray, self.o, self.interval = ray, options, interval
         self.layout = Layout(options.out)
-        self.total = len(shards)
-        self.queue = deque(shards)
-        self.returning: list[tuple[float, list[str]]] = []  # (when, shards) of lost slots
-        self.finished: set[str] = set()
+        self.book: Book | None = None  # once the plan is made
         self.slots: dict[int, SlotState] = {}
         self.calls: dict = {}  # ObjectRef -> (rank, what it is)
+        self.asking: list[int] = []  # slots that asked before the plan was made
         self.mps: dict[str, tuple] = {}  # node id -> (NodeMPS actor, env for its slots)
         self.disk_full = False
         self.started = time.time()
@@ -88,7 +88,7 @@ class Driver:
             handle = actor.options(namespace=NAMESPACE, name=f"slot-{self.key}-{rank}", **self.needs()).remote()
             self.slots[rank] = SlotState(rank, handle)
             self.call(rank, "where", handle.where.remote())
-        log.info("%d shards to hand out to %d slots (one per %s); output %s", self.total, count, self.o.resource, self.o.out)
+        log.info("%d slots (one per %s); output %s", count, self.o.resource, self.o.out)
 
     def needs(self) -> dict:
         """What one slot takes from its node: a GPU, a CPU, or one unit of a custom resource."""
@@ -118,9 +118,10 @@ class Driver:
 
     def slot_args(self, slot: SlotState) -> list[str]:
         on_node = self.slots_on_node(slot.node)
+        ready = ["--plan-ready", self.o.plan_ready] if self.o.plan_ready else []
         return ["--output-dir", self.o.out, "--rank", str(slot.rank), "--world", str(len(self.slots)),
                 "--device", "cuda" if self.o.resource == "GPU" else "cpu", "--run-id", self.o.run_id,
-                "--log-dir", self.o.log_dir, "--slots-on-node", str(on_node)]
+                "--log-dir", self.o.log_dir, "--slots-on-node", str(on_node), *ready, *self.o.settings]
 
     def slots_on_node(self, node: str) -> int:
         """Slots that will share this node's cores: its units of the slot resource."""
@@ -156,13 +157,30 @@ class Driver:
             ready, _ = self.ray.wait(list(self.calls), num_returns=1, timeout=1.0)
             for ref in ready:
                 self.on_result(ref)
-            self.release_returning()
+            self.read_plan()
+            if self.book is not None:
+                self.book.release_returning()
             self.give_up_on_unplaced()
             if time.time() - last >= self.interval:
                 last = time.time()
                 self.report()
         self.report()
         return self.exit_code()
+
+    def read_plan(self) -> None:
+        """Once the plan is made: the book of its shards, and answers for the slots that asked meanwhile."""
+        code = plan_exit_code(self.o.plan_ready) if self.o.plan_ready else 0
+        if self.book is not None or code is None:
+            return
+        if code != 0:
+            log.error("the plan was not made (exit %d); ending the slots", code)
+            self.calls.clear()
+            return
+        self.book = Book(self.layout, self.layout.shard_names(), self.o.run_id)
+        log.info("%d shards to hand out in pieces to %d slots", self.book.total, len(self.slots))
+        asking, self.asking = self.asking, []
+        for rank in asking:
+            self.answer(self.slots[rank], self.hand_out(self.slots[rank]))
 
     def on_result(self, ref) -> None:
         rank, what = self.calls.pop(ref)
@@ -175,50 +193,62 @@ class Driver:
         if what == "where":
             slot.node = value
             log_file = f"{self.o.log_dir}/slot-{rank}.log"
-            self.call(rank, "start", slot.actor.start.remote(self.slot_args(slot), self.node_env(value), log_file))
+            # the command's start, so that the slots' start-up timelines count from it as on one node
+            env = {k: os.environ[k] for k in ("CONVTTS_RUN_STARTED", "CONVTTS_VALIDATED") if k in os.environ}
+            self.call(rank, "start", slot.actor.start.remote(self.slot_args(slot), {**env, **self.node_env(value)}, log_file))
         elif what == "start":
             pid, slot.host, gpu = value
             log.info("slot %d running on %s (node %s, pid %d, CUDA_VISIBLE_DEVICES=%s); log %s/slot-%d.log", rank,
                      slot.host, slot.node[:8], pid, gpu, self.o.log_dir, rank)
-            self.call(rank, "line", slot.actor.exchange.remote(None))
+            self.answer(slot, None)
         else:
             self.on_line(slot, value)
 
+    def answer(self, slot: SlotState, line: str | None) -> None:
+        """Send the slot an answer (None: none is due) and wait for its next line."""
+        self.call(slot.rank, "line", slot.actor.exchange.remote(line))
+
     def on_line(self, slot: SlotState, line: tuple) -> None:
         kind = line[0] if line else ""
+        if kind == "exit":
+            self.on_exit(slot, int(line[1]))
+            return
+        if kind in ("next", "opened") and self.book is None:
+            self.asking.append(slot.rank)  # answered once the plan is made
+            return
         answer = None
         if kind == "next":
             answer = self.hand_out(slot)
-        elif kind == "done" and len(line) == 2:
-            slot.held.discard(line[1])
-            self.finished.add(line[1])
-        elif kind == "exit":
-            self.on_exit(slot, int(line[1]))
-            return
+        elif kind == "opened" and len(line) >= 5:
+            slot.opening = None
+            self.book.opened(line[1], int(line[2]), int(line[3]), float(line[4]), list(line[5:]))
+            answer = self.hand_out(slot)
+        elif kind == "done" and len(line) == 5:
+            self.book.done(int(line[1]), int(line[2]), int(line[3]), float(line[4]))
         else:
-            log.warning("slot %d said something unexpected: %r", slot.rank, line)
-        self.call(slot.rank, "line", slot.actor.exchange.remote(answer))
+            log.warning("slot %d said something unexpected: %r", slot.rank, " ".join(line)[:200])
+        self.answer(slot, answer)
 
     def hand_out(self, slot: SlotState) -> str:
-        """A shard for this slot, "wait" while shards held elsewhere may yet come back, or "" (no more)."""
+        """A piece or a shard to open for this slot; "wait" while what others hold may yet come back; "" (no more)."""
         if self.disk_full:
             return ""
-        if self.queue:
-            shard = self.queue.popleft()
-            slot.held.add(shard)
-            return shard
-        busy = self.returning or any(s.held for s in self.slots.values() if s is not slot)
-        return "wait" if busy or slot.held else ""
+        answer = self.book.hand_out(slot.rank, sum(s.running() for s in self.slots.values()))
+        if answer.startswith("open "):
+            slot.opening = answer.split()[1]
+        if answer:
+            return answer
+        others_busy = any(s.opening for s in self.slots.values() if s is not slot)
+        return "wait" if self.book.busy() or others_busy else ""
 
     def on_exit(self, slot: SlotState, code: int) -> None:
         slot.code = code
         if code == EXIT_DISK_FULL:
-            self.disk_full = True  # its log names the file; the others get no more shards
-            log.error("slot %d: the output's disk is full; handing out no more shards", slot.rank)
+            self.disk_full = True  # its log names the file; the others get no more work
+            log.error("slot %d: the output's disk is full; handing out no more work", slot.rank)
         elif code != EXIT_OK:
             log.error("slot %d on %s exited %d; see %s/slot-%d.log", slot.rank, slot.host, code, self.o.log_dir, slot.rank)
-        if slot.held - self.finished:
-            self.hand_back(slot, f"exited {code} holding them")
+        self.hand_back(slot, f"exited {code} holding them")
 
     def lose(self, slot: SlotState, why: str) -> None:
         slot.lost = why
@@ -226,25 +256,20 @@ class Driver:
         self.hand_back(slot, "lost")
 
     def hand_back(self, slot: SlotState, why: str) -> None:
-        shards = sorted(slot.held - self.finished)
-        slot.held.clear()
-        if shards:
-            log.warning("slot %d %s: %d shards go back in line in %.0f s: %s", slot.rank, why, len(shards),
-                        HANDBACK_GRACE, ", ".join(shards))
-            self.returning.append((time.time() + HANDBACK_GRACE, shards))
-
-    def release_returning(self) -> None:
-        now = time.time()
-        for entry in [e for e in self.returning if e[0] <= now]:
-            self.returning.remove(entry)
-            self.queue.extendleft(reversed(entry[1]))  # first in line, in plan order
+        if self.book is None:
+            return
+        opening, slot.opening = slot.opening, None
+        pieces, ids = self.book.give_back(slot.rank, opening)
+        if pieces or opening:
+            log.warning("slot %d %s: %d pieces (%d utterances)%s go back in line in %.0f s", slot.rank, why, pieces, ids,
+                        f" and {opening}, which it was opening," if opening else "", HANDBACK_GRACE)
 
     def give_up_on_unplaced(self) -> None:
         """Slots Ray has not placed (no free GPU) are not waited for once nothing needs them."""
         waiting = [r for r, what in self.calls.values() if what == "where"]
         if not waiting or len(waiting) != len(self.calls):
             return
-        left = self.queue or self.returning
+        left = self.book is None or self.book.left()
         if left and time.time() - self.started < PLACEMENT_TIMEOUT:
             return
         for rank in waiting:
@@ -263,13 +288,15 @@ class Driver:
             status = read_json(self.layout.slot_status(rank))
             if isinstance(status, dict) and status.get("started", 0) >= self.started:
                 done, failed, audio = done + status["done"], failed + status["failed"], audio + status["audio_seconds"]
-        held = sum(len(s.held) for s in self.slots.values())
         running = sum(s.running() for s in self.slots.values())
         lost = sum(s.lost is not None for s in self.slots.values())
         rate = audio / max(time.time() - self.started, 1e-6)
-        line = (f"shards {len(self.finished)}/{self.total} finished, {held} in hand, {len(self.queue)} waiting; "
-                f"this run {done} utterances ({failed} failed), {audio / 3600:.3f} h audio, {rate:.2f} audio s/s; "
-                f"slots {running} running, {lost} lost")
+        book = self.book
+        shards = ("waiting for the plan" if book is None else
+                  f"shards {len(book.finished)}/{book.total} finished, {len(book.open)} open, {len(book.unopened)} not opened, "
+                  f"{book.held_ids()} utterances in pieces out")
+        line = (f"{shards}; this run {done} utterances ({failed} failed), {audio / 3600:.3f} h audio, "
+                f"{rate:.2f} audio s/s; slots {running} running, {lost} lost")
         log.info("%s", line)
         if self.o.progress:
             print(line, flush=True)
@@ -277,12 +304,15 @@ class Driver:
     def exit_code(self) -> int:
         if self.disk_full:
             return EXIT_DISK_FULL
-        unfinished = self.total - len(self.finished)
+        if self.book is None:
+            log.error("the plan was not made; no work was handed out")
+            return EXIT_FAILURES
+        unfinished = self.book.total - len(self.book.finished)
         if unfinished:
-            log.error("%d of %d shards were not finished: no slot was left to take them", unfinished, self.total)
+            log.error("%d of %d shards were not finished: no slot was left to take them", unfinished, self.book.total)
             return EXIT_FAILURES
         # Every shard has its stats: failed utterances, if any, are for merge to count and report. A
-        # slot that died or ended badly had its shards finished by others, so a rerun has nothing to add.
+        # slot that died or ended badly had its pieces finished by others, so a rerun has nothing to add.
         return EXIT_OK
 
     def stop(self) -> None:
@@ -328,25 +358,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"))
     p.add_argument("--log-dir", required=True, help="slot logs go here: a folder every node can write")
     p.add_argument("--progress", action="store_true", help="print the progress lines on stdout too")
+    p.add_argument("--plan-ready", metavar="FILE", help="start the slots at once, and hand out work once FILE holds "
+                   "the plan's exit code (run_all.sh); the slots then take this command's --config and --set")
+    add_config_args(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
-    layout = planned_layout(args.output_dir)
-    try:
-        interval = load_config(layout.config_file).workers.progress_interval
-    except ConfigError as exc:
-        fail(f"config error: {exc}")
-    shards = layout.shard_names()
+    if args.plan_ready:
+        layout, settings = Layout(args.output_dir), slot_settings(args)
+        config = load_config_or_exit(args)
+    else:
+        layout, settings = planned_layout(args.output_dir), []
+        try:
+            config = load_config(layout.config_file)
+        except ConfigError as exc:
+            fail(f"config error: {exc}")
     ray = connect(args.address)
     count = int(ray.cluster_resources().get(args.slot_resource, 0))
     if count < 1:
         fail(f"the Ray cluster has no {args.slot_resource!r} resource to run slots on "
              f"(it has {sorted(k for k in ray.cluster_resources() if not k.startswith('node:'))})")
-    options = Options(str(layout.root.resolve()), args.run_id, os.path.abspath(args.log_dir), args.slot_resource, args.mps, args.progress)
-    driver = Driver(ray, options, shards, interval)
+    options = Options(str(layout.root.resolve()), args.run_id, os.path.abspath(args.log_dir), args.slot_resource, args.mps,
+                      args.progress, settings, os.path.abspath(args.plan_ready) if args.plan_ready else None)
+    driver = Driver(ray, options, config.workers.progress_interval)
     _install_stop_handlers()
     try:
         driver.start(count)
@@ -357,6 +394,14 @@ def main(argv=None) -> int:
     finally:
         driver.stop()
         ray.shutdown()
+
+
+def slot_settings(args: argparse.Namespace) -> list[str]:
+    """The --config and --set arguments the slots get (absolute paths: they run in other folders)."""
+    settings = ["--config", os.path.abspath(args.config)] if args.config else []
+    for item in args.overrides:
+        settings += ["--set", item]
+    return settings
 
 
 def _install_stop_handlers() -> None:

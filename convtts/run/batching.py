@@ -1,7 +1,9 @@
 """A worker's batched path: utterances handed to the backend's synthesize_many, results written as each finishes.
 
-Each utterance keeps what the one-at-a-time path gives it: its own seed, manifest row, attempt
-count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
+The batch is fed from the worker's queue, which its slot tops up before it runs dry (the worker's
+refill), so rows stay full across pieces and shards; a batch ends when the queue is empty, a
+rebuild is due, or an utterance must be spoken alone. Each utterance keeps what the one-at-a-time
+path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
 a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks
 (finished takes are judged in groups of the recogniser's batch, validate.asr_batch, before any is written);
 a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
@@ -13,6 +15,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -30,34 +33,50 @@ class Attempt:
     segment: dict
     attempt: int  # the number of the attempt under way
     errors: list[str] = field(default_factory=list)
-    started: float = 0.0
+    started: float = 0.0  # 0: not begun (the slot may ask for it back)
     seed: int = 0
     refused: list = field(default_factory=list)  # the quality gate's reason for each refused take
+    shard: str = ""  # the shard it belongs to: a batch may hold ids of several
+
+
+class BatchHost(Host, Protocol):
+    """The worker as the batched path sees it: its queue, kept topped up by `refill`."""
+
+    queue: deque  # Attempts to speak; the worker adds pieces and removes ids handed back
+    alone: deque  # Attempts that killed a worker before: spoken one at a time, between batches
+
+    def refill(self) -> None: ...
 
 
 def can_batch(backend) -> bool:
     return getattr(backend, "batch_rows", 1) > 1 and hasattr(backend, "synthesize_many")
 
 
-def speak_batched(host: Host, shard: str, segments: list[dict], crashes: dict[str, int]) -> None:
-    """Speak `segments` of `shard`; rebuilds (every N, memory limits) happen between batches."""
-    alone = [s for s in segments if crashes.get(s["id"], 0)]
-    queue = deque(Attempt(s, 1) for s in segments if not crashes.get(s["id"], 0))
-    for segment in alone:
-        host.speak(shard, segment, crashes[segment["id"]])
-    while queue:
+def speak_batched(host: BatchHost) -> None:
+    """Speak the host's queue until it runs dry; rebuilds (every N, memory limits) happen between batches."""
+    while True:
+        while host.alone:
+            item = host.alone.popleft()
+            host.speak(item.shard, item.segment, item.attempt - 1)
+        host.refill()
+        if not host.queue:
+            if host.alone:
+                continue
+            return
         reason = host.rebuild_reason()
         if reason:
             host.build(reason)
         if not can_batch(host.context.backend):  # a rebuild can land on a backend without batching
-            while queue:
-                host.speak(shard, queue.popleft().segment, 0)
+            while host.queue:
+                item = host.queue.popleft()
+                host.speak(item.shard, item.segment, 0)
             return
-        run_batch(host, shard, queue)
+        run_batch(host, host.queue)
 
 
-def run_batch(host: Host, shard: str, queue: deque) -> None:
-    """Feed the backend from `queue` until it is empty or a rebuild is due; gate and write every result."""
+def run_batch(host: BatchHost, queue: deque) -> None:
+    """Feed the backend from `queue` until it is empty, a rebuild is due or an utterance must go alone;
+    gate and write every result."""
     from convtts.gate.quality import take_seed
 
     ctx = host.context
@@ -65,7 +84,10 @@ def run_batch(host: Host, shard: str, queue: deque) -> None:
     held: list[HeldTake] = []  # takes the backend finished, waiting for the gate to judge them together
 
     def feed():
-        while queue and not host.rebuild_reason():
+        while not host.rebuild_reason() and not host.alone:
+            host.refill()  # new pieces join the queue while rows decode
+            if not queue or host.alone:
+                return
             item = queue.popleft()
             uid = item.segment["id"]
             in_flight[uid] = item
@@ -76,30 +98,30 @@ def run_batch(host: Host, shard: str, queue: deque) -> None:
     broken = None
     try:
         for uid, result in ctx.backend.synthesize_many(feed()):
-            took(host, ctx, shard, in_flight.pop(uid), result, held, queue)
+            took(host, ctx, in_flight.pop(uid), result, held, queue)
             if len(held) >= gate_rows(ctx):
-                judge_and_write(host, ctx, shard, held, queue)
+                judge_and_write(host, ctx, held, queue)
     except Exception as exc:  # the batch as a whole broke (a full disk stops the worker)
         if is_disk_full(exc):
             raise
         broken = exc
-    judge_and_write(host, ctx, shard, held, queue)  # what finished before the feed ended or the batch broke
+    judge_and_write(host, ctx, held, queue)  # what finished before the feed ended or the batch broke
     if broken is not None:
-        after_broken_batch(host, ctx, shard, in_flight, broken, queue)
+        after_broken_batch(host, ctx, in_flight, broken, queue)
 
 
-def after_broken_batch(host: Host, ctx: Context, shard: str, in_flight: dict, exc: Exception, queue: deque) -> None:
+def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception, queue: deque) -> None:
     """Out of memory: fewer rows, and what was in flight goes back in line; else each is spoken alone."""
     if isinstance(exc, OutOfMemory):
         rows = ctx.backend.shrink_batch()
         log.warning("CUDA out of memory with %d utterances in flight; now %d rows", len(in_flight), rows)
         for item in in_flight.values():
-            retry_or_fail(host, ctx, shard, item, exc, queue)
+            retry_or_fail(host, ctx, item, exc, queue)
         return
     # no single utterance is known to be at fault
     log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
     for item in in_flight.values():
-        host.speak(shard, item.segment, item.attempt)  # this attempt counts, as a crash would
+        host.speak(item.shard, item.segment, item.attempt)  # this attempt counts, as a crash would
 
 
 @dataclass
@@ -115,7 +137,7 @@ def gate_rows(ctx: Context) -> int:
     return ctx.gate.batch_rows if ctx.gate is not None else 1
 
 
-def took(host: Host, ctx: Context, shard: str, item: Attempt, result, held: list, queue: deque) -> None:
+def took(host: Host, ctx: Context, item: Attempt, result, held: list, queue: deque) -> None:
     """A result of the backend: an error is retried; audio that passes the sanity check waits for the gate."""
     if not isinstance(result, BaseException):
         try:
@@ -123,12 +145,12 @@ def took(host: Host, ctx: Context, shard: str, item: Attempt, result, held: list
         except SynthesisError as exc:
             result = exc
     if isinstance(result, BaseException):
-        retry_or_fail(host, ctx, shard, item, result, queue)
+        retry_or_fail(host, ctx, item, result, queue)
     else:
         held.append(HeldTake(item, result, time.time() - item.started))
 
 
-def judge_and_write(host: Host, ctx: Context, shard: str, held: list[HeldTake], queue: deque) -> None:
+def judge_and_write(host: Host, ctx: Context, held: list[HeldTake], queue: deque) -> None:
     """Judge the held takes together (one recogniser call), then write or re-speak each; empties `held`."""
     from convtts.gate.quality import Take
 
@@ -140,14 +162,15 @@ def judge_and_write(host: Host, ctx: Context, shard: str, held: list[HeldTake], 
     held_now = held[:]
     held.clear()  # before writing: a full disk below leaves nothing held twice
     for take, verdict in zip(held_now, verdicts):
-        finish(host, ctx, shard, take, verdict, queue)
+        finish(host, ctx, take, verdict, queue)
 
 
-def finish(host: Host, ctx: Context, shard: str, take: HeldTake, verdict, queue: deque) -> None:
+def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> None:
     """Write a take the gate passed (verdict: its scores, or None with the gate off); re-speak or fail the others."""
     from convtts.gate.quality import QualityFailure
 
     item = take.item
+    shard = item.shard
     if isinstance(verdict, QualityFailure):  # a new take (new seed) in a later batch, or the failure row
         if respeak(item.segment["id"], verdict, item.refused, ctx.settings.max_respeaks):
             queue.append(item)
@@ -162,12 +185,12 @@ def finish(host: Host, ctx: Context, shard: str, take: HeldTake, verdict, queue:
     except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
         if is_disk_full(exc):
             raise
-        retry_or_fail(host, ctx, shard, item, exc, queue)
+        retry_or_fail(host, ctx, item, exc, queue)
         return
     host.record(shard, item.segment["id"], row, None)
 
 
-def retry_or_fail(host: Host, ctx: Context, shard: str, item: Attempt, exc: BaseException, queue: deque) -> None:
+def retry_or_fail(host: Host, ctx: Context, item: Attempt, exc: BaseException, queue: deque) -> None:
     """Another attempt in a later batch, or the failure row once attempts run out."""
     uid = item.segment["id"]
     limit = ctx.settings.max_attempts
@@ -176,4 +199,4 @@ def retry_or_fail(host: Host, ctx: Context, shard: str, item: Attempt, exc: Base
         item.attempt += 1
         queue.append(item)
         return
-    host.record(shard, uid, None, failure_row(ctx, item.segment, item.errors, limit))
+    host.record(item.shard, uid, None, failure_row(ctx, item.segment, item.errors, limit))

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import socket
 import sys
 import time
 
@@ -11,7 +13,7 @@ from convtts.gate.quality import check_gate
 from convtts.gate.whisper import recogniser_gpu_mb
 from convtts.speak import backend_row_mb, backend_rows, check_backend, with_rows
 from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
-from convtts.config import ConfigError
+from convtts.config import ConfigError, load_config
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full
 
@@ -31,42 +33,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slots-on-node", type=int, default=0, help="slots sharing this node's cores (default: world)")
     p.add_argument("--log-dir", help="folder for the workers' own log files")
     p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"), help="tags this run's manifest rows")
+    p.add_argument("--plan-ready", metavar="FILE",
+                   help="start the workers at once and read the plan once FILE holds its maker's exit code (run_all.sh); "
+                        "the config is then this command's own (--config, --set), not the output's config.yaml")
     add_config_args(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    started = time.time()
     args = parse_args(argv)
     setup_logging()
-    layout = planned_layout(args.output_dir)
-    if args.config is None:
+    layout = Layout(args.output_dir) if args.plan_ready else planned_layout(args.output_dir)
+    if args.config is None and not args.plan_ready:
         args.config = str(layout.config_file)
     config = load_config_or_exit(args)
     try:
-        check_backend(config)
-        check_gate(config.validate, args.device)  # the quality gate's recogniser runs in the same workers
+        check_gate(config.validate, args.device)  # quick: a gate this slot cannot run stops it before any worker
     except ConfigError as exc:
         fail(str(exc))
     if not 0 <= args.node_rank < args.nodes:
         fail(f"--node-rank must be in 0..{args.nodes - 1} (--nodes {args.nodes}), got {args.node_rank}")
     feed = open_feed() if args.feed else None
-    shards = [] if feed else args.shards.split(",") if args.shards else node_share(layout, args)
-    unknown = [s for s in shards if not layout.shard_file(s).is_file()]
-    if unknown:
-        fail(f"unknown shards: {unknown[:5]}")
     prepare_environment(args.device)
 
-    from convtts.run.slot import Slot, SlotOptions, SlotStopped
+    from convtts.run.slot import SlotStopped, install_stop_handlers
 
-    workers, config = size_workers(config, args)
-    # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
-    # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
-    # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
-    writer_prefix = f"{args.run_id}-s{args.rank}-" if feed else ""
-    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix)
-    slot = Slot(layout, config, shards, options, feed=feed)
+    slot = make_slot(args, layout, config, feed, started)
+    install_stop_handlers()
     try:
-        return slot.run()
+        slot.start_workers()  # they load their models while the backend is checked and the plan is made
+        check_backend(config)  # a model's speakers are read with torch: seconds, spent meanwhile
+        return slot.run(args.plan_ready)
+    except ConfigError as exc:
+        slot.stop_workers()
+        fail(str(exc))
     except SlotStopped as exc:
         print(f"slot {args.rank}: stopped by {exc}", file=sys.stderr)
         return 130 if str(exc) == "SIGINT" else 143
@@ -78,6 +79,34 @@ def main(argv=None) -> int:
             return EXIT_DISK_FULL
         logging.getLogger("slot").exception("slot %d failed", args.rank)
         return EXIT_FAILURES
+    finally:
+        slot.stop_workers()
+
+
+def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: float):
+    from convtts.run.slot import Slot, SlotOptions
+    from convtts.run.startup import Timeline
+
+    workers, sized = size_workers(config, args)
+    # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
+    # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
+    # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
+    writer_prefix = f"{args.run_id}-s{args.rank}-" if feed else ""
+    # Pieces of one shard are written from several nodes, whose pids may be the same: a fed slot's
+    # workers name their temporary files after their host too, and clean up only their own.
+    tag = "-h" + hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest() if feed else ""
+    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix, tag)
+
+    def share() -> list[str]:
+        if args.plan_ready:
+            check_plan_config(layout, config)  # as given: sizing may have set the rows
+        shards = [] if feed else args.shards.split(",") if args.shards else node_share(layout, args)
+        unknown = [s for s in shards if not layout.shard_file(s).is_file()]
+        if unknown:
+            raise ConfigError(f"unknown shards: {unknown[:5]}")
+        return shards
+
+    return Slot(layout, sized, share, options, feed=feed, timeline=Timeline(args.rank, started))
 
 
 def size_workers(config, args: argparse.Namespace):
@@ -94,6 +123,17 @@ def size_workers(config, args: argparse.Namespace):
         return workers, with_rows(config, rows)
     per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
     return choose_workers(requested, args.device, slots, per_worker), config
+
+
+def check_plan_config(layout: Layout, config) -> None:
+    """The workers started before the plan was made, with this slot's own config: it must be the
+    plan's (config.yaml, written with it) in everything but the selection."""
+    planned = load_config(layout.config_file)
+    differ = [group for group in ("text", "speakers", "shards", "tts", "workers", "output", "validate")
+              if getattr(planned, group) != getattr(config, group)]
+    if differ:
+        raise ConfigError(f"the plan in {layout.plan_dir} was made with other {', '.join(differ)} settings "
+                          f"than this slot was given ({layout.config_file})")
 
 
 def node_share(layout: Layout, args: argparse.Namespace) -> list[str]:

@@ -1,8 +1,10 @@
 """What a slot and its workers say to each other over their pipe: one small dataclass per message.
 
-Worker to slot: Ready once its model is up, then per utterance Started and Spoken or Failed,
-Built at every model load, PieceDone when a piece is finished, DiskFull when it had to stop.
-Slot to worker: SpeakPiece (a piece of a shard) or Stop.
+Worker to slot: Ready once its model is up (with where its start-up time went), Want when its
+queue of ids runs low, per utterance Started and Spoken or Failed, Built at every model load,
+Returned in answer to HandBack, DiskFull when it had to stop.
+Slot to worker: SpeakPiece (a piece of a shard), Nothing (no ids now: ask again once idle),
+HandBack (give back ids not begun yet: an idle worker will speak them), or Stop.
 """
 from __future__ import annotations
 
@@ -12,6 +14,12 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Ready:
     wid: int
+    phases: dict = field(default_factory=dict)  # start-up seconds by phase (see worker.StartupClock)
+
+
+@dataclass(frozen=True)
+class Want:
+    pass
 
 
 @dataclass(frozen=True)
@@ -37,18 +45,18 @@ class Built:
     seconds: float
     rss_mb: float
     gpu_mb: float
+    phases: dict = field(default_factory=dict)  # the load's own phases: modules, weights, frontend ...
+    weights: str = ""  # digest of the loaded parameters: every worker of a slot must hold the same
 
 
 @dataclass(frozen=True)
-class PieceDone:
-    shard: str
-    count: int
+class Returned:
+    ids: tuple  # ids of the worker's queue it had not begun, now the slot's again
 
 
 @dataclass(frozen=True)
 class DiskFull:
-    shard: str
-    what: str
+    what: str  # which write failed, for the slot's log
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,16 @@ class SpeakPiece:
     shard: str
     ids: list[str]
     crashes: dict[str, int] = field(default_factory=dict)  # deaths of a worker on an id in this run
+
+
+@dataclass(frozen=True)
+class Nothing:
+    pass
+
+
+@dataclass(frozen=True)
+class HandBack:
+    count: int  # at most this many, from the end of the queue
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ mps_start() {
   if [[ ${#pipe} -gt 80 ]]; then pipe="$(mktemp -d /tmp/convtts-mps.XXXXXX)"; fi
   mkdir -p "$pipe" "$dir/log"
   export CUDA_MPS_PIPE_DIRECTORY="$pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
-  if nvidia-cuda-mps-control -d && sleep 1 && echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
+  if nvidia-cuda-mps-control -d && mps_answers; then
     MPS_STARTED=1
     echo "MPS control daemon started (pipes $pipe, logs $dir/log)" >"$dir/status"
     return 0
@@ -25,6 +25,15 @@ mps_start() {
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   [[ "$mode" == on ]] && echo "run_all.sh: --mps on was asked for; continuing without it" >&2
   return 0
+}
+
+mps_answers() {  # the daemon takes requests: asked every 0.05 s for up to 5 s (it is up in a fraction of one)
+  local i
+  for ((i = 0; i < 100; i++)); do
+    echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  return 1
 }
 
 mps_stop() {

@@ -1,13 +1,15 @@
 """A slot's unit of work: a piece, a run of one shard's not-yet-spoken ids, sized so no worker idles.
 
-A worker that asks for work gets the next piece of the oldest opened shard. Sizes follow guided
-self-scheduling: a piece holds about the work left divided by twice the workers, so a big run
-hands out pieces of MAX_PIECE and the last ones hold MIN_PIECE ids, and the workers finish within
-a couple of utterances of each other. One shard of 100 ids on 4 workers is cut 13, 11, 10, 9, 8,
-7, 6, 5, 4, 4, 3, 3, 3 and seven pieces of 2.
+A worker asks for more before its queue runs dry and gets the next piece of the oldest opened
+shard. Sizes follow guided self-scheduling: a piece holds about the work left divided by twice the
+workers, so a big run hands out pieces of MAX_PIECE (more for batched workers) and the last ones
+hold MIN_PIECE ids. One shard of 100 ids on 4 workers is cut 13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3,
+3, 3 and seven pieces of 2. At the very end an idle worker takes over ids a busy one holds and has
+not begun (the slot asks for them back), so the workers finish within about one utterance (one
+batch, batched) of each other.
 
 Only the slot opens a shard (the resume bookkeeping, before any worker of this run is on it) and
-writes its stats file, once every piece of it has been reported done or handed back.
+writes its stats file, once every id of every piece of it has been reported or handed back.
 """
 from __future__ import annotations
 
@@ -20,13 +22,13 @@ from dataclasses import dataclass, field
 
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
-    append_line, crash_counts, drop_torn_tail, load_done, read_jsonl, read_rows_checked, shard_complete_and_whole,
-    write_atomic, write_json_atomic,
+    append_line, crash_counts, drop_torn_tail, load_done, read_json, read_jsonl, read_rows_checked, write_atomic,
+    write_json_atomic,
 )
 
 log = logging.getLogger(__name__)
 
-MIN_PIECE = 2  # the tail: workers finish within about this many utterances of each other
+MIN_PIECE = 2  # the tail: pieces this small, and idle workers take over ids not begun
 # A piece is at most a minute or two of one CosyVoice worker, so progress, the stats of a shard
 # and the hand-back after a crash come in steadily even when the run is large.
 MAX_PIECE = 64
@@ -36,12 +38,13 @@ PIECES_PER_WORKER = 2  # each cut takes 1/(this x workers) of the work left
 def cut_size(available: int, remaining: int, workers: int, rows: int = 1) -> int:
     """How many of a shard's `available` ids the next piece takes, `remaining` ids being left in all.
 
-    A batched worker decodes `rows` utterances at once: its pieces hold at least that many, and up
-    to four times that, so its rows stay full and drain only at a piece's end.
+    A batched worker decodes `rows` utterances at once and asks for its next piece before its
+    rows run dry, so a piece need not fill them: it may hold up to four times that early on, and
+    the last pieces hold MIN_PIECE ids whatever the rows.
     """
-    low, high = max(MIN_PIECE, rows), max(MAX_PIECE, 4 * rows)
-    size = max(low, min(high, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
-    return available if available - size < low else size  # no runt left behind in the shard
+    high = max(MAX_PIECE, 4 * rows)
+    size = max(MIN_PIECE, min(high, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
+    return available if available - size < MIN_PIECE else size  # no runt left behind in the shard
 
 
 def preview_cuts(counts: list[int], workers: int, rows: int = 1) -> list[int]:
@@ -63,12 +66,19 @@ class Piece:
     crashes: dict[str, int]  # deaths of a worker on an id during this run: each counts as an attempt
     started: set = field(default_factory=set)  # ids the worker said it began (a batch begins several)
     reported: set = field(default_factory=set)  # ids the worker said it spoke or gave up on
+    returned: set = field(default_factory=set)  # ids handed back unspoken (asked for, or its worker died)
 
     def unreported(self) -> list[str]:
-        return [uid for uid in self.ids if uid not in self.reported]
+        return [uid for uid in self.ids if uid not in self.reported and uid not in self.returned]
 
     def in_flight(self) -> list[str]:
         return [uid for uid in self.unreported() if uid in self.started]
+
+    def unstarted(self) -> list[str]:
+        return [uid for uid in self.unreported() if uid not in self.started]
+
+    def complete(self) -> bool:
+        return not self.unreported()
 
 
 @dataclass
@@ -81,7 +91,8 @@ class ShardWork:
     already: int  # spoken before this run opened it
     audio_seconds: float
     crashes: Counter
-    out: int = 0  # pieces handed out and not yet reported back
+    words: dict = field(default_factory=dict)  # words of each id to speak: the plan's estimate of its length
+    out: int = 0  # pieces handed out and not yet finished
     pieces: int = 0
     new: int = 0
     failed: int = 0
@@ -101,23 +112,23 @@ class ShardWork:
 class WorkQueue:
     """The pending shards of one slot, opened as workers need work, and the pieces handed out."""
 
-    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int,
-                 listing: WorkListing | None = None, feed=None):
+    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int, listing: WorkListing | None = None):
         self.layout, self.run_id, self.workers = layout, run_id, workers
-        self.feed = feed  # a ShardFeed: more shards, asked for one at a time once `shards` are all open
-        self.taken: list[str] = []  # shards the feed handed to this slot
+        self.taken: list[str] = []  # shards handed to this slot beyond its own (none: see feed.FedWork)
         self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
         self.waiting = deque(shards)
         self.estimates = {s: estimate_pending(layout, s, listing) for s in shards}
         self.total = sum(self.estimates.values())  # utterances to speak in this run, exact once all are open
+        self.mean_words = mean_words(layout)
+        self.todo_words = self.total * self.mean_words  # words of those utterances: exact once all are open
+        self.done_words = 0.0  # words of the utterances reported so far
         self.open: dict[str, ShardWork] = {}
 
     def remaining(self) -> int:
         return sum(len(w.pending) for w in self.open.values()) + sum(self.estimates[s] for s in self.waiting)
 
     def has_work(self) -> bool:
-        more = self.feed is not None and not self.feed.exhausted
-        return more or bool(self.waiting) or any(w.pending for w in self.open.values())
+        return bool(self.waiting) or any(w.pending for w in self.open.values())
 
     def pending_counts(self) -> list[int]:
         return [len(w.pending) for w in self.open.values()] + [self.estimates[s] for s in self.waiting]
@@ -134,28 +145,16 @@ class WorkQueue:
 
     def open_until_pending(self) -> ShardWork | None:
         """Open waiting shards until one has ids to speak; those with none get their stats at once."""
-        while (shard := self.next_waiting()) is not None:
+        while self.waiting:
+            shard = self.waiting.popleft()
             work = open_shard(self.layout, shard, self.run_id)
-            self.total += len(work.pending) - self.estimates.pop(shard, 0)
+            estimate = self.estimates.pop(shard, 0)
+            self.total += len(work.pending) - estimate
+            self.todo_words += sum(work.words.values()) - estimate * self.mean_words
             self.open[shard] = work
             if work.pending:
                 return work
             self.close(work)
-        return None
-
-    def next_waiting(self) -> str | None:
-        """The next shard to open: this slot's own list, then what the feed hands out.
-
-        A shard from the feed that is already complete (checked as a rerun checks) goes straight
-        back as done, so that check is spread over the slots rather than made by the driver.
-        """
-        if self.waiting:
-            return self.waiting.popleft()
-        while self.feed is not None and (shard := self.feed.next()) is not None:
-            self.taken.append(shard)
-            if not shard_complete_and_whole(self.layout, shard):  # logs any damage it finds
-                return shard
-            self.feed.finished(shard)
         return None
 
     def reported(self, piece: Piece, uid: str, ok: bool, audio_seconds: float) -> None:
@@ -164,30 +163,40 @@ class WorkQueue:
         work.new += ok
         work.failed += not ok
         work.audio_seconds += audio_seconds
+        self.done_words += work.words.get(uid, self.mean_words)
+        if piece.complete():
+            self.finish(piece)
 
-    def piece_done(self, piece: Piece) -> None:
-        self.give_back(piece, [])
+    def returned(self, piece: Piece, ids: list[str]) -> None:
+        """Ids a worker handed back unbegun: first in line again (an idle worker is waiting for them)."""
+        ids = [uid for uid in piece.unstarted() if uid in set(ids)]
+        piece.returned.update(ids)
+        self.open[piece.shard].pending.extendleft(reversed(ids))
+        if piece.complete():
+            self.finish(piece)
 
-    def worker_died(self, piece: Piece, exitcode: int | None, pid: int) -> list[str]:
+    def worker_died(self, piece: Piece, exitcode: int | None, pid: int, tag: str = "") -> list[str]:
         """Record the death against each id in flight and hand the piece's unreported ids back.
 
         Every id of a batch in flight is charged one attempt: which one killed the worker is not
         known, and an id charged once is spoken alone from then on (batching.speak_batched), so the
         culprit alone goes on dying until its attempts run out. Returns the ids charged.
+        `tag`: what follows the pid in the worker's temporary names (shardio.temporary_path).
         """
         charged = piece.in_flight()
         for uid in charged:
             append_line(self.layout.crashes(piece.shard), {"id": uid, "run": self.run_id, "exitcode": exitcode, "time": time.time()})
             self.open[piece.shard].crashes[uid] += 1
-        for tmp in self.layout.audio_dir(piece.shard).glob(f".*.tmp{pid}*"):
-            if re.fullmatch(rf"\..+\.tmp{pid}(\..*)?", tmp.name):  # its own half-written audio, not pid 12 vs 123
-                tmp.unlink(missing_ok=True)
-        self.give_back(piece, piece.unreported())
+        remove_temporaries_of(self.layout, piece.shard, pid, tag)
+        back = piece.unreported()
+        piece.returned.update(back)
+        self.open[piece.shard].pending.extendleft(reversed(back))  # first in line again, in plan order
+        self.finish(piece)
         return charged
 
-    def give_back(self, piece: Piece, ids: list[str]) -> None:
+    def finish(self, piece: Piece) -> None:
+        """A piece is in: the shard's stats, when it was its last piece out and nothing is pending."""
         work = self.open[piece.shard]
-        work.pending.extendleft(reversed(ids))  # first in line again, in plan order
         work.out -= 1
         if work.finished():
             self.close(work)
@@ -196,10 +205,22 @@ class WorkQueue:
         stats = work.stats(self.run_id)
         write_json_atomic(self.layout.stats(work.name), stats)  # last: the shard's done marker
         del self.open[work.name]
-        if self.feed is not None:
-            self.feed.finished(work.name)
         log.info("%s finished: %d of %d spoken (%d now, in %d pieces), %d failed", work.name, stats["done"],
                  work.segments, work.new, work.pieces, work.failed)
+
+
+def remove_temporaries_of(layout: Layout, shard: str, pid: int, tag: str = "") -> None:
+    """A dead worker's half-written audio in a shard: its own names only, not pid 12 against 123."""
+    for tmp in layout.audio_dir(shard).glob(f".*.tmp{pid}*"):
+        if re.fullmatch(rf"\..+\.tmp{pid}{re.escape(tag)}(\..*)?", tmp.name):
+            tmp.unlink(missing_ok=True)
+
+
+def mean_words(layout: Layout) -> float:
+    """Words per planned segment, for shards not opened yet (plan.json's totals)."""
+    plan = read_json(layout.plan_file) or {}
+    segments = plan.get("segments") or 0
+    return (plan.get("words") or 0) / segments if segments else 0.0
 
 
 def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
@@ -210,11 +231,13 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
     for tmp in audio_dir.glob(".*.tmp*"):
         tmp.unlink(missing_ok=True)  # left by a worker killed mid-write
     done = open_manifests(layout, shard)
-    ids = [row["id"] for row in read_jsonl(layout.shard_file(shard))]
-    spoken = [uid for uid in ids if uid in done]
+    rows = read_jsonl(layout.shard_file(shard))
+    spoken = [row["id"] for row in rows if row["id"] in done]
+    todo = [row for row in rows if row["id"] not in done]
     return ShardWork(
-        shard, len(ids), deque(uid for uid in ids if uid not in done), already=len(spoken),
+        shard, len(rows), deque(row["id"] for row in todo), already=len(spoken),
         audio_seconds=sum(done[uid]["duration"] for uid in spoken), crashes=crash_counts(layout, shard, run_id),
+        words={row["id"]: row.get("words") or len(row.get("text", "").split()) for row in todo},
     )
 
 

@@ -1,22 +1,30 @@
-"""One device slot: hands pieces of shards to K spawned workers, restarts the ones that die, reports progress."""
+"""One device slot: hands pieces of shards to K spawned workers as they ask, restarts the ones that die, reports progress.
+
+At the end of the work an idle worker takes over ids a busy one holds and has not begun (the slot
+asks the busy one to hand them back), so the workers finish close together.
+"""
 from __future__ import annotations
 
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
 from convtts.state.layout import Layout, WorkListing
-from convtts.run.pieces import Piece, WorkQueue, preview_cuts
+from convtts.run.feed import FedWork
+from convtts.run.pieces import Piece, WorkQueue, preview_cuts, remove_temporaries_of
 from convtts.run.progress import SlotProgress
-from convtts.state.shardio import (
-    disk_full_text, is_disk_full, remove_temporaries, shard_complete, shard_complete_and_whole,
+from convtts.run.startup import Timeline, plan_exit_code
+from convtts.run.weights import warm_page_cache, weight_files
+from convtts.state.shardio import disk_full_text, is_disk_full, shard_complete, shard_complete_and_whole
+from convtts.run.messages import (
+    Built, DiskFull, Failed, HandBack, Nothing, Ready, Returned, SpeakPiece, Spoken, Started, Stop, Want,
 )
-from convtts.run.messages import Built, DiskFull, Failed, PieceDone, Ready, SpeakPiece, Spoken, Started, Stop
 from convtts.run.worker import WorkerArgs, worker_main
 from convtts.speak import backend_rows
 
@@ -28,8 +36,8 @@ MAX_BARREN_DEATHS = 3
 
 
 # Which Slot method handles each message of a worker.
-HANDLERS = {Ready: "on_ready", Started: "on_started", Spoken: "on_spoken", Failed: "on_failed", Built: "on_built",
-            DiskFull: "on_disk_full", PieceDone: "on_piece_done"}
+HANDLERS = {Ready: "on_ready", Want: "on_want", Started: "on_started", Spoken: "on_spoken", Failed: "on_failed",
+            Built: "on_built", Returned: "on_returned", DiskFull: "on_disk_full"}
 
 
 class SlotStopped(Exception):
@@ -42,9 +50,18 @@ class Handle:
     proc: object
     conn: object
     ready: bool = False
-    piece: Piece | None = None
-    uid: str | None = None
+    pieces: list = field(default_factory=list)  # Pieces handed to it and not finished
+    wants: bool = False  # asked for more and has no answer yet
+    asked_back: bool = False  # a HandBack is out to it
+    stopping: bool = False  # told to stop
     spoke: bool = False  # finished at least one utterance since it started
+
+    def piece_of(self, uid: str) -> Piece | None:
+        """The piece it is speaking `uid` for (an id handed back may come to it again in a later piece)."""
+        return next((p for p in self.pieces if uid in p.ids and uid in p.unreported()), None)
+
+    def unstarted(self) -> int:
+        return sum(len(p.unstarted()) for p in self.pieces)
 
 
 @dataclass
@@ -54,44 +71,47 @@ class SlotOptions:
     run_id: str
     log_dir: str | None = None
     writer_prefix: str = ""  # names its workers' files: "" gives w0, w1 ... (see parallel_cosyvoice --feed)
+    temporary_tag: str = ""  # after the pid in its workers' temporary names (a fed slot: its host's)
 
 
 @dataclass
 class Slot:
     layout: Layout
     config: Config
-    shards: list[str]
+    share: Callable[[], list[str]]  # this slot's shards, read once the plan is made
     options: SlotOptions
     handles: dict[int, Handle] = field(default_factory=dict)
     barren_deaths: int = 0
-    full_disk: str | None = None  # what could not be written: the run stops
-    feed: object | None = None  # a convtts.run.feed.ShardFeed: shards handed out by a driver, after `shards`
+    halted: str | None = None  # why the slot hands out no more work (a full disk, changed weights)
+    halt_code: int = EXIT_OK
+    feed: object | None = None  # a convtts.run.feed.ShardFeed: pieces of shards handed out by a driver
+    timeline: Timeline | None = None
+    shards: list[str] = field(default_factory=list)
+    work: WorkQueue | FedWork | None = None
 
-    def run(self) -> int:
-        # work/ listed once: a glob per shard is quadratic, and nothing writes to these shards yet
-        listing = WorkListing(self.layout)
-        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing)]  # logs any damage
-        if not todo and self.feed is None:
-            log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
-            return EXIT_OK
-        self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing, self.feed)
-        if not self.work.total:
-            self.work.open_until_pending()  # every id has a row: the shards may need only their stats
-        if self.feed is not None and not self.work.has_work():
-            log.info("slot %d: the driver had no shard left to hand out", self.options.rank)
-            return self.exit_code()
-        # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
-        # A slot fed by a driver gets more shards later: it starts all of its workers.
-        count = self.options.workers if self.feed is not None else min(self.options.workers, self.work.total)
-        self.work.workers = max(count, 1)
-        self.work.rows = backend_rows(self.config)
-        log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
-        self.progress = SlotProgress(self.layout, self.options.rank, self.work.total, self.config.workers)
+    def __post_init__(self):
+        self.timeline = self.timeline or Timeline(self.options.rank)
+        self.progress = SlotProgress(self.layout, self.options.rank, self.config, self.timeline)
+        self.parent = os.getppid()
+
+    def start_workers(self) -> None:
+        """All K workers at once, before the plan is read: each loads its model meanwhile and speaks
+        as soon as it is up. The weight files are read into the page cache for their mapped loads."""
         self.ctx = _spawn_context()
-        _install_stop_handlers()
+        warm_page_cache(weight_files(self.config), self.options.rank)
+        for wid in range(self.options.workers):
+            self.start_worker(wid)
+
+    def run(self, plan_ready: str | None = None) -> int:
+        """Wait for the plan (`plan_ready`: the file preprocess's exit code is written to), then speak."""
         try:
-            for wid in range(count):
-                self.start_worker(wid)
+            if getattr(self, "ctx", None) is None:  # parallel_cosyvoice.py starts them before its checks
+                self.start_workers()
+            if not self.await_plan(plan_ready):
+                return EXIT_FAILURES
+            code = self.begin()
+            if code is not None:
+                return code
             self.supervise()
         except OSError as exc:  # the slot's own writes: a crash line
             if not is_disk_full(exc):
@@ -102,40 +122,98 @@ class Slot:
             self.progress.close()
         return self.exit_code()
 
+    def await_plan(self, marker: str | None) -> bool:
+        """Until the plan is made (its maker's exit code in `marker`): the workers load meanwhile."""
+        while marker is not None and (code := plan_exit_code(marker)) is None:
+            if os.getppid() != self.parent:
+                log.error("slot %d: the run that started this slot is gone; stopping", self.options.rank)
+                return False
+            if not self.handles:
+                log.error("slot %d: no worker could load its model; stopping", self.options.rank)
+                return False
+            self.pump(0.2)
+        if marker is not None and code != 0:
+            log.info("slot %d: the plan was not made (exit %s); stopping", self.options.rank, code)
+            return False
+        self.timeline.plan_made(marker)
+        return True
+
+    def begin(self) -> int | None:
+        """Read the plan: this slot's work, and its worker count; an exit code when there is nothing to do."""
+        self.shards = self.share()
+        # work/ listed once: a glob per shard is quadratic, and nothing writes to these shards yet
+        listing = WorkListing(self.layout)
+        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing)]  # logs any damage
+        if not todo and self.feed is None:
+            log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
+            return EXIT_OK
+        if self.feed is not None:
+            writer = self.options.writer_prefix.rstrip("-")
+            self.work = FedWork(self.layout, self.options.run_id, writer, self.feed, self.options.workers)
+        else:
+            self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing)
+            if not self.work.total:
+                self.work.open_until_pending()  # every id has a row: the shards may need only their stats
+        # Workers are capped by utterances, not shards: pieces keep them all busy even on one shard.
+        # A slot fed by a driver gets more shards later: it keeps all of its workers.
+        count = self.options.workers if self.feed is not None else min(self.options.workers, self.work.total)
+        self.work.workers = max(count, 1)
+        self.work.rows = backend_rows(self.config)
+        log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
+        self.retire(count)
+        self.progress.begin(self.work)
+        return None
+
     def plan_text(self, todo: list[str], count: int) -> str:
-        """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; starting 14 workers'."""
+        """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; 14 workers'."""
         sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows) or [0]
         text = (f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
-                f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; starting {count} workers")
+                f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; {count} workers")
         if self.feed is not None:
-            text = f"shards handed out one at a time by the driver; starting {count} workers"
+            text = f"pieces of shards handed out by the driver; {count} workers"
         if self.work.rows > 1:
             text += f" of {self.work.rows} rows each (tts.cosyvoice.batch_size)"
         if count < self.options.workers:
-            text += f", not {self.options.workers}: no more than utterances to do"
+            text = text.replace(f"; {count} workers", f"; keeping {count} of {self.options.workers} workers")
+            text += ": no more than utterances to do"
         return text
+
+    def retire(self, count: int) -> None:
+        """Stop the workers past the first `count` (a job of fewer utterances than workers); they have begun nothing."""
+        for wid in [w for w in sorted(self.handles) if w >= count]:
+            handle = self.handles.pop(wid)
+            handle.proc.terminate()
+            handle.proc.join(timeout=10)
+            if handle.proc.is_alive():
+                handle.proc.kill()
+                handle.proc.join()
+            self.timeline.forget(wid)
 
     def start_worker(self, wid: int) -> None:
         parent_conn, child_conn = self.ctx.Pipe()
         log_file = f"{self.options.log_dir}/slot-{self.options.rank}-worker-{wid}.log" if self.options.log_dir else None
         args = WorkerArgs(wid, self.options.rank, str(self.layout.root), self.config, self.options.run_id, os.getpid(), log_file,
-                          self.options.writer_prefix)
+                          self.options.writer_prefix, time.time(), self.options.temporary_tag)
         proc = self.ctx.Process(target=worker_main, args=(args, child_conn), name=f"slot{self.options.rank}-w{wid}", daemon=True)
         proc.start()
         child_conn.close()
         self.handles[wid] = Handle(wid, proc, parent_conn)
+        self.timeline.spawned(wid)
 
     def supervise(self) -> None:
-        while self.handles and not self.full_disk:
-            ready = wait([h.conn for h in self.handles.values()] + [h.proc.sentinel for h in self.handles.values()], timeout=1.0)
-            for handle in list(self.handles.values()):
-                if handle.conn in ready:
-                    self.drain(handle)
-                if handle.wid in self.handles and not handle.proc.is_alive():
-                    self.on_death(handle)
+        while self.handles and not self.halted:
+            self.pump(1.0)
             self.assign()
-            self.progress.retotal(self.work.total)  # exact once a shard is opened
-            self.progress.tick(alive=len(self.handles))
+            self.progress.tick(alive=len(self.handles), loading=sum(not h.ready and not h.stopping for h in self.handles.values()))
+
+    def pump(self, timeout: float) -> None:
+        """Wait up to `timeout` for any worker to say something or die; handle what happened."""
+        ready = wait([h.conn for h in self.handles.values()] + [h.proc.sentinel for h in self.handles.values()], timeout=timeout)
+        for handle in list(self.handles.values()):
+            if handle.conn in ready:
+                self.drain(handle)
+            if handle.wid in self.handles and not handle.proc.is_alive():
+                self.on_death(handle)
 
     def drain(self, handle: Handle) -> None:
         try:
@@ -148,11 +226,17 @@ class Slot:
         getattr(self, HANDLERS[type(message)])(handle, message)
 
     def on_ready(self, handle: Handle, message: Ready) -> None:
-        handle.ready = True
+        handle.ready = handle.wants = True  # its first piece, as soon as its own model is up
+        self.timeline.ready(handle.wid, message.phases)
+
+    def on_want(self, handle: Handle, message: Want) -> None:
+        handle.wants = True
 
     def on_started(self, handle: Handle, message: Started) -> None:
-        handle.uid = message.uid
-        handle.piece.started.add(message.uid)
+        piece = handle.piece_of(message.uid)
+        if piece is not None:
+            piece.started.add(message.uid)
+        self.timeline.began(handle.wid)
 
     def on_spoken(self, handle: Handle, message: Spoken) -> None:
         self.on_reported(handle, message.uid, True, message.audio_seconds)
@@ -161,57 +245,114 @@ class Slot:
         self.on_reported(handle, message.uid, False, 0.0)
 
     def on_reported(self, handle: Handle, uid: str, ok: bool, seconds: float) -> None:
-        self.work.reported(handle.piece, uid, ok=ok, audio_seconds=seconds)
-        handle.uid, handle.spoke = None, True
+        piece = handle.piece_of(uid)
+        if piece is None:
+            log.warning("slot %d: worker %d reported %s, which it does not hold", self.options.rank, handle.wid, uid)
+            return
+        self.work.reported(piece, uid, ok=ok, audio_seconds=seconds)  # the shard's stats, after its last id
+        if piece.complete():
+            handle.pieces.remove(piece)
+        handle.spoke = True
         self.barren_deaths = 0
         self.progress.utterance(ok=ok, seconds=seconds)
 
+    def on_returned(self, handle: Handle, message: Returned) -> None:
+        handle.asked_back = False
+        for piece in list(handle.pieces):
+            ids = [uid for uid in message.ids if uid in set(piece.ids)]
+            if ids:
+                self.work.returned(piece, ids)
+            if piece.complete():
+                handle.pieces.remove(piece)
+        if message.ids:
+            log.info("slot %d: worker %d handed back %d utterances it had not begun", self.options.rank, handle.wid,
+                     len(message.ids))
+
     def on_built(self, handle: Handle, message: Built) -> None:
         self.progress.rebuild(message.reason, message.seconds, message.rss_mb, message.gpu_mb)
+        if message.reason == "start":
+            self.timeline.loaded(handle.wid, message.weights)
+        self.check_weights(handle, message.weights)
+
+    def check_weights(self, handle: Handle, digest: str) -> None:
+        """Every worker must hold the same weights: the first load's digest is the slot's; a worker
+        that loaded others (the model files changed under the run) is stopped, and the slot with it."""
+        if not digest:
+            return
+        self.weights = getattr(self, "weights", None) or digest
+        if digest != self.weights:
+            log.error("slot %d: worker %d loaded weights %s, not the %s of the others: the model files changed "
+                      "during the run; stopping", self.options.rank, handle.wid, digest, self.weights)
+            self.halt("the model's weights changed under the run", EXIT_FAILURES)
 
     def on_disk_full(self, handle: Handle, message: DiskFull) -> None:
-        handle.piece, handle.uid, handle.ready = None, None, False  # it stops by itself: no crash; its shard stays open
+        handle.pieces, handle.ready, handle.wants, handle.stopping = [], False, False, True  # it stops by itself
         self.stop_for_full_disk(message.what)
 
-    def on_piece_done(self, handle: Handle, message: PieceDone) -> None:
-        self.work.piece_done(handle.piece)  # the shard's stats, when it was its last piece out
-        handle.piece = None
-
     def assign(self) -> None:
-        for handle in self.handles.values():
-            if handle.ready and handle.piece is None:
-                piece = None if self.full_disk else self.work.next_piece()
-                if piece is not None:
-                    handle.piece = piece
-                    handle.conn.send(SpeakPiece(piece.shard, piece.ids, piece.crashes))
-                elif self.full_disk or not self.work.has_work():  # a fed slot idles while the driver says wait
-                    handle.conn.send(Stop())
-                    handle.ready = False
+        """Answer every worker that asked: a piece; Nothing while it is busy; an idle one waits for
+        ids handed back by a busy one, or for the driver, else it is told to stop."""
+        for handle in list(self.handles.values()):
+            if not handle.ready or not handle.wants:
+                continue
+            piece = None if self.halted or self.work is None else self.work.next_piece()
+            if piece is not None:
+                handle.pieces.append(piece)
+                handle.conn.send(SpeakPiece(piece.shard, piece.ids, piece.crashes))
+            elif handle.pieces:
+                handle.conn.send(Nothing())  # it asks again once idle
+            elif not self.halted and self.take_back_for(handle):
+                continue  # it waits: the ids come back in a moment
+            elif self.halted or not self.work or not self.work.has_work():  # a fed slot idles while the driver says wait
+                handle.conn.send(Stop())
+                handle.ready, handle.stopping = False, True
+            else:
+                continue
+            handle.wants = False
+
+    def take_back_for(self, idle: Handle) -> bool:
+        """Ask the busy worker holding the most ids it has not begun for half of them; True while
+        one such hand-back is out (the idle worker waits for it)."""
+        if any(h.asked_back for h in self.handles.values()):
+            return True
+        busy = [h for h in self.handles.values() if h is not idle and not h.stopping and h.unstarted()]
+        if not busy:
+            return False
+        victim = max(busy, key=Handle.unstarted)
+        victim.conn.send(HandBack((victim.unstarted() + 1) // 2))
+        victim.asked_back = True
+        return True
 
     def on_death(self, handle: Handle) -> None:
         self.drain(handle)  # what it reported before dying still counts
         handle.proc.join(timeout=5)
         code = handle.proc.exitcode
         del self.handles[handle.wid]
-        if handle.piece is None and not handle.ready and code == 0:
+        if handle.stopping and not handle.pieces and code == 0:
             return  # told to stop, and it did
-        charged = self.work.worker_died(handle.piece, code, handle.proc.pid) if handle.piece else []
-        shard = handle.piece.shard if handle.piece else None
-        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, shard, charged or None)
+        charged = []
+        for piece in handle.pieces:
+            charged += self.work.worker_died(piece, code, handle.proc.pid, self.options.temporary_tag)
+        shards = sorted({p.shard for p in handle.pieces}) or None
+        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, shards, charged or None)
         self.barren_deaths = 0 if handle.spoke else self.barren_deaths + 1
         if self.barren_deaths >= MAX_BARREN_DEATHS:
             log.error("slot %d: workers died %d times in a row without speaking; giving up", self.options.rank, self.barren_deaths)
             return
-        if self.work.has_work() and not self.full_disk:
+        if (self.work is None or self.work.has_work()) and not self.halted:
             self.start_worker(handle.wid)
 
     def stop_for_full_disk(self, what: str) -> None:
+        self.halt(what, EXIT_DISK_FULL)
+
+    def halt(self, what: str, code: int) -> None:
         """Hand out no more work; supervise returns and the other workers are stopped."""
         log.error("slot %d: %s; stopping this slot's workers", self.options.rank, what)
-        self.full_disk = what  # assign hands out no more pieces
+        if self.halted is None:
+            self.halted, self.halt_code = what, code  # assign hands out no more pieces
 
     def stop_workers(self) -> None:
-        busy = {h.piece.shard for h in self.handles.values() if h.piece is not None and h.proc.is_alive()}
+        busy = [(h.proc.pid, p.shard) for h in self.handles.values() if h.proc.is_alive() for p in h.pieces]
         for handle in self.handles.values():
             if handle.proc.is_alive():
                 handle.proc.terminate()
@@ -221,14 +362,16 @@ class Slot:
             if handle.proc.is_alive():
                 handle.proc.kill()
                 handle.proc.join()
-        for shard in busy:  # a worker stopped mid-write leaves a temporary file: the disk may be full
-            remove_temporaries(self.layout, shard)
+        for pid, shard in busy:  # a worker stopped mid-write leaves a temporary file: the disk may be full
+            remove_temporaries_of(self.layout, shard, pid, self.options.temporary_tag)
 
     def exit_code(self) -> int:
-        if self.full_disk:
-            log.error("slot %d: stopped: %s; free space and run the same command again", self.options.rank, self.full_disk)
+        if self.halt_code == EXIT_DISK_FULL:
+            log.error("slot %d: stopped: %s; free space and run the same command again", self.options.rank, self.halted)
             return EXIT_DISK_FULL
-        incomplete = [s for s in self.shards + self.work.taken if not shard_complete(self.layout, s)]
+        if self.halted:
+            return self.halt_code
+        incomplete = [s for s in self.shards + (self.work.taken if self.work else []) if not shard_complete(self.layout, s)]
         if incomplete:
             log.warning("slot %d: %d shards have failed or unfinished utterances", self.options.rank, len(incomplete))
             return EXIT_FAILURES
@@ -236,12 +379,13 @@ class Slot:
 
 
 def _spawn_context():
-    import torch.multiprocessing as tmp
+    """Spawn, never fork (CUDA); the standard library's, so the slot never waits on importing torch."""
+    import multiprocessing
 
-    return tmp.get_context("spawn")
+    return multiprocessing.get_context("spawn")
 
 
-def _install_stop_handlers() -> None:
+def install_stop_handlers() -> None:
     def stop(signum, frame):
         raise SlotStopped(signal.Signals(signum).name)
 

@@ -1,4 +1,4 @@
-"""One synthesis worker process: takes pieces of shards from its slot, speaks them utterance by utterance."""
+"""One synthesis worker process: keeps a queue of ids fed by its slot's pieces, speaks them utterance by utterance or in batches."""
 from __future__ import annotations
 
 import ctypes
@@ -7,17 +7,23 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
-from convtts.run.batching import can_batch, speak_batched
+from convtts.run.batching import Attempt, can_batch, speak_batched
 from convtts.run.memory import gpu_mb, rss_mb
-from convtts.run.messages import Built, DiskFull, Failed, PieceDone, Ready, SpeakPiece, Spoken, Started, Stop
+from convtts.run.startup import phase_text
+from convtts.run.messages import (
+    Built, DiskFull, Failed, HandBack, Nothing, Ready, Returned, SpeakPiece, Spoken, Started, Stop, Want,
+)
 from convtts.run.utterance import Context, Settings, synthesize_with_retries
 from convtts.state.layout import Layout
-from convtts.state.shardio import append_line, disk_full_text, drop_torn_tail, is_disk_full, read_jsonl
+from convtts.state.shardio import (
+    append_line, disk_full_text, drop_torn_tail, is_disk_full, read_jsonl, set_temporary_tag,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +38,19 @@ class WorkerArgs:
     parent_pid: int
     log_file: str | None = None
     writer_prefix: str = ""
+    spawned: float = 0.0  # when the slot started this process (time.time())
+    temporary_tag: str = ""  # after the pid in this process's temporary file names (fed slots: the host)
 
 
 def worker_main(args: WorkerArgs, conn) -> None:
-    """Spawn entry point. Messages in: SpeakPiece or Stop; out: see convtts.run.messages."""
+    """Spawn entry point. Messages in and out: see convtts.run.messages."""
+    entered = time.time()
     _die_with_parent(args.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the slot, which stops us
     setup_logging(args.log_file)
+    set_temporary_tag(args.temporary_tag)
     worker = Worker(args, conn)
+    worker.startup["process"] = round(entered - args.spawned, 3) if args.spawned else 0.0
     try:
         worker.serve()
     finally:
@@ -50,45 +61,129 @@ class Worker:
     """Serves its slot's pieces; the utterance paths see it through utterance.Host."""
 
     def __init__(self, args: WorkerArgs, conn):
+        started = time.time()
         self.args = args
         self.conn = conn
         self.config = args.config
         self.layout = Layout(args.out_dir)
         self.settings = Settings.of(self.config, args.run_id)
         self.gate = open_gate(self.config.validate)  # None when validate is off; lives across model rebuilds
+        self.startup: dict = {"gate": round(time.time() - started, 3)} if self.gate else {}
         self.context: Context | None = None  # made anew at each model build
         self.since_build = 0
         self.label = f"slot{args.rank}-w{args.wid}"
         self.writer = f"{args.writer_prefix}w{args.wid}"  # names this worker's own manifest and failures files
         self.trimmed: set[str] = set()  # shards whose own files this process has cut back to whole lines
-        self.shard_rows: tuple[str, dict] = ("", {})  # the last shard's segments by id
+        self.shard_rows: dict[str, dict] = {}  # segments by id, of the shards of the pieces in hand
+        self.queue: deque[Attempt] = deque()  # ids handed to this worker not begun yet (batched: and retries)
+        self.alone: deque[Attempt] = deque()  # ids a worker died on in this run: spoken one at a time
+        self.in_flight: set[str] = set()  # ids begun and not yet recorded
+        self.wanting = False  # asked the slot for more, no answer yet
+        self.starved = False  # the slot had nothing: ask again only once idle
+        self.asking = True  # False while a piece is spoken by hand (run_piece): ask the slot for nothing
+        self.stopping = False
 
     def send(self, message) -> None:
         self.conn.send(message)
 
     def serve(self) -> None:
         self.build("start")
-        self.send(Ready(self.args.wid))
-        while True:
-            message = self.conn.recv()
-            if isinstance(message, Stop):
+        self.send(Ready(self.args.wid, self.startup))
+        self.wanting = True  # Ready asks for the first piece
+        while not self.stopping:
+            self.refill()
+            if self.stopping:
                 return
             try:
-                self.run_piece(message)
+                self.speak_some()
             except OSError as exc:
                 if not is_disk_full(exc):
                     raise
-                self.stop_for_full_disk(message.shard, exc)
+                self.stop_for_full_disk(exc)
                 return
 
-    def stop_for_full_disk(self, shard: str, exc: OSError) -> None:
+    def run_piece(self, piece: SpeakPiece) -> None:
+        """Speak one piece to its end and ask the slot for nothing more (a worker driven by hand)."""
+        self.add_piece(piece)
+        self.asking = False
+        try:
+            while self.queue or self.alone:
+                self.speak_some()
+        finally:
+            self.asking = True
+
+    def speak_some(self) -> None:
+        """The queue's utterances: batched until it runs dry, or the next one alone."""
+        if can_batch(self.backend):
+            speak_batched(self)
+            return
+        item = (self.alone or self.queue).popleft()
+        self.speak(item.shard, item.segment, item.attempt - 1)
+
+    def stop_for_full_disk(self, exc: OSError) -> None:
         """A full disk is no utterance's fault: record no failure, tell the slot, and stop.
 
         The failed write cleaned up after itself (write_atomic, append_line), so what is on disk
         is as it was before it.
         """
-        log.error("%s: %s; stopping, nothing recorded as failed", shard, disk_full_text(exc))
-        self.send(DiskFull(shard, disk_full_text(exc)))
+        log.error("%s; stopping, nothing recorded as failed", disk_full_text(exc))
+        self.send(DiskFull(disk_full_text(exc)))
+
+    # -- the slot's messages ---------------------------------------------------------------
+    def low_water(self) -> int:
+        """Ask for more while this many ids are still queued: a batched worker's rows never wait."""
+        rows = getattr(self.backend, "batch_rows", 1) if can_batch(self.backend) else 1
+        return rows // 2
+
+    def refill(self) -> None:
+        """Read what the slot said; ask for more when the queue runs low; with nothing left, wait for an answer.
+
+        The slot answers a busy worker at once (a piece, or Nothing); an idle one it may keep
+        waiting while it asks another worker to hand ids back, or until it says Stop.
+        """
+        while self.conn.poll():
+            self.take(self.conn.recv())
+        if not self.asking:
+            return
+        idle = not self.queue and not self.alone and not self.in_flight
+        if not self.wanting and len(self.queue) <= self.low_water() and (idle or not self.starved):
+            self.send(Want())
+            self.wanting = True
+        while self.wanting and not self.queue and not self.alone and not self.stopping:
+            self.take(self.conn.recv())
+
+    def take(self, message) -> None:
+        if isinstance(message, SpeakPiece):
+            self.add_piece(message)
+        elif isinstance(message, Nothing):
+            self.wanting, self.starved = False, True
+        elif isinstance(message, HandBack):
+            self.hand_back(message.count)
+        elif isinstance(message, Stop):
+            self.wanting, self.stopping = False, True
+
+    def add_piece(self, piece: SpeakPiece) -> None:
+        """Queue a piece's ids in plan order; those a worker died on are spoken alone."""
+        self.own_files(piece.shard)
+        by_id = self.segments(piece.shard)
+        for uid in piece.ids:
+            crashes = piece.crashes.get(uid, 0)
+            (self.alone if crashes else self.queue).append(Attempt(by_id[uid], crashes + 1, shard=piece.shard))
+        self.wanting = self.starved = False
+
+    def hand_back(self, count: int) -> None:
+        """Give the slot up to `count` queued ids not begun yet, from the end of the queue."""
+        back = [item for item in reversed(self.queue) if not item.started][:count]
+        for item in back:
+            self.queue.remove(item)
+        self.send(Returned(tuple(item.segment["id"] for item in reversed(back))))
+
+    def segments(self, shard: str) -> dict[str, dict]:
+        if shard not in self.shard_rows:
+            if len(self.shard_rows) >= 4:  # pieces come from a shard or two at a time
+                self.shard_rows.pop(next(iter(self.shard_rows)))
+            self.shard_rows[shard] = {row["id"]: row for row in read_jsonl(self.layout.shard_file(shard))}
+        return self.shard_rows[shard]
 
     # -- the model -------------------------------------------------------------------------
     @property
@@ -103,8 +198,14 @@ class Worker:
         self.context = Context(build_backend(self.config), self.gate, self.layout, self.settings)
         self.since_build = 0
         seconds = time.time() - started
-        log.info("model built (%s) in %.2fs, rss %.0f MiB, gpu %.0f MiB", reason, seconds, rss_mb(), self.gpu_mb())
-        self.send(Built(reason, round(seconds, 3), round(rss_mb(), 1), round(self.gpu_mb(), 1)))
+        phases = dict(getattr(self.backend, "load_phases", {}))
+        phases["other"] = round(max(0.0, seconds - sum(phases.values())), 3)
+        digest = weights_digest(self.backend)
+        log.info("model built (%s) in %.2fs (%s), rss %.0f MiB, gpu %.0f MiB%s", reason, seconds, phase_text(phases),
+                 rss_mb(), self.gpu_mb(), f", weights {digest}" if digest else "")
+        if reason == "start":
+            self.startup.update(phases)
+        self.send(Built(reason, round(seconds, 3), round(rss_mb(), 1), round(self.gpu_mb(), 1), phases, digest))
 
     def release(self) -> None:
         if self.context is not None:
@@ -124,28 +225,7 @@ class Worker:
             return f"gpu {self.gpu_mb():.0f} MiB over {w.max_gpu_mb}"
         return None
 
-    # -- a piece of a shard ----------------------------------------------------------------
-    def run_piece(self, piece: SpeakPiece) -> None:
-        """Speak the ids the slot handed out, in plan order; the slot writes the shard's stats.
-
-        `piece.crashes` counts deaths of a worker on an id during this run: each was an attempt.
-        """
-        shard = piece.shard
-        self.own_files(shard)
-        by_id = self.segments(shard)
-        pending = [by_id[uid] for uid in piece.ids]
-        if can_batch(self.backend):
-            speak_batched(self, shard, pending, piece.crashes)
-        else:
-            for segment in pending:
-                self.speak(shard, segment, piece.crashes.get(segment["id"], 0))
-        self.send(PieceDone(shard, len(pending)))
-
-    def segments(self, shard: str) -> dict[str, dict]:
-        if self.shard_rows[0] != shard:
-            self.shard_rows = (shard, {row["id"]: row for row in read_jsonl(self.layout.shard_file(shard))})
-        return self.shard_rows[1]
-
+    # -- utterances ------------------------------------------------------------------------
     def own_files(self, shard: str) -> None:
         """Cut a torn last line off this worker's files of the shard before its first append.
 
@@ -158,6 +238,7 @@ class Worker:
             self.trimmed.add(shard)
 
     def started(self, uid: str) -> None:
+        self.in_flight.add(uid)  # a retry in a later batch begins the same id again
         self.send(Started(uid))
 
     def speak(self, shard: str, segment: dict, crashes: int) -> None:
@@ -180,7 +261,14 @@ class Worker:
         else:
             append_line(self.layout.failures(shard, self.writer), error)
             self.send(Failed(uid, error["reason"]))
+        self.in_flight.discard(uid)
         self.since_build += 1
+
+
+def weights_digest(backend) -> str:
+    """The backend's digest of its loaded weights, or '' for a backend that keeps none we can read."""
+    digest = getattr(backend, "weights_digest", None)
+    return digest() if digest is not None else ""
 
 
 def release_backend(backend) -> None:

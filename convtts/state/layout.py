@@ -15,7 +15,7 @@ class Layout:
     work/shard-00042.w3.manifest.jsonl     spoken segments, appended by worker 3 of the slot alone
     work/shard-00042.w3.failures.jsonl     its failed attempts (the latest per id, by time, counts)
     work/shard-00042.manifest.jsonl        (older outputs: one writer per shard; still read)
-    work/shard-00042.crashes.jsonl         worker deaths, written by the slot
+    work/shard-00042.crashes.jsonl         worker deaths, written by the slot (a fed slot: shard-00042.<run>-s<rank>.crashes.jsonl)
     work/shard-00042.stats.json            written last: the shard's done marker
     audio/shard-00042/<id>.wav             the audio
     manifest.jsonl, failures.jsonl, conversations.json, summary.json, config.yaml
@@ -61,8 +61,9 @@ class Layout:
     def failure_files(self, shard: str) -> list[Path]:
         return _existing(self.failures(shard), self.work_dir.glob(f"{shard}.*.failures.jsonl"))
 
-    def crashes(self, shard: str) -> Path:
-        return self.work_dir / f"{shard}.crashes.jsonl"
+    def crashes(self, shard: str, writer: str | None = None) -> Path:
+        """A slot's record of worker deaths; a slot fed pieces by the Ray driver keeps its own (`writer`)."""
+        return self.work_dir / (f"{shard}.{writer}.crashes.jsonl" if writer else f"{shard}.crashes.jsonl")
 
     def stats(self, shard: str) -> Path:
         return self.work_dir / f"{shard}.stats.json"

@@ -92,10 +92,26 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+# What follows the pid in this process's temporary names: empty on one machine; a slot fed by the
+# Ray driver gives its workers their host's tag, because pieces of one shard are then written from
+# several nodes, whose pids may be the same (set once, at the start of the process).
+_TEMPORARY_TAG = ""
+
+
+def set_temporary_tag(tag: str) -> None:
+    global _TEMPORARY_TAG
+    _TEMPORARY_TAG = tag
+
+
+def temporary_path(path: Path) -> Path:
+    """The hidden name a file is written under before its rename: `.NAME.tmpPID` (plus the tag)."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}{_TEMPORARY_TAG}")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write under a hidden temporary name, then rename into place: a kill or a full disk never
     leaves half a file under the real name, and a failed write leaves no temporary file either."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
@@ -118,12 +134,6 @@ def is_disk_full(exc: BaseException) -> bool:
 
 def disk_full_text(exc: OSError) -> str:
     return f"{exc.strerror or 'no space left on device'} writing {exc.filename or 'a file'}"
-
-
-def remove_temporaries(layout: Layout, shard: str) -> None:
-    """Delete a shard's half-written files (write_atomic names) left by a worker that was killed."""
-    for tmp in [*layout.audio_dir(shard).glob(".*.tmp*"), *layout.work_dir.glob(f".{shard}.*.tmp*")]:
-        tmp.unlink(missing_ok=True)
 
 
 def _naming(exc: OSError, path: Path) -> None:

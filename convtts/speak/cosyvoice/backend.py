@@ -12,6 +12,7 @@ import numpy as np
 
 from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.config import Config, ConfigError
+from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
@@ -122,28 +123,51 @@ def thread_errors():
         threading.excepthook = previous
 
 
+def weights_checksum(tensors) -> str:
+    """16 hex digits over tensors, each summed as the integers its bits spell: exact, so the same
+    values give the same digest whatever their device, layout or alignment (float sums differ in
+    the last bit with the order of the additions)."""
+    import hashlib
+
+    import torch
+
+    widths = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+    with torch.no_grad():
+        sums = [t.detach().contiguous().reshape(-1).view(widths[t.element_size()]).sum(dtype=torch.int64)
+                for t in tensors if t.numel()]
+        total = torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
+    return hashlib.blake2b(total.numpy().tobytes(), digest_size=8).hexdigest()
+
+
 class CosyVoiceBackend:
     """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
 
     name = "cosyvoice"
 
     def __init__(self, config: Config):
-        import torch
+        clock = LoadClock()
+        self.load_phases = clock.phases  # where the load's time went, for the slot's start-up timeline
+        with clock.phase(IMPORTS):
+            import torch
 
         # One intra-op thread: parallelism comes from worker processes (9 s against 0.38 s per
         # v1 call on 2 cores with torch's default thread count).
         torch.set_num_threads(1)
         self.config = config
         self.cosy = config.tts.cosyvoice
-        self.model = load_model(self.cosy)  # checks the directory before upstream can download
-        self.sample_rate = int(self.model.sample_rate)
         self.uses_cuda = torch.cuda.is_available()
+        if self.uses_cuda:
+            with clock.phase("cuda"):  # the process's CUDA context: the first load pays it
+                torch.empty(1, device="cuda")
+        self.model = load_model(self.cosy, clock)  # checks the directory before upstream can download
+        self.sample_rate = int(self.model.sample_rate)
         self.builtin = set(self.model.list_available_spks())
         # Upstream's frontend serves one caller at a time: the batched engine's look-ahead thread,
         # or upstream's own one-at-a-time path.
         self.frontend_lock = threading.Lock()
         self.frontend = None  # the thread that runs the text frontend of the next utterances
-        self.engine = self._engine()
+        with clock.phase("engine"):
+            self.engine = self._engine()
         self.prompts = prompted_voices(config)
         self.registered = PromptCache(self.model, self.prompts, self.cosy.prompt_cache)
         for voice in config.speakers.voices if not config.speakers.pool else ():
@@ -179,6 +203,14 @@ class CosyVoiceBackend:
         _, rows = choose_layout(1, "cuda" if self.uses_cuda else "cpu", 1, self.config.workers.gpu_mb_per_worker,
                                 self.row_gpu_mb(self.config))
         return rows
+
+    @staticmethod
+    def weight_files(config: Config) -> list[Path]:
+        """The checkpoints a load maps: what the slot reads into the page cache for its workers."""
+        model_dir = Path(config.tts.cosyvoice.model_dir)
+        files = [model_dir / name for name in ("llm.pt", "flow.pt", "hift.pt")]
+        files += sorted((model_dir / "CosyVoice-BlankEN").glob("*.safetensors"))
+        return [path for path in files if path.is_file()]
 
     @staticmethod
     def rows(config: Config) -> int:
@@ -329,6 +361,15 @@ class CosyVoiceBackend:
             table = getattr(inner, attr, None)
             if isinstance(table, dict):
                 table.clear()
+
+    def weights_digest(self) -> str:
+        """16 hex digits over every parameter and buffer of the LLM, flow and vocoder (weights_checksum).
+
+        Workers of a slot load the same files and must hold the same weights; the sums are taken
+        where the weights live (one small transfer), so the digest costs milliseconds on a GPU.
+        """
+        inner = self.model.model
+        return weights_checksum(t for part in (inner.llm, inner.flow, inner.hift) for _, t in sorted(part.state_dict().items()))
 
     def gpu_memory_mb(self, kind: str = "reserved") -> float:
         """torch.cuda's allocated or reserved memory of this process in MiB; 0 without CUDA."""

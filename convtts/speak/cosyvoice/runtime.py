@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from convtts.config import ConfigError, CosyVoiceConfig
+from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock, fast_load, lazy_onnx_sessions, time_upstream_steps
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ def import_runtime(cosy: CosyVoiceConfig):
     check_runtime(cosy)
     go_offline()
     provide_tn_from_wetext()
+    import_inflect_unchecked()
     if root is not None:
         loaded = sys.modules.get("cosyvoice")
         if loaded is not None and not _inside(loaded, root):
@@ -88,6 +90,31 @@ def import_runtime(cosy: CosyVoiceConfig):
     if root is not None and not _inside(sys.modules["cosyvoice"], root):
         raise ConfigError(f"cosyvoice was imported from {_origin(sys.modules['cosyvoice'])}, not from {root}")
     return module
+
+
+def import_inflect_unchecked() -> None:
+    """Import inflect (the frontend's number speller) without typeguard's argument checks.
+
+    inflect 7 wraps its methods in typeguard's @typechecked, which rewrites each one's code as the
+    module loads: 4.4 s of a worker's start on 2 cores, 0.15 s without (the checks only guard the
+    types of its arguments, which upstream passes right). typeguard itself skips them under -O.
+    """
+    if "inflect" in sys.modules or importlib.util.find_spec("inflect") is None:
+        return
+    try:
+        import typeguard
+    except ImportError:
+        return
+    checked = typeguard.typechecked
+
+    def unchecked(target=None, **options):
+        return target if target is not None else (lambda function: function)
+
+    typeguard.typechecked = unchecked
+    try:
+        importlib.import_module("inflect")
+    finally:
+        typeguard.typechecked = checked
 
 
 def _origin(module) -> str:
@@ -199,12 +226,17 @@ def constructor_kwargs(cls, cosy: CosyVoiceConfig) -> dict:
     return kwargs
 
 
-def load_model(cosy: CosyVoiceConfig):
-    """Construct the upstream model object for `cosy.model_dir` (CosyVoice, CosyVoice2 or CosyVoice3)."""
+def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None):
+    """Construct the upstream model object for `cosy.model_dir` (CosyVoice, CosyVoice2 or CosyVoice3).
+
+    `clock` gets the seconds of each phase: imports, modules, frontend, weights (convtts.speak.cosyvoice.loading).
+    """
+    clock = clock or LoadClock()
     # Checked before the import and before the constructor: upstream calls ModelScope's
     # snapshot_download for any model_dir that does not exist.
     version = check_model_dir(cosy)
-    module = import_runtime(cosy)
+    with clock.phase(IMPORTS):
+        module = import_runtime(cosy)
     cls = getattr(module, CLASS_NAME[version], None)
     if cls is None:
         raise ConfigError(
@@ -220,8 +252,11 @@ def load_model(cosy: CosyVoiceConfig):
         _load_backbone_in_fp32()
         _decode_steps_see_the_whole_cache()
         _read_prompts_with_soundfile()
+    time_upstream_steps(module)
+    lazy_onnx_sessions(sys.modules.get("cosyvoice.cli.frontend"))
     model_dir = str(Path(cosy.model_dir).resolve())
-    model = cls(model_dir, **constructor_kwargs(cls, cosy))
+    with fast_load(clock):
+        model = cls(model_dir, **constructor_kwargs(cls, cosy))
     log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
     return model
 
@@ -335,12 +370,13 @@ _NORMALIZERS: dict = {}
 
 
 def _share_text_normalizers() -> None:
-    """Build each text normaliser once per process, not at every model load.
+    """Build each text normaliser once per process, when first used, not at every model load.
 
     Upstream's frontend constructs ZhNormalizer(..., overwrite_cache=True) in every constructor:
     10 s of FST building per load (and per rebuild), written into the installed package's
     directory, which several workers then rewrite at once. The normalisers hold no per-utterance
-    state, so one instance per argument set serves every later load in the process.
+    state, so one instance per argument set serves every later load in the process; and it is
+    built at its first normalize(), so a worker speaking English never builds the Chinese one.
     """
     frontend = sys.modules.get("cosyvoice.cli.frontend")
     for name in ("ZhNormalizer", "EnNormalizer"):
@@ -355,20 +391,36 @@ def _shared(cls):
     except (TypeError, ValueError):  # no introspectable signature: pass the arguments through
         takes_cache_dir = False
 
+    def make(args, kwargs):
+        if not (kwargs.get("overwrite_cache") and takes_cache_dir and "cache_dir" not in kwargs):
+            return cls(*args, **kwargs)
+        # Rebuilt from the grammar either way: write the throwaway copy to a private
+        # directory instead of the shared package directory (read-only or raced).
+        scratch = tempfile.mkdtemp(prefix="convtts-tn-")
+        try:
+            return cls(*args, cache_dir=scratch, **kwargs)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
     def build(*args, **kwargs):
         key = (cls, args, tuple(sorted(kwargs.items())))
         if key not in _NORMALIZERS:
-            if not (kwargs.get("overwrite_cache") and takes_cache_dir and "cache_dir" not in kwargs):
-                _NORMALIZERS[key] = cls(*args, **kwargs)
-            else:
-                # Rebuilt from the grammar either way: write the throwaway copy to a private
-                # directory instead of the shared package directory (read-only or raced).
-                scratch = tempfile.mkdtemp(prefix="convtts-tn-")
-                try:
-                    _NORMALIZERS[key] = cls(*args, cache_dir=scratch, **kwargs)
-                finally:
-                    shutil.rmtree(scratch, ignore_errors=True)
+            _NORMALIZERS[key] = _FirstUse(lambda: make(args, kwargs))
         return _NORMALIZERS[key]
 
     build.convtts_shared = True
     return build
+
+
+class _FirstUse:
+    """An object built at the first use of one of its attributes (normalize)."""
+
+    def __init__(self, make):
+        self._make, self._made = make, None
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._made is None:
+            self._made = self._make()
+        return getattr(self._made, name)

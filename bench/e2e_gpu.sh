@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# End to end against steady state on a GPU machine, in one call: install the carried wheels (and
+# Ray, when bench/fetch_ray.sh packed it), write the full-size random CosyVoice-300M-SFT, then run
+# bench/e2e.py: the README's command on N real short-turn conversations, with its steady state and
+# its start-up timeline. Figures (e2e.json, e2e.txt) and the slots' logs land in $OUT (else bench/results/e2e).
+#
+#   bash bench/e2e_gpu.sh                                      # one GPU: 300 conversations, run_all.sh
+#   CONVERSATIONS=1000 ENGINES=both bash bench/e2e_gpu.sh      # several GPUs: run_all.sh, then --engine ray
+#
+# Knobs: CONVERSATIONS [300], ENGINES [bash | ray | both], WHEELS [.whl], SETUP [1; 0 skips the
+# install and the model on a machine already set up], WORK [/tmp/convtts-e2e-<engines>-<N>: must not exist],
+# MODEL [/tmp/cv300m], GPUS [every GPU; cpu:N for a dry run on a CPU machine, with SETUP=0 and a tiny MODEL].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-bench/results/e2e}"
+count="${CONVERSATIONS:-300}" engines="${ENGINES:-bash}" model="${MODEL:-/tmp/cv300m}"
+work="${WORK:-/tmp/convtts-e2e-$engines-$count}"
+mkdir -p "$out"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
+if [[ "${SETUP:-1}" != 0 ]]; then
+  started=$SECONDS
+  MODEL_SIZE=full bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$model"
+  echo "setup done in $((SECONDS - started)) s"
+fi
+rc=0
+gpus=(); [[ -n "${GPUS:-}" ]] && gpus=(--gpus "$GPUS")
+python3 bench/e2e.py --model-dir "$model" --conversations "$count" --engine "$engines" --work "$work" "${gpus[@]}" \
+  --out "$out/e2e-$engines-$count.json" | tee "$out/e2e-$engines-$count.txt" || rc=$?
+for log in "$work"/log-*/*/*/slot-?.log "$work"/log-*/*/*/driver.log; do  # start-up lines, hand-backs, rebuilds
+  [[ -f "$log" ]] && cp "$log" "$out/$(basename "$(dirname "$(dirname "$(dirname "$log")")")")-$(basename "$log")"
+done
+exit $rc

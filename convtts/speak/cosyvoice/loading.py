@@ -1,0 +1,185 @@
+"""How a CosyVoice model loads quickly in a worker: each phase timed, no work the weights overwrite or the voices never use.
+
+Upstream's constructor builds every module with random weights, reads each checkpoint into memory
+and copies it over them, and opens two ONNX sessions in the frontend. On a full-size
+CosyVoice-300M (CPU, 2 cores) the random fills took 7 of its 28 s; the Chinese text normaliser of
+WeTextProcessing another 10 (wetext, on the GPU machines, is quick). What this module changes,
+inside one load only:
+
+- modules are built with zero fills instead of random ones (load_state_dict overwrites every
+  parameter, strict for the flow and vocoder; an LLM key a checkpoint lacks is zero, not noise);
+- a checkpoint in torch's zip format is mapped (torch.load(mmap=True)): the weights come from the
+  page cache, which every worker of the node shares and the slot warms (convtts.run.weights), and
+  reach the GPU in one copy;
+- the campplus and speech-tokenizer sessions open when first used: SFT speakers use neither, a
+  zero-shot voice opens them as it registers;
+- text normalisers are built when first used, once per process (see runtime._share_text_normalizers).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+# Phases of a load: seconds by name, in the order they began. The CosyVoice backend adds cuda,
+# engine and the rest; runtime.load_model the ones below.
+IMPORTS, MODULES, FRONTEND, WEIGHTS = "imports", "modules", "frontend", "weights"
+_RANDOM_FILLS = ("uniform_", "normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
+                 "trunc_normal_", "orthogonal_")
+_MODEL_LOADERS = ("load", "load_jit", "load_trt", "load_vllm")
+
+_clock: "LoadClock | None" = None  # the load under way in this process, for the timed upstream steps
+
+
+class LoadClock:
+    """Seconds spent in each phase of one model load."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self.active: set[str] = set()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if name in self.active:  # an upstream step that calls another of its kind (super().load)
+            yield
+            return
+        started = time.time()
+        self.active.add(name)
+        try:
+            yield
+        finally:
+            self.active.discard(name)
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.time() - started, 3)
+
+
+@contextlib.contextmanager
+def fast_load(clock: LoadClock):
+    """Around upstream's constructor: its steps timed into `clock`, zero fills, mapped checkpoints."""
+    global _clock
+    _clock = clock
+    try:
+        with _zero_fills(), _mapped_checkpoints():
+            yield
+    finally:
+        _clock = None
+
+
+def time_upstream_steps(module) -> None:
+    """Time the constructor's steps: building modules (hyperpyyaml), the frontend, the weights."""
+    if not getattr(module.load_hyperpyyaml, "convtts_timed", False):
+        module.load_hyperpyyaml = _timed(module.load_hyperpyyaml, MODULES)
+    if not getattr(module.CosyVoiceFrontEnd, "convtts_timed", False):
+        module.CosyVoiceFrontEnd = _timed(module.CosyVoiceFrontEnd, FRONTEND)
+    models = importlib.import_module("cosyvoice.cli.model")
+    for cls in vars(models).values():
+        if not isinstance(cls, type) or cls.__module__ != models.__name__:
+            continue
+        for name in _MODEL_LOADERS:
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "convtts_timed", False):
+                setattr(cls, name, _timed(method, WEIGHTS))
+
+
+def _timed(step, phase: str):
+    def timed(*args, **kwargs):
+        if _clock is None:
+            return step(*args, **kwargs)
+        with _clock.phase(phase):
+            return step(*args, **kwargs)
+
+    timed.convtts_timed = True
+    timed.__wrapped__ = step
+    return timed
+
+
+@contextlib.contextmanager
+def _zero_fills():
+    """torch.nn.init's random fills write zeros instead: a memset, where the random numbers took
+    seconds, for weights the checkpoint then overwrites."""
+    import torch
+    import torch.nn.init as init
+
+    def zero(tensor, *args, **kwargs):
+        with torch.no_grad():
+            return tensor.zero_()
+
+    saved = {name: getattr(init, name) for name in _RANDOM_FILLS if hasattr(init, name)}
+    for name in saved:
+        setattr(init, name, zero)
+    try:
+        yield
+    finally:
+        for name, fill in saved.items():
+            setattr(init, name, fill)
+
+
+@contextlib.contextmanager
+def _mapped_checkpoints():
+    """torch.load maps a zip-format checkpoint file instead of reading it (legacy files are read).
+
+    The model's own checkpoints (the weights phase: upstream's load, which moves each module to
+    the device after load_state_dict) stay on the CPU: the mapped pages are copied into the
+    modules and go to the GPU once, where mapping them to the GPU first sent them there, back to
+    the CPU modules and there again, and left the state dict's copy in torch's GPU cache.
+    """
+    import torch
+
+    load = torch.load
+
+    def mapped_load(f, *args, **kwargs):
+        if "mmap" not in kwargs and isinstance(f, (str, Path)) and zipfile.is_zipfile(f):
+            kwargs["mmap"] = True
+            if not args and _clock is not None and WEIGHTS in _clock.active:
+                kwargs["map_location"] = "cpu"
+        return load(f, *args, **kwargs)
+
+    torch.load = mapped_load
+    try:
+        yield
+    finally:
+        torch.load = load
+
+
+def lazy_onnx_sessions(frontend_module) -> None:
+    """The frontend's onnxruntime sessions open on first use (upstream opens both in its constructor)."""
+    real = getattr(frontend_module, "onnxruntime", None)
+    if real is None or isinstance(real, _LazyOnnx):
+        return
+    frontend_module.onnxruntime = _LazyOnnx(real)
+
+
+class _LazyOnnx:
+    """onnxruntime, as upstream's frontend sees it, whose InferenceSession opens on first use."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def InferenceSession(self, *args, **kwargs):  # noqa: N802 - onnxruntime's own name
+        return LazySession(self._real.InferenceSession, args, kwargs)
+
+
+class LazySession:
+    """An onnxruntime session opened at its first use (get_inputs, run), once."""
+
+    def __init__(self, opener, args: tuple, kwargs: dict):
+        self._opener, self._args, self._kwargs = opener, args, kwargs
+        self._session = None
+        self._lock = threading.Lock()
+
+    @property
+    def opened(self) -> bool:
+        return self._session is not None
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        with self._lock:
+            if self._session is None:
+                self._session = self._opener(*self._args, **self._kwargs)
+        return getattr(self._session, name)
