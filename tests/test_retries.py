@@ -202,11 +202,6 @@ def test_out_of_memory_in_a_batch_halves_the_rows_and_retries_what_was_in_flight
     assert [c["path"] for c in calls(tally)] == ["many", "many"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="batching.speak_batched: once an out-of-memory leaves one row, the queued "
-    "utterances are spoken alone as new ones: their attempts, errors and refused takes are forgotten",
-)
 def test_utterances_keep_their_attempts_when_the_rows_fall_to_one(tmp_path, monkeypatch, tally):
     monkeypatch.setenv("CONVTTS_TEST_ROWS", "2")
     worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")

@@ -14,29 +14,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from convtts.run.utterance import (
-    Context, Host, check_audio, failure_row, note_error, quality_failure_row, respeak, write_take,
+    Attempt, Context, Host, check_audio, failure_row, note_error, quality_failure_row, respeak, write_take,
 )
 from convtts.speak.base import OutOfMemory, SynthesisError
 from convtts.state.shardio import is_disk_full
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Attempt:
-    segment: dict
-    attempt: int  # the number of the attempt under way
-    errors: list[str] = field(default_factory=list)
-    started: float = 0.0  # 0: not begun (the slot may ask for it back)
-    seed: int = 0
-    refused: list = field(default_factory=list)  # the quality gate's reason for each refused take
-    shard: str = ""  # the shard it belongs to: a batch may hold ids of several
 
 
 class BatchHost(Host, Protocol):
@@ -56,8 +45,7 @@ def speak_batched(host: BatchHost) -> None:
     """Speak the host's queue until it runs dry; rebuilds (every N, memory limits) happen between batches."""
     while True:
         while host.alone:
-            item = host.alone.popleft()
-            host.speak(item.shard, item.segment, item.attempt - 1)
+            host.speak(host.alone.popleft())
         host.refill()
         if not host.queue:
             if host.alone:
@@ -68,8 +56,7 @@ def speak_batched(host: BatchHost) -> None:
             host.build(reason)
         if not can_batch(host.context.backend):  # a rebuild can land on a backend without batching
             while host.queue:
-                item = host.queue.popleft()
-                host.speak(item.shard, item.segment, 0)
+                host.speak(host.queue.popleft())  # each keeps its attempts, errors and refused takes
             return
         run_batch(host, host.queue)
 
@@ -121,7 +108,12 @@ def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception
     # no single utterance is known to be at fault
     log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
     for item in in_flight.values():
-        host.speak(item.shard, item.segment, item.attempt)  # this attempt counts, as a crash would
+        note_error(item.segment["id"], item.attempt, ctx.settings.max_attempts, exc, item.errors)
+        item.attempt += 1  # this attempt counts, as a crash would
+        if item.attempt <= ctx.settings.max_attempts:
+            host.speak(item)
+        else:
+            host.record(item.shard, item.segment["id"], None, failure_row(ctx, item.segment, item.errors, item.attempt - 1))
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -51,6 +51,29 @@ class Context:
     settings: Settings
 
 
+@dataclass
+class Attempt:
+    """An utterance on its way: the attempt under way, the errors and refused takes so far, its shard.
+
+    Both paths carry it, so an utterance moved from a batch to the one-at-a-time path (its rows
+    fell to one, or its batch broke) keeps its count, its errors and its next take's seed.
+    """
+
+    segment: dict
+    attempt: int  # the number of the attempt under way
+    errors: list[str] = field(default_factory=list)
+    started: float = 0.0  # 0: not begun (the slot may ask for it back)
+    seed: int = 0
+    refused: list = field(default_factory=list)  # the quality gate's reason for each refused take
+    shard: str = ""  # the shard it belongs to: a batch may hold ids of several
+
+    @classmethod
+    def after_crashes(cls, segment: dict, crashes: int, shard: str) -> Attempt:
+        """Its first attempt in this process; `crashes` earlier ones killed a worker during this run."""
+        errors = [f"worker process died while speaking it ({crashes}x)"] if crashes else []
+        return cls(segment, crashes + 1, errors, shard=shard)
+
+
 class Host(Protocol):
     """The worker, as the utterance paths see it: its context, model rebuilds, and where results go."""
 
@@ -59,24 +82,22 @@ class Host(Protocol):
     def rebuild_reason(self) -> str | None: ...
     def build(self, reason: str) -> None: ...
     def started(self, uid: str) -> None: ...
-    def speak(self, shard: str, segment: dict, crashes: int) -> None: ...
+    def speak(self, item: Attempt) -> None: ...
     def record(self, shard: str, uid: str, row: dict | None, error: dict | None) -> None: ...
 
 
-def synthesize_with_retries(host: Host, shard: str, segment: dict, crashes: int):
+def synthesize_with_retries(host: Host, item: Attempt):
     """Return (manifest row, None) on success or (None, failure row) after the last attempt or take.
 
-    `crashes` counts earlier attempts on this utterance that killed a worker during this run. An
+    `item` says where the utterance stands (attempts so far, their errors, refused takes). An
     error costs an attempt (workers.max_attempts) and the same take is tried again; a take the
     quality gate refuses costs a re-speak (validate.max_respeaks) and the next take has a new seed.
     """
     from convtts.gate.quality import QualityFailure, take_seed
 
     settings = host.context.settings
-    uid = segment["id"]
-    errors = [f"worker process died while speaking it ({crashes}x)"] if crashes else []
-    refused: list = []  # the gate's QualityFailure for each refused take
-    attempt = crashes + 1
+    shard, segment, uid = item.shard, item.segment, item.segment["id"]
+    errors, refused, attempt = item.errors, item.refused, item.attempt
     while attempt <= settings.max_attempts:
         ctx = host.context  # a new one after a rebuild
         seed = take_seed(settings.seed, uid, len(refused))

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
-from convtts.run.batching import Attempt, can_batch, speak_batched
+from convtts.run.batching import can_batch, speak_batched
 from convtts.run.memory import gpu_mb, rss_mb
 from convtts.run.startup import phase_text
 from convtts.run.messages import (
     Built, DiskFull, Failed, HandBack, Nothing, Ready, Returned, SpeakPiece, Spoken, Started, Stop, Want,
 )
-from convtts.run.utterance import Context, Settings, synthesize_with_retries
+from convtts.run.utterance import Attempt, Context, Settings, synthesize_with_retries
 from convtts.state.layout import Layout
 from convtts.state.shardio import (
     append_line, disk_full_text, drop_torn_tail, is_disk_full, read_jsonl, set_temporary_tag,
@@ -117,8 +117,7 @@ class Worker:
         if can_batch(self.backend):
             speak_batched(self)
             return
-        item = (self.alone or self.queue).popleft()
-        self.speak(item.shard, item.segment, item.attempt - 1)
+        self.speak((self.alone or self.queue).popleft())
 
     def stop_for_full_disk(self, exc: OSError) -> None:
         """A full disk is no utterance's fault: record no failure, tell the slot, and stop.
@@ -168,7 +167,7 @@ class Worker:
         by_id = self.segments(piece.shard)
         for uid in piece.ids:
             crashes = piece.crashes.get(uid, 0)
-            (self.alone if crashes else self.queue).append(Attempt(by_id[uid], crashes + 1, shard=piece.shard))
+            (self.alone if crashes else self.queue).append(Attempt.after_crashes(by_id[uid], crashes, piece.shard))
         self.wanting = self.starved = False
 
     def hand_back(self, count: int) -> None:
@@ -241,11 +240,11 @@ class Worker:
         self.in_flight.add(uid)  # a retry in a later batch begins the same id again
         self.send(Started(uid))
 
-    def speak(self, shard: str, segment: dict, crashes: int) -> None:
-        uid = segment["id"]
+    def speak(self, item: Attempt) -> None:
+        uid = item.segment["id"]
         self.started(uid)
-        row, error = synthesize_with_retries(self, shard, segment, crashes)
-        self.record(shard, uid, row, error)
+        row, error = synthesize_with_retries(self, item)
+        self.record(item.shard, uid, row, error)
         reason = self.rebuild_reason()
         if reason:
             self.build(reason)
