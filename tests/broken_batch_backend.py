@@ -23,4 +23,7 @@ class BrokenBatchCosyVoice(CosyVoiceBackend):
 
     def _engine(self):
         engine = super()._engine()
-        return BreaksOnce(self.model, engine.max_rows) if engine is not None else None
+        if engine is None:
+            return None
+        # the same engine, built as the backend built it (its precision cast the model's LLM already)
+        return BreaksOnce(self.model, engine.max_rows, engine.precision, engine.options, self.cosy)

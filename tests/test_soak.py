@@ -9,6 +9,7 @@ import importlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,7 +46,8 @@ def test_a_merge_killed_before_its_renames_leaves_nothing_behind_after_the_rerun
     source, out = write_input(tmp_path / "in.json", llava_conversations(1)), tmp_path / "out"
     args = ("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1", "--log-dir", tmp_path / "log")
     assert run_all(*args).returncode == 0
-    for _ in range(50):  # a merge of one conversation takes milliseconds: watch for its files, kill at once
+    deadline = time.time() + 120  # a merge of one conversation takes milliseconds: watch for its files, kill at once
+    while time.time() < deadline:  # until one is caught: about 50 tries on an idle machine, more under load
         merge = subprocess.Popen([sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while merge.poll() is None and not temporary_files(out):
