@@ -227,6 +227,9 @@ class TTSConfig:
         self.cosyvoice.check()
 
 
+START_METHODS = ("auto", "forkserver", "spawn")
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     per_slot: int = 0  # worker processes per device slot; 0 chooses from cores and GPU memory
@@ -239,8 +242,13 @@ class WorkerConfig:
     max_attempts: int = 3  # tries per utterance, a worker crash counting as one
     progress_interval: float = 30.0  # seconds between plain progress lines when not on a terminal
     seed: int = 1234  # base of the per-utterance seed
+    # How a slot starts its workers: forkserver (forked from a process that imported torch and the
+    # runtime once: run/preload.py), spawn (each a fresh interpreter), or auto (forkserver for CosyVoice).
+    start_method: str = "auto"
 
     def check(self) -> None:
+        if self.start_method not in START_METHODS:
+            raise ConfigError(f"workers.start_method must be one of {START_METHODS}, got {self.start_method!r}")
         if self.per_slot < 0 or self.rebuild_every < 0 or self.max_rss_mb < 0 or self.max_gpu_mb < 0:
             raise ConfigError("workers.* counts and limits must not be negative")
         if self.gpu_mb_per_worker < 1 or self.gpu_mb_per_row < 0:

@@ -146,6 +146,27 @@ def worker_pids(group: int) -> list[int]:
     return pids
 
 
+def forked_workers(group: int) -> list[int]:
+    """Workers forked by multiprocessing's forkserver in this process group (the server's children)."""
+    servers = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            same_group = os.getpgid(int(proc.name)) == group
+        except (OSError, ProcessLookupError, ValueError, IndexError):
+            continue
+        if same_group and b"multiprocessing.forkserver" in cmdline:
+            servers[int(proc.name)] = parent
+    return sorted(pid for pid, parent in servers.items() if parent in servers)
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

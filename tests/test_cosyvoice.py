@@ -320,3 +320,33 @@ def test_text_normalisation_served_by_wetext_when_tn_is_missing(tmp_path, model_
     assert "forty two people" in done.stdout and "twelve point five dollars" in done.stdout
     # Same normalised text as WeTextProcessing, so the same tokens and the same audio.
     assert np.array_equal(np.load(tmp_path / "audio.npy"), backend.synthesize(text, "英文女", seed=4))
+
+
+def test_the_speaker_check_reads_the_table_without_torch_and_refuses_what_is_not_one(tmp_path, model_dir):
+    """The up-front check names the model's SFT speakers without importing torch (a fresh process
+    shows it), falls back to torch for the old pickle format, and names a file that is no table."""
+    import torch
+
+    from convtts.speak.cosyvoice.backend import builtin_speakers, table_keys
+
+    probe = ("import sys; from convtts.speak.cosyvoice.backend import builtin_speakers; "
+             f"print(builtin_speakers({str(model_dir)!r}), 'torch' in sys.modules)")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert shown.stdout.strip() == f"{list(SPEAKERS)} False"
+    old = tmp_path / "old"
+    old.mkdir()
+    torch.save({"a": {"embedding": torch.zeros(1, 192)}, "b": {}}, old / "spk2info.pt", _use_new_zipfile_serialization=False)
+    assert table_keys(old / "spk2info.pt") is None and builtin_speakers(str(old)) == ["a", "b"]
+    torch.save([1, 2], old / "spk2info.pt")
+    with pytest.raises(ConfigError, match="does not hold a speaker table"):
+        builtin_speakers(str(old))
+    (old / "spk2info.pt").write_bytes(b"not a table")
+    with pytest.raises(ConfigError, match="cannot read"):
+        builtin_speakers(str(old))
+
+
+def test_workers_start_method_is_checked_up_front():
+    from convtts.config import WorkerConfig
+
+    with pytest.raises(ConfigError, match="workers.start_method must be one of"):
+        WorkerConfig(start_method="fork").check()

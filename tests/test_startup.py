@@ -12,7 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import REPO, assert_complete, llava_conversations, run_all, script_env, wait_for, worker_pids, write_input
+from conftest import (
+    REPO, alive, assert_complete, forked_workers, llava_conversations, parent_of, run_all, script_env, wait_for, worker_pids,
+    write_input,
+)
 
 PACED = ("--set", "tts.backend=paced_backend:PacedTone", "--gpus", "cpu:1")
 
@@ -133,3 +136,38 @@ def files_digest(model_dir: Path) -> str:
         state = {key.replace("generator.", ""): value for key, value in state.items()}  # as upstream loads hift
         tensors += [value for _, value in sorted(state.items())]
     return weights_checksum(tensors)
+
+
+@pytest.mark.cosyvoice
+def test_forked_workers_skip_the_imports_are_replaced_and_die_with_their_slot(tmp_path, tiny_model):
+    """CosyVoice workers fork from a server that imported torch and the runtime once
+    (workers.start_method auto): a killed one is forked again; a slot killed outright takes its
+    server and workers with it; the rerun finishes the job with every id once."""
+    source = write_input(tmp_path / "in.json", llava_conversations(4))
+    out, log = tmp_path / "out", tmp_path / "log"
+    sets = [f"tts.cosyvoice.model_dir={tiny_model}", "tts.cosyvoice.batch_size=1"]
+    command = ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log),
+               "--gpus", "cpu:1", "--workers", "2", "--config", str(REPO / "configs" / "cosyvoice.yaml"),
+               *[x for s in sets for x in ("--set", s)]]
+    run = subprocess.Popen(command, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: len(forked_workers(run.pid)) == 2, timeout=120)
+        first = forked_workers(run.pid)
+        os.kill(first[0], signal.SIGKILL)
+        wait_for(lambda: len(set(forked_workers(run.pid)) - set(first)) == 1, timeout=120)  # forked again
+        wait_for(lambda: list((out / "work").glob("*.manifest.jsonl")), timeout=120)  # speaking
+        workers = forked_workers(run.pid)
+        server = parent_of(workers[0])
+        os.kill(parent_of(server), signal.SIGKILL)  # the slot, not its group
+        wait_for(lambda: not any(alive(pid) for pid in (server, *workers)), timeout=30)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate()
+    rerun = run_all(*command[2:], timeout=600)
+    assert rerun.returncode == 0, rerun.stderr + slot_log(log)
+    assert_complete(out)
+    text = slot_log(log)
+    assert "workers start by forkserver" in text and "died (exit -9)" in text, text
+    ready = [line for line in text.splitlines() if "ready at" in line]
+    assert ready and all("imports 0.0" in line for line in ready), ready  # imported once, in the server

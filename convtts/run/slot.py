@@ -97,7 +97,8 @@ class Slot:
     def start_workers(self) -> None:
         """All K workers at once, before the plan is read: each loads its model meanwhile and speaks
         as soon as it is up. The weight files are read into the page cache for their mapped loads."""
-        self.ctx = _spawn_context()
+        self.ctx = worker_context(self.config)
+        log.info("slot %d: workers start by %s", self.options.rank, self.ctx.get_start_method())
         warm_page_cache(weight_files(self.config), self.options.rank)
         for wid in range(self.options.workers):
             self.start_worker(wid)
@@ -193,7 +194,7 @@ class Slot:
         parent_conn, child_conn = self.ctx.Pipe()
         log_file = f"{self.options.log_dir}/slot-{self.options.rank}-worker-{wid}.log" if self.options.log_dir else None
         args = WorkerArgs(wid, self.options.rank, str(self.layout.root), self.config, self.options.run_id, os.getpid(), log_file,
-                          self.options.writer_prefix, time.time(), self.options.temporary_tag)
+                          self.options.writer_prefix, time.time(), self.options.temporary_tag, self.ctx.get_start_method())
         proc = self.ctx.Process(target=worker_main, args=(args, child_conn), name=f"slot{self.options.rank}-w{wid}", daemon=True)
         proc.start()
         child_conn.close()
@@ -378,11 +379,40 @@ class Slot:
         return EXIT_OK
 
 
-def _spawn_context():
-    """Spawn, never fork (CUDA); the standard library's, so the slot never waits on importing torch."""
+def worker_context(config: Config):
+    """How the workers start (workers.start_method): forked from a server that imported torch and
+    the runtime once (run/preload.py), or spawned, each importing for itself. Never plain fork: a
+    forked copy of a process that may hold CUDA state cannot use CUDA."""
     import multiprocessing
 
-    return multiprocessing.get_context("spawn")
+    from convtts.run import preload
+
+    method = config.workers.start_method
+    if method == "auto":
+        method = "forkserver" if config.tts.backend == "cosyvoice" else "spawn"
+    if method == "forkserver" and not _forkserver_serves(preload.plan(config)):
+        method = "spawn"
+    return multiprocessing.get_context(method)
+
+
+_forkserver_plan: list[str] = []  # what this process's forkserver preloads, once it is set up
+
+
+def _forkserver_serves(wanted: str) -> bool:
+    """Set up the forkserver's preload for `wanted`; False if this platform has no forkserver, or this
+    process's server already runs with another preload (a second slot in one process, as in tests)."""
+    import multiprocessing
+
+    from convtts.run import preload
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    if _forkserver_plan:
+        return _forkserver_plan[0] == wanted
+    os.environ[preload.ENV] = wanted  # the server starts with this process's environment
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["convtts.run.preload"])
+    _forkserver_plan.append(wanted)
+    return True
 
 
 def install_stop_handlers() -> None:

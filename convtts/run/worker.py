@@ -40,12 +40,13 @@ class WorkerArgs:
     writer_prefix: str = ""
     spawned: float = 0.0  # when the slot started this process (time.time())
     temporary_tag: str = ""  # after the pid in this process's temporary file names (fed slots: the host)
+    start_method: str = "spawn"  # how the slot started it: spawn, or forked by the forkserver
 
 
 def worker_main(args: WorkerArgs, conn) -> None:
     """Spawn entry point. Messages in and out: see convtts.run.messages."""
     entered = time.time()
-    _die_with_parent(args.parent_pid)
+    _die_with_parent(args.parent_pid, args.start_method)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the slot, which stops us
     setup_logging(args.log_file)
     set_temporary_tag(args.temporary_tag)
@@ -285,11 +286,25 @@ def release_backend(backend) -> None:
         pass
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to kill this worker if its slot dies, so no orphan keeps writing a shard."""
+def _die_with_parent(parent_pid: int, start_method: str = "spawn") -> None:
+    """Ask Linux to kill this worker if its parent dies, so no orphan keeps writing a shard.
+
+    The parent is the slot, or under forkserver the slot's server, which exits with the slot.
+    """
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:  # the slot died before the request above took effect
-        os._exit(1)
+    if os.getppid() == parent_pid or (start_method == "forkserver" and _alive(parent_pid)):
+        return
+    os._exit(1)  # the slot died before the request above took effect
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process now has the number
+        return False
+    return True
