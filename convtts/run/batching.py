@@ -132,7 +132,7 @@ def gate_full(ctx: Context, held: list[HeldTake]) -> bool:
     decodes about ten times the tokens of one take, so fuller calls cost less a take: with the tiny
     Whisper on the CPU, 2.5 s takes, 16 windows a batch (bench/whisper_cost.py), 78 ms a take in
     calls of 16 takes, 28 in calls of 64 (the rows of a GPU worker), 19 in calls of 160 (16 full
-    windows); 49 unpacked. By audio, not a count of takes: takes of 30 words fill windows three
+    windows); 49 unpacked (noisy: shared cores; single-threaded under load 74, 41, 19 and 62). By audio, not a count of takes: takes of 30 words fill windows three
     times as fast as takes of 10. (Takes the ASR check will skip count too: an estimate.)"""
     if ctx.gate is None:
         return True
