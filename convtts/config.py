@@ -300,7 +300,13 @@ class ValidateConfig:
     # true: the input is English, every segment of min_asr_words gets the ASR check (no language test;
     # without pocketsphinx's dictionary that test misses about 1 English segment in 6)
     assume_english: bool = False
-    asr_batch: int = 16  # hf-whisper: takes recognised at once (the batched path judges its takes in groups of this)
+    # hf-whisper: 30 s windows recognised at once: with asr_pack, each holds as many takes as fit
+    # (the batched path holds finished takes until they fill this many); without, one take each
+    asr_batch: int = 16
+    # hf-whisper: pack short takes, in order and 0.5 s apart, into shared 30 s windows (Whisper pads
+    # every window to 30 s: a 2.5 s take alone costs the encoder as much as 30 s); the gate shares
+    # each window's transcript out among its takes by aligning it to their joined texts
+    asr_pack: bool = True
     asr_precision: str = "bf16"  # hf-whisper on CUDA: bf16 | fp16 | fp32 (always fp32 on the CPU)
     asr_device: str = "auto"  # hf-whisper: auto (the worker's GPU if it has one) | cuda | cpu
 

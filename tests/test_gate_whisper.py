@@ -15,8 +15,8 @@ import pytest
 
 from conftest import read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
-from convtts.gate.quality import QualityFailure, Take, open_gate, take_seed
-from convtts.gate.whisper import RATE, WINDOW, TransformersWhisper, token_limit
+from convtts.gate.quality import QualityFailure, Take, open_gate, split_heard, take_seed
+from convtts.gate.whisper import RATE, WINDOW, TransformersWhisper, pack_takes, token_limit
 from convtts.testing.whisper_model import build_whisper_dir
 
 BASE_SEED = 1234  # workers.seed's default
@@ -73,6 +73,68 @@ def test_batched_transcripts_are_generates_one_at_a_time(recogniser):
     assert recogniser.transcribe(takes[2]) == batched[2]
 
 
+@pytest.mark.parametrize("seconds, windows", [
+    ([2.5] * 10, [list(range(10))]),  # 10 x 2.5 s and 9 gaps of 0.5 s: 29.5 s, one window
+    ([2.5] * 11, [list(range(10)), [10]]),
+    ([10, 10, 10], [[0, 1], [2]]),  # 10 + 0.5 + 10 + 0.5 + 10 is over 30 s
+    ([29.6, 0.5], [[0], [1]]),
+    ([2, 34, 2, 2], [[0], [1], [2, 3]]),  # over 30 s: alone, and the next take opens a new window
+    ([30, 1], [[0], [1]]),
+])
+def test_takes_are_packed_in_order_into_30_second_windows(seconds, windows):
+    assert pack_takes([round(s * RATE) for s in seconds]) == windows
+
+
+def test_packed_windows_hold_every_take_once_in_order(recogniser):
+    """Eleven takes packed into five windows (three a batch): each window's takes follow on from the last
+    window's, a take over 30 s is alone in its window, and a take alone in its window is heard as it
+    is unpacked (the gap after it and Whisper's own padding are the same silence)."""
+    seconds = (2.0, 0.6, 5.5, 9.0, 1.2, 3.3, 7.1, 34.0, 20.0, 12.0, 2.5)
+    takes = [noise(s, seed) for seed, s in enumerate(seconds)]
+    packed = recogniser.transcribe_many(takes, pack=True)
+    assert [list(window.takes) for window in packed] == pack_takes([len(t) for t in takes])
+    assert [n for window in packed for n in window.takes] == list(range(len(takes)))
+    assert [list(window.takes) for window in packed] == [[0, 1, 2, 3, 4, 5], [6], [7], [8], [9, 10]]
+    assert all(window.text for window in packed)
+    unpacked = recogniser.transcribe_many(takes)
+    assert [window.text for window in packed[1:4]] == unpacked[6:9]
+
+
+def test_a_packed_take_is_judged_on_its_own_words(whisper_dir, recogniser):
+    """The gate packs three takes into one window and transcribes it for real; the texts are made from
+    what the tiny random model hears there (its words are random), so the middle take's text is
+    words the window does not hold: that take is refused (WER 1: it was not heard) and re-spoken,
+    its neighbours pass with WER 0, each marked with the takes its window held."""
+    gate = open_gate(gate_config(whisper_dir, "validate.assume_english=true", "validate.max_seconds_per_word=100",
+                                 "validate.min_seconds_per_word=0", "validate.max_wer=0.3"))
+    assert gate.packs
+    audio = [noise(s, seed) for seed, s in enumerate((2.0, 3.0, 2.5))]
+    window = recogniser.transcribe_many(audio, pack=True)
+    assert len(window) == 1 and window[0].takes == (0, 1, 2)
+    words = window[0].text.split()
+    cut = len(words) // 2
+    texts = [" ".join(words[:cut]), "Seven purple engines hum quietly.", " ".join(words[cut:])]
+    assert split_heard([t.lower().split() for t in texts], [w.lower() for w in words])[1] == []
+
+    verdicts = gate.judge_many([Take(a, RATE, text, f"u{n}") for n, (a, text) in enumerate(zip(audio, texts))])
+    bad = verdicts[1]
+    assert isinstance(bad, QualityFailure) and bad.check == "wer" and str(bad) == "wer 1 > 0.3"
+    assert bad.scores["heard"] == "" and bad.scores["asr_packed"] == 3
+    for verdict in (verdicts[0], verdicts[2]):
+        assert verdict["wer"] == 0 and verdict["asr_packed"] == 3 and verdict["heard"]
+    assert take_seed(BASE_SEED, "u1", 1) != take_seed(BASE_SEED, "u1", 0)  # the re-spoken take's new seed
+
+
+def test_the_gate_holds_takes_until_they_fill_its_windows(whisper_dir, recogniser):
+    """The batched path judges its held takes once they open the asr_batch-th window (packing), or
+    once asr_batch of them are held (not packing)."""
+    packing = open_gate(gate_config(whisper_dir, "validate.asr_batch=2"))
+    assert not packing.batch_full([2.5] * 10) and packing.batch_full([2.5] * 11)
+    assert packing.batch_full([40.0]) is False and packing.batch_full([40.0, 1.0])
+    alone = open_gate(gate_config(whisper_dir, "validate.asr_batch=2", "validate.asr_pack=false"))
+    assert not alone.packs and not alone.batch_full([2.5]) and alone.batch_full([2.5, 2.5])
+
+
 def test_decoding_is_bounded_by_the_audio_duration(recogniser):
     """A random decoder never says end-of-text: each row stops at its own bound, 7 tokens a second and 10 more."""
     import torch
@@ -105,10 +167,12 @@ def test_gate_judges_takes_together_with_the_batched_recogniser(whisper_dir, rec
         assert verdict["asr"] == "hf-whisper" and verdict["heard"] and verdict["wer"] > 0.6
         assert verdict["gate_seconds"] > 0
     assert verdicts[0]["heard"] != verdicts[3]["heard"]
+    assert verdicts[0]["asr_packed"] == verdicts[3]["asr_packed"] == 2  # a and d shared a window
 
     strict = dataclasses.replace(gate, cfg=dataclasses.replace(gate.cfg, max_wer=0.6))
     refused = strict.judge_many([Take(speechlike[0], rate, text, "a")])[0]
     assert isinstance(refused, QualityFailure) and refused.check == "wer" and refused.scores["asr"] == "hf-whisper"
+    assert "asr_packed" not in refused.scores  # one take is heard alone
 
 
 @pytest.mark.parametrize("missing, message", [("config.json", "missing config.json"),
@@ -122,7 +186,7 @@ def test_a_checkpoint_missing_a_file_is_refused_up_front(tmp_path, whisper_dir, 
     (copy / missing).unlink()
     with pytest.raises(ConfigError, match=re.escape(message)):
         gate_config(copy)
-    for bad in ("validate.asr_precision=int8", "validate.asr_batch=0", "validate.asr_device=tpu"):
+    for bad in ("validate.asr_precision=int8", "validate.asr_batch=0", "validate.asr_device=tpu", "validate.asr_pack=2"):
         with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0])):
             gate_config(whisper_dir, bad)
 
@@ -132,7 +196,7 @@ def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, w
     """A real run: Piper spoken through synthesize_many, the takes judged in groups by the hf-whisper gate.
     A silent first take is re-spoken with the next seed and kept; an id silent on every take is a
     failure row; every kept row carries the recogniser's transcript and WER (max_wer is set high: a
-    random Whisper hears random words)."""
+    random Whisper hears random words), and the takes judged together shared windows."""
     source = write_input(tmp_path / "in.json", CONVERSATIONS)
     out = tmp_path / "out"
     result = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1",
@@ -148,22 +212,25 @@ def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, w
     for uid, row in rows.items():
         assert row["seed"] == take_seed(BASE_SEED, uid, row["respeaks"])
         assert row["quality"]["asr"] == "hf-whisper" and row["quality"]["heard"] and row["quality"]["wer"] > 0
+    assert max(row["quality"].get("asr_packed", 0) for row in rows.values()) > 1
     failed = [f for f in read_jsonl(out / "failures.jsonl") if f["status"] == "failed"]
     assert [(f["id"], f["check"], f["respeaks"]) for f in failed] == [("garage-000-00", "silence", 1)]
     logs = "".join(p.read_text() for p in (tmp_path / "log").rglob("*.log"))
-    assert "quality gate on (recogniser hf-whisper, 4 takes at a time)" in logs
+    assert "quality gate on (recogniser hf-whisper, 4 windows of packed takes at a time)" in logs
     assert "Whisper from" in logs and "on cpu in float32" in logs
 
 
 def test_gpu_memory_a_worker_adds_for_its_recogniser(whisper_dir, recogniser):
-    """The slot sizes its workers with it: weights at asr_precision from the safetensors headers, plus a batch's activations."""
+    """The slot sizes its workers with it: weights at asr_precision from the safetensors headers, plus a
+    batch's activations and caches, per window."""
     from convtts.gate.whisper import checkpoint_parameters, recogniser_gpu_mb
 
     parameters = sum(p.numel() for p in recogniser.model.parameters())
     assert checkpoint_parameters(whisper_dir) == parameters
-    per_take = 2 * 1500 * 2 * (1 * 64 + 128)  # bf16, 1500 frames: 1 decoder layer of 64, an encoder FFN of 128
+    # bf16, 1500 frames and 448 tokens: 1 decoder layer of 64, an encoder FFN of 128
+    per_window = 2 * 2 * (1500 * (1 * 64 + 128) + 448 * 1 * 64)
     config = gate_config(whisper_dir)
-    assert recogniser_gpu_mb(config) == round((parameters * 2 + 16 * per_take) / 2**20)
+    assert recogniser_gpu_mb(config) == round((parameters * 2 + 16 * per_window) / 2**20)
     assert recogniser_gpu_mb(dataclasses.replace(config, asr_device="cpu")) == 0
     assert recogniser_gpu_mb(dataclasses.replace(config, recogniser="pocketsphinx", model_path="")) == 0
 

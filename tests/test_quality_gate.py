@@ -20,7 +20,8 @@ import pytest
 from conftest import assert_complete, need, read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import (
-    QualityFailure, english_lexicon, looks_english, open_gate, spoken_words, take_seed, word_error_rate,
+    QualityFailure, align_words, english_lexicon, looks_english, open_gate, split_heard, spoken_words, take_seed,
+    word_error_rate,
 )
 
 BASE_SEED = 1234  # workers.seed's default
@@ -89,6 +90,41 @@ def test_word_error_rate_counts_substitutions_deletions_insertions():
     assert word_error_rate("a b c d".split(), "a x c".split()) == 0.5  # one substitution, one deletion
     assert word_error_rate("a b".split(), "a b c d".split()) == 1.0  # two insertions
     assert word_error_rate([], []) == 0
+
+
+def test_word_alignment_pairs_deletes_and_inserts_in_order():
+    assert align_words("a b c".split(), "a x c d".split()) == [(0, 0), (1, 1), (2, 2), (None, 3)]
+    assert align_words("a b c".split(), "a c".split()) == [(0, 0), (1, None), (2, 1)]
+    assert align_words("a b".split(), "b a b".split()) == [(None, 0), (0, 1), (1, 2)]
+    assert align_words("a b".split(), []) == [(0, None), (1, None)]
+    assert align_words([], "x y".split()) == [(None, 0), (None, 1)]
+    assert align_words([], []) == []
+
+
+PACKED = [["the", "cat", "sat"], ["on", "a", "mat"], ["by", "the", "door"]]  # three takes' words, one window
+
+
+@pytest.mark.parametrize("heard, shares", [
+    ("the cat sat on a mat by the door", ["the cat sat", "on a mat", "by the door"]),
+    ("the cat sat by the door", ["the cat sat", "", "by the door"]),  # the middle take unheard: all deleted
+    ("um the cat sat uh er on a mat by the door", ["um the cat sat uh er", "on a mat", "by the door"]),  # babble
+    ("the cat sad in a mat by the door", ["the cat sad", "in a mat", "by the door"]),  # substitutions at a boundary
+    ("the cat sat seven purple engines hum by the door", ["the cat sat", "seven purple engines hum", "by the door"]),
+    ("seven purple engines hum on a mat by the door", ["seven purple engines hum", "on a mat", "by the door"]),
+    ("the cat sat uh by the door", ["the cat sat", "uh", "by the door"]),
+    ("", ["", "", ""]),
+])
+def test_a_packed_windows_words_are_shared_out_among_its_takes(heard, shares):
+    """Each take gets the heard words aligned to its own: a take said wrong, or not at all, takes the
+    blame (WER 1), and its good neighbours keep what they said (WER 0 here, or the babble beside them)."""
+    assert split_heard(PACKED, heard.split()) == [share.split() for share in shares]
+
+
+def test_a_packed_takes_wer_is_its_own():
+    shares = split_heard(PACKED, "the cat sat by the door".split())
+    assert [word_error_rate(words, share) for words, share in zip(PACKED, shares)] == [0, 1.0, 0]
+    shares = split_heard(PACKED, "the cat sat seven purple engines hum by the door".split())
+    assert [word_error_rate(words, share) for words, share in zip(PACKED, shares)] == [0, 4 / 3, 0]
 
 
 def test_take_seeds_differ_per_take_and_repeat_per_id():
@@ -171,6 +207,7 @@ def test_asr_share_samples_ids_deterministically(voice_and_gate):
     ("validate.recogniser=faster-whisper", "validate.model_path is required"),
     ("validate.model_path=/x.pt", "only for the Whisper recognisers"),
     ("validate.max_respeak=2", "did you mean 'max_respeaks'"),
+    ("validate.asr_pack=maybe", "validate.asr_pack must be true or false"),
 ])
 def test_validate_config_is_checked_up_front(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -129,6 +129,49 @@ def word_error_rate(reference: list[str], heard: list[str]) -> float:
     return previous[-1] / len(reference)
 
 
+def align_words(reference: list[str], heard: list[str]) -> list[tuple[int | None, int | None]]:
+    """A least-cost word alignment (the edit distance's backtrace), in order: (i, j) pairs reference
+    word i with heard word j (the same word or a substitution), (i, None) is a deleted reference word,
+    (None, j) an inserted heard word. On a tie, walking back from the end, an insertion is taken
+    first, then a pair: surplus heard words sit after the reference words they follow, so a take
+    that says more words than it should keeps them (split_heard), rather than its neighbour before."""
+    cost = [list(range(len(heard) + 1))]
+    for i, ref in enumerate(reference, 1):
+        row = [i]
+        for j, hyp in enumerate(heard, 1):
+            row.append(min(cost[i - 1][j] + 1, row[j - 1] + 1, cost[i - 1][j - 1] + (ref != hyp)))
+        cost.append(row)
+    path: list[tuple[int | None, int | None]] = []
+    i, j = len(reference), len(heard)
+    while i or j:
+        if j and cost[i][j] == cost[i][j - 1] + 1:
+            j -= 1
+            path.append((None, j))
+        elif i and j and cost[i][j] == cost[i - 1][j - 1] + (reference[i - 1] != heard[j - 1]):
+            i, j = i - 1, j - 1
+            path.append((i, j))
+        else:
+            i -= 1
+            path.append((i, None))
+    return path[::-1]
+
+
+def split_heard(references: list[list[str]], heard: list[str]) -> list[list[str]]:
+    """A packed window's heard words shared out among its takes (`references`: each take's words, in
+    window order), by aligning them to the takes' joined words: a word paired with a take's word is
+    that take's; an inserted word goes to the take of the nearest reference word before it (the
+    first take at the very start). A take all of whose words were deleted hears nothing."""
+    owner = [number for number, words in enumerate(references) for _ in words]
+    shares: list[list[str]] = [[] for _ in references]
+    take = 0
+    for i, j in align_words([word for words in references for word in words], heard):
+        if i is not None:
+            take = owner[i]
+        if j is not None:
+            shares[take].append(heard[j])
+    return shares
+
+
 # -- audio ----------------------------------------------------------------------------------------
 
 def silence_share(audio: np.ndarray, rate: int, level_db: float) -> float:
@@ -181,6 +224,21 @@ class Gate:
         """Takes worth judging at once: a batched recogniser's batch (validate.asr_batch), else 1."""
         return self.cfg.asr_batch if hasattr(self.recogniser, "transcribe_many") else 1
 
+    @property
+    def packs(self) -> bool:
+        """Whether takes judged together share Whisper's 30 s windows (validate.asr_pack, hf-whisper)."""
+        return self.cfg.asr_pack and hasattr(self.recogniser, "transcribe_many")
+
+    def batch_full(self, seconds: list[float]) -> bool:
+        """Whether takes of these durations are worth a recogniser call: batch_rows of them or, packing,
+        enough to open the asr_batch-th window (the others full: the call's encoder pass is spent on
+        audio, not padding, and its decoding steps, one after the other, on many takes)."""
+        if not self.packs:
+            return len(seconds) >= self.batch_rows
+        from convtts.gate.whisper import pack_takes
+
+        return len(pack_takes([round(s * ASR_RATE) for s in seconds])) >= self.cfg.asr_batch
+
     def judge(self, audio: np.ndarray, rate: int, text: str, uid: str = "") -> dict:
         """The take's scores; raises QualityFailure at the first check it fails (the ASR runs last)."""
         verdict = self.judge_many([Take(audio, rate, text, uid)])[0]
@@ -198,11 +256,11 @@ class Gate:
         verdicts = [self._signal(take) for take in takes]
         asked = [i for i, verdict in enumerate(verdicts) if isinstance(verdict, dict) and self._asr_wanted(takes[i], verdict)]
         started = time.perf_counter()
-        heard = self._transcribe([takes[i] for i in asked])
+        heard, packed = self._transcribe([takes[i] for i in asked])
         share = (time.perf_counter() - started) / max(1, len(asked))
-        for i, text in zip(asked, heard):
+        for i, text, shared in zip(asked, heard, packed):
             verdicts[i]["gate_seconds"] = round(verdicts[i]["gate_seconds"] + share, 4)
-            verdicts[i] = text if isinstance(text, BaseException) else self._scored(takes[i], verdicts[i], text)
+            verdicts[i] = text if isinstance(text, BaseException) else self._scored(takes[i], verdicts[i], text, shared)
         return verdicts
 
     def _signal(self, take: Take):
@@ -237,27 +295,32 @@ class Gate:
             scores["gate_seconds"] = round(scores["gate_seconds"], 4)
         return "asr" not in scores
 
-    def _transcribe(self, takes: list[Take]) -> list:
-        """A transcript (or the error) per take; a batch the recogniser fails on is tried one take at a time."""
+    def _transcribe(self, takes: list[Take]) -> tuple[list, list[int]]:
+        """A transcript (or the error) per take, and how many takes its window held (0: not packed);
+        a batch the recogniser fails on is tried one take at a time."""
         audio = [to_asr_rate(take.audio, take.rate) for take in takes]
         many = getattr(self.recogniser, "transcribe_many", None)
         if many is not None and len(audio) > 1:
             try:
-                return many(audio)
+                heard = many(audio, pack=True) if self.packs else many(audio)
             except Exception as exc:  # e.g. out of GPU memory at this batch size
                 log.warning("the recogniser failed on %d takes at once (%s: %s); trying them one at a time",
                             len(audio), type(exc).__name__, exc)
+            else:
+                return unpack(takes, heard) if self.packs else (heard, [0] * len(audio))
         heard = []
         for samples in audio:
             try:
                 heard.append(self.recogniser.transcribe(samples))
             except Exception as exc:  # this take's: the caller counts it as the utterance's error
                 heard.append(exc)
-        return heard
+        return heard, [0] * len(audio)
 
-    def _scored(self, take: Take, scores: dict, heard: str):
+    def _scored(self, take: Take, scores: dict, heard: str, packed: int = 0):
         scores.update(asr=self.cfg.recogniser, heard=heard[:1000],
                       wer=round(word_error_rate(spoken_words(take.text), spoken_words(heard)), 4))
+        if packed:
+            scores["asr_packed"] = packed
         try:
             self._limit("wer", scores["wer"], self.cfg.max_wer, scores)
         except QualityFailure as bad:
@@ -268,6 +331,22 @@ class Gate:
     def _limit(check: str, figure, limit: float, scores: dict, below: bool = False) -> None:
         if figure is not None and (figure < limit if below else figure > limit):
             raise QualityFailure(check, figure, limit, scores)
+
+
+def unpack(takes: list[Take], windows: list) -> tuple[list[str], list[int]]:
+    """Each take's transcript from the packed windows (whisper.Heard) and how many takes its window
+    held: a take alone keeps its window's transcript, takes packed together share theirs out by
+    split_heard, each then scored on its own words as if heard alone."""
+    heard, packed = [""] * len(takes), [0] * len(takes)
+    for window in windows:
+        if len(window.takes) == 1:
+            shares = [window.text]
+        else:
+            words = split_heard([spoken_words(takes[n].text) for n in window.takes], spoken_words(window.text))
+            shares = [" ".join(share) for share in words]
+        for number, text in zip(window.takes, shares):
+            heard[number], packed[number] = text, len(window.takes)
+    return heard, packed
 
 
 def in_share(uid: str, share: float) -> bool:
@@ -286,6 +365,7 @@ def open_gate(cfg: ValidateConfig) -> Gate | None:
     recogniser = load_recogniser(cfg)
     lexicon = english_lexicon() if recogniser is not None else None
     gate = Gate(cfg, recogniser, lexicon)
-    log.info("quality gate on (recogniser %s, %d takes at a time), loaded in %.2fs", cfg.recogniser,
-             gate.batch_rows, time.time() - started)
+    at_once = f"{gate.batch_rows} windows of packed takes" if gate.packs else f"{gate.batch_rows} takes"
+    log.info("quality gate on (recogniser %s, %s at a time), loaded in %.2fs", cfg.recogniser, at_once,
+             time.time() - started)
     return gate

@@ -2,12 +2,17 @@
 
 A local checkpoint directory (validate.model_path, as released: config.json, model.safetensors,
 generation_config.json, the tokenizer and feature-extractor files); nothing is downloaded. On CUDA
-the weights run in validate.asr_precision (bf16 by default), on the CPU in fp32. Each call turns up
-to validate.asr_batch takes into log-mel features together (on the model's device), runs the
-encoder once for all of them and decodes them together, greedily, as Whisper's own generate() does
-with language en, task transcribe and no timestamps. Each row stops at end-of-text or at a length
-bound taken from its audio's duration, so a take that babbles, or a random-weight decoder, cannot
-run to the model's 448 positions.
+the weights run in validate.asr_precision (bf16 by default), on the CPU in fp32.
+
+Whisper hears 30 s at a time and pads a shorter take to 30 s, so a 2.5 s take costs the encoder
+as much as a 30 s one. With validate.asr_pack (the gate's default) short takes are packed in
+order into shared windows, 0.5 s of silence apart, and the gate shares each window's transcript out
+among its takes (convtts/gate/quality.py: split_heard). Each call turns up to validate.asr_batch
+windows into log-mel features together (on the model's device), runs the encoder once for all of
+them and decodes them together, greedily, as Whisper's own generate() does with language en, task
+transcribe and no timestamps. Each row stops at end-of-text or at a length bound taken from its
+audio's duration (for a packed window, the sum of its takes' bounds), so a take that babbles, or a
+random-weight decoder, cannot run to the model's 448 positions.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +31,7 @@ log = logging.getLogger(__name__)
 
 RATE = 16000
 WINDOW = 30 * RATE  # Whisper hears 30 s at a time; a longer take is cut into windows, their texts joined
+GAP = RATE // 2  # silence between packed takes: the last word of one is not heard running into the next
 TOKENS_PER_SECOND = 7  # about 5 words a second, faster than people speak; 10 more for a short take's tail
 SPARE_TOKENS = 10
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -38,6 +45,28 @@ def token_limit(samples: int, room: int) -> int:
 def windows(audio: np.ndarray) -> list[np.ndarray]:
     """The take in windows of at most 30 s (one, almost always: segments are short)."""
     return [audio[start:start + WINDOW] for start in range(0, max(len(audio), 1), WINDOW)]
+
+
+def pack_takes(lengths: list[int]) -> list[list[int]]:
+    """The takes (by number, from their lengths at 16 kHz) grouped into windows, in order: each take
+    after the one before it and GAP, a take longer than the room left opening a new window. A take
+    over 30 s is a group of its own (heard in 30 s windows, as unpacked)."""
+    groups: list[list[int]] = []
+    used = 0
+    for number, length in enumerate(lengths):
+        if not groups or used + length > WINDOW:
+            groups.append([])
+            used = 0
+        groups[-1].append(number)
+        used += length + GAP  # past WINDOW after a long take: the next take opens a new window
+    return groups
+
+
+class Heard(NamedTuple):
+    """A packed window's transcript and the takes it holds (their numbers in the call, in order)."""
+
+    takes: tuple[int, ...]
+    text: str
 
 
 def pick_device(cfg: ValidateConfig) -> str:
@@ -65,7 +94,7 @@ class TransformersWhisper:
         self.tokenizer = WhisperTokenizer.from_pretrained(path, local_files_only=True)
         self.batch = cfg.asr_batch
         self._token_rules()
-        log.info("Whisper from %s on %s in %s, %d takes a batch, loaded in %.1fs", path, self.device,
+        log.info("Whisper from %s on %s in %s, %d windows a batch, loaded in %.1fs", path, self.device,
                  str(self.dtype).removeprefix("torch."), self.batch, time.time() - started)
 
     def _token_rules(self) -> None:
@@ -88,24 +117,45 @@ class TransformersWhisper:
     def transcribe(self, audio16k: np.ndarray) -> str:
         return self.transcribe_many([audio16k])[0]
 
-    def transcribe_many(self, takes: list[np.ndarray]) -> list[str]:
-        """A transcript per take (16 kHz mono float), batch by batch."""
-        pieces = [(number, window) for number, take in enumerate(takes) for window in windows(take)]
-        texts = [""] * len(takes)
+    def transcribe_many(self, takes: list[np.ndarray], pack: bool = False) -> list:
+        """A transcript per take (16 kHz mono float), asr_batch windows at a time. With `pack`, takes
+        share windows (pack_takes), and the answer is a Heard per window, naming its takes."""
+        groups = pack_takes([len(take) for take in takes]) if pack else [[number] for number in range(len(takes))]
+        pieces = [(number, audio, limit) for number, group in enumerate(groups)
+                  for audio, limit in self._windows(group, takes)]
+        texts = [""] * len(groups)
         for start in range(0, len(pieces), self.batch):
             part = pieces[start:start + self.batch]
-            for (number, _), text in zip(part, self._recognise([w for _, w in part])):
+            heard = self._recognise([audio for _, audio, _ in part], [limit for _, _, limit in part])
+            for (number, _, _), text in zip(part, heard):
                 texts[number] = f"{texts[number]} {text.strip()}".lstrip()
-        return texts
+        if not pack:
+            return texts
+        return [Heard(tuple(group), text) for group, text in zip(groups, texts)]
 
-    def _recognise(self, audio: list[np.ndarray]) -> list[str]:
+    def _windows(self, group: list[int], takes: list[np.ndarray]) -> list[tuple[np.ndarray, int]]:
+        """A group's windows with their token bounds: a take alone in its 30 s windows, as unpacked;
+        takes packed together GAP apart in one, bounded by the sum of their own bounds, so that each
+        has the room it would have alone."""
+        if len(group) == 1:
+            return [(window, token_limit(len(window), self.room)) for window in windows(takes[group[0]])]
+        silence = np.zeros(GAP, np.float32)
+        audio = np.concatenate([part for number in group for part in (silence, takes[number])][1:])
+        return [(audio, min(self.room, sum(token_limit(len(takes[number]), self.room) for number in group)))]
+
+    def _recognise(self, audio: list[np.ndarray], limits: list[int]) -> list[str]:
         import torch
 
         with torch.inference_mode():
-            features = self.features(audio, sampling_rate=RATE, return_tensors="pt", device=self.device).input_features
-            encoded = self.model.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
-            tokens = self._decode(encoded, [token_limit(len(a), self.room) for a in audio])
+            tokens = self._decode(self._encode(self._features(audio)), limits)
         return self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+
+    def _features(self, audio: list[np.ndarray]):
+        """Log-mel features of each window, padded to 30 s (computed on the model's device)."""
+        return self.features(audio, sampling_rate=RATE, return_tensors="pt", device=self.device).input_features
+
+    def _encode(self, features):
+        return self.model.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
 
     def _decode(self, encoded, limits: list[int]) -> list[list[int]]:
         """Greedy decoding of every row together, over one cache; a row is done at end-of-text or its limit."""
@@ -144,14 +194,18 @@ def checkpoint_parameters(path: Path) -> int:
 
 
 def recogniser_gpu_mb(cfg: ValidateConfig) -> int:
-    """GPU memory an hf-whisper recogniser adds to a worker: its weights at asr_precision and, per take
-    of a batch, the encoder's widest activation and the decoder's cross-attention cache. 0 off the GPU.
-    large-v3-turbo in bf16 with 16 takes: 1,543 MiB of weights + 16 x 59 MiB."""
+    """GPU memory an hf-whisper recogniser adds to a worker: its weights at asr_precision and, per
+    window of a batch (a take alone, or the takes packed into it), the encoder's widest activation,
+    the decoder's cross-attention cache and its self-attention cache at full length (a packed window
+    decodes hundreds of tokens, not tens). 0 off the GPU.
+    large-v3-turbo in bf16 with 16 windows: 1,543 MiB of weights + 16 x 67 MiB."""
     if not cfg.enabled or cfg.recogniser != "hf-whisper" or cfg.asr_device == "cpu":
         return 0
     path = Path(cfg.model_path)
     dims = json.loads((path / "config.json").read_text(encoding="utf-8"))
     width = 2 if cfg.asr_precision in ("bf16", "fp16") else 4
     frames = dims.get("max_source_positions", 1500)
-    per_take = width * frames * 2 * (dims["decoder_layers"] * dims["d_model"] + dims["encoder_ffn_dim"])
-    return round((checkpoint_parameters(path) * width + cfg.asr_batch * per_take) / 2**20)
+    tokens = dims.get("max_target_positions", 448)
+    per_window = width * 2 * (frames * (dims["decoder_layers"] * dims["d_model"] + dims["encoder_ffn_dim"])
+                              + tokens * dims["decoder_layers"] * dims["d_model"])
+    return round((checkpoint_parameters(path) * width + cfg.asr_batch * per_window) / 2**20)

@@ -5,7 +5,8 @@ refill), so rows stay full across pieces and shards; a batch ends when the queue
 rebuild is due, or an utterance must be spoken alone. Each utterance keeps what the one-at-a-time
 path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
 a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks
-(finished takes are judged in groups of the recogniser's batch, validate.asr_batch, before any is written);
+(finished takes are judged in groups that fill the recogniser's batch, validate.asr_batch takes or,
+packed, windows, before any is written);
 a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
 killed a worker before is spoken alone, so it cannot take a batch down with it again.
 """
@@ -86,7 +87,7 @@ def run_batch(host: BatchHost, queue: deque) -> None:
     try:
         for uid, result in ctx.backend.synthesize_many(feed()):
             took(host, ctx, in_flight.pop(uid), result, held, queue)
-            if len(held) >= gate_rows(ctx):
+            if gate_full(ctx, held):
                 judge_and_write(host, ctx, held, queue)
     except Exception as exc:  # the batch as a whole broke (a full disk stops the worker)
         if is_disk_full(exc):
@@ -124,9 +125,18 @@ class HeldTake:
     seconds: float  # synthesis time: from the feed handing it over to the backend's result
 
 
-def gate_rows(ctx: Context) -> int:
-    """Finished takes to hold for the gate: its recogniser's batch, or 1 (write each at once)."""
-    return ctx.gate.batch_rows if ctx.gate is not None else 1
+def gate_full(ctx: Context, held: list[HeldTake]) -> bool:
+    """Whether the held takes are worth judging now: without a gate at once; else when they fill its
+    recogniser's batch (Gate.batch_full): packing, asr_batch windows' worth of audio, not the engine's
+    rows. A call's decoding steps run one after another whatever its rows, and a packed window
+    decodes about ten times the tokens of one take, so fuller calls cost less a take: with the tiny
+    Whisper on the CPU, 2.5 s takes, 16 windows a batch (bench/whisper_cost.py), 78 ms a take in
+    calls of 16 takes, 28 in calls of 64 (the rows of a GPU worker), 19 in calls of 160 (16 full
+    windows); 49 unpacked (noisy: shared cores; single-threaded under load 74, 41, 19 and 62). By audio, not a count of takes: takes of 30 words fill windows three
+    times as fast as takes of 10. (Takes the ASR check will skip count too: an estimate.)"""
+    if ctx.gate is None:
+        return True
+    return ctx.gate.batch_full([len(take.audio) / ctx.backend.sample_rate for take in held])
 
 
 def took(host: Host, ctx: Context, item: Attempt, result, held: list, queue: deque) -> None:
