@@ -16,7 +16,7 @@
 # TTS_SETS [""] (space-separated --set items for both runs: the speed work's best settings, e.g.
 # "tts.cosyvoice.precision.llm=bf16 tts.cosyvoice.precision.flow=bf16"), GATE_SETS [""] (more for the
 # gated run, e.g. "validate.asr_batch=32"), SECONDS_WINDOW [60], UTTERANCES [6000], MAX_WORDS [10],
-# REBUILD_EVERY [100], UNPACKED [0; 1 adds a gated run with validate.asr_pack=false], MODEL_SIZE [full], WHISPER_SIZE [turbo], GPU [0], SETUP [1: install the carried
+# REBUILD_EVERY [100], PACKED [0; 1 adds a gated run with validate.asr_pack=true], MODEL_SIZE [full], WHISPER_SIZE [turbo], GPU [0], SETUP [1: install the carried
 # wheels; 0 on a machine that has the packages], WHEELS [.whl], TEXT [tests/data/llava_style.json], PYTHON [python3].
 # A dry run on a CPU machine: SETUP=0 MODEL_SIZE=tiny WHISPER_SIZE=tiny GPU=cpu:1 SETTING=1:off:fp32:4 SECONDS_WINDOW=20 UTTERANCES=40
 set -euo pipefail
@@ -46,10 +46,10 @@ echo "models written at $((SECONDS - started)) s"
 
 common=(); for item in ${TTS_SETS:-}; do common+=(--set "$item"); done
 read -r -a more <<<"${GATE_SETS:-}"
-unpacked=()  # UNPACKED=1: a third run, the gate with each take in a window of its own (validate.asr_pack=false)
-[[ "${UNPACKED:-0}" == 1 ]] && unpacked=(--variant gate-on-unpacked validate.enabled=true validate.recogniser=hf-whisper
+packed=()  # PACKED=1: a third run, the gate with short takes packed into shared 30 s windows (validate.asr_pack=true)
+[[ "${PACKED:-0}" == 1 ]] && packed=(--variant gate-on-packed validate.enabled=true validate.recogniser=hf-whisper
   "validate.model_path=$whisper" validate.assume_english=true validate.max_wer=1000 validate.max_silence_share=1
-  validate.min_seconds_per_word=0 validate.max_seconds_per_word=1000 validate.asr_pack=false "${more[@]}")
+  validate.min_seconds_per_word=0 validate.max_seconds_per_word=1000 validate.asr_pack=true "${more[@]}")
 "$py" bench/compare_runs.py --model-dir "$model" --config configs/cosyvoice.yaml --text "${TEXT:-tests/data/llava_style.json}" \
   --gpu "${GPU:-0}" --setting "${SETTING:-8:on:fp32:32}" --seconds "${SECONDS_WINDOW:-60}" \
   --utterances "${UTTERANCES:-6000}" --max-words "${MAX_WORDS:-10}" --rebuild-every "${REBUILD_EVERY:-100}" \
@@ -58,5 +58,5 @@ unpacked=()  # UNPACKED=1: a third run, the gate with each take in a window of i
   --variant gate-on validate.enabled=true validate.recogniser=hf-whisper "validate.model_path=$whisper" \
     validate.assume_english=true validate.max_wer=1000 validate.max_silence_share=1 \
     validate.min_seconds_per_word=0 validate.max_seconds_per_word=1000 "${more[@]}" \
-  "${unpacked[@]}" --out "$out/gate"
+  "${packed[@]}" --out "$out/gate"
 echo "done at $((SECONDS - started)) s"

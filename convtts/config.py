@@ -305,8 +305,11 @@ class ValidateConfig:
     asr_batch: int = 16
     # hf-whisper: pack short takes, in order and 0.5 s apart, into shared 30 s windows (Whisper pads
     # every window to 30 s: a 2.5 s take alone costs the encoder as much as 30 s); the gate shares
-    # each window's transcript out among its takes by aligning it to their joined texts
-    asr_pack: bool = True
+    # each window's transcript out among its takes by aligning it to their joined texts). Off by
+    # default: on one H200 it cut the GPU's work but not the gate's cost (0.616 of gate off against
+    # 0.618 unpacked: the decoding steps per take, not the encoder, bound it), and real Whisper on
+    # several unrelated sentences in one window is not measured here
+    asr_pack: bool = False
     asr_precision: str = "bf16"  # hf-whisper on CUDA: bf16 | fp16 | fp32 (always fp32 on the CPU)
     asr_device: str = "auto"  # hf-whisper: auto (the worker's GPU if it has one) | cuda | cpu
 

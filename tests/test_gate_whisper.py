@@ -106,7 +106,7 @@ def test_a_packed_take_is_judged_on_its_own_words(whisper_dir, recogniser):
     words the window does not hold: that take is refused (WER 1: it was not heard) and re-spoken,
     its neighbours pass with WER 0, each marked with the takes its window held."""
     gate = open_gate(gate_config(whisper_dir, "validate.assume_english=true", "validate.max_seconds_per_word=100",
-                                 "validate.min_seconds_per_word=0", "validate.max_wer=0.3"))
+                                 "validate.min_seconds_per_word=0", "validate.max_wer=0.3", "validate.asr_pack=true"))
     assert gate.packs
     audio = [noise(s, seed) for seed, s in enumerate((2.0, 3.0, 2.5))]
     window = recogniser.transcribe_many(audio, pack=True)
@@ -128,10 +128,10 @@ def test_a_packed_take_is_judged_on_its_own_words(whisper_dir, recogniser):
 def test_the_gate_holds_takes_until_they_fill_its_windows(whisper_dir, recogniser):
     """The batched path judges its held takes once they open the asr_batch-th window (packing), or
     once asr_batch of them are held (not packing)."""
-    packing = open_gate(gate_config(whisper_dir, "validate.asr_batch=2"))
+    packing = open_gate(gate_config(whisper_dir, "validate.asr_batch=2", "validate.asr_pack=true"))
     assert not packing.batch_full([2.5] * 10) and packing.batch_full([2.5] * 11)
     assert packing.batch_full([40.0]) is False and packing.batch_full([40.0, 1.0])
-    alone = open_gate(gate_config(whisper_dir, "validate.asr_batch=2", "validate.asr_pack=false"))
+    alone = open_gate(gate_config(whisper_dir, "validate.asr_batch=2"))  # the default: one take a window
     assert not alone.packs and not alone.batch_full([2.5]) and alone.batch_full([2.5, 2.5])
 
 
@@ -152,7 +152,7 @@ def test_decoding_is_bounded_by_the_audio_duration(recogniser):
 
 def test_gate_judges_takes_together_with_the_batched_recogniser(whisper_dir, recogniser):
     """judge_many: signal checks per take, one recogniser call for the rest, a verdict per take in order."""
-    gate = open_gate(gate_config(whisper_dir, "validate.max_wer=100", "validate.asr_batch=4"))
+    gate = open_gate(gate_config(whisper_dir, "validate.max_wer=100", "validate.asr_batch=4", "validate.asr_pack=true"))
     assert gate.batch_rows == 4
     text = "There are three bicycles hanging on the wall."
     rate = 22050
@@ -203,7 +203,7 @@ def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, w
                      "--log-dir", tmp_path / "log", "--set", "tts.backend=bad_audio_backend:BatchedBadAudioPiper",
                      "--set", "validate.enabled=true", "--set", "validate.recogniser=hf-whisper",
                      "--set", f"validate.model_path={whisper_dir}", "--set", "validate.max_wer=100",
-                     "--set", "validate.asr_batch=4", "--set", "validate.max_respeaks=1",
+                     "--set", "validate.asr_batch=4", "--set", "validate.max_respeaks=1", "--set", "validate.asr_pack=true",
                      env=script_env(CONVTTS_TEST_BAD="street-001-00=silence:1,garage-000-00=silence:all"))
     assert result.returncode == 1, result.stderr
     rows = {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")}

@@ -5,7 +5,7 @@ generation_config.json, the tokenizer and feature-extractor files); nothing is d
 the weights run in validate.asr_precision (bf16 by default), on the CPU in fp32.
 
 Whisper hears 30 s at a time and pads a shorter take to 30 s, so a 2.5 s take costs the encoder
-as much as a 30 s one. With validate.asr_pack (the gate's default) short takes are packed in
+as much as a 30 s one. With validate.asr_pack (off by default) short takes are packed in
 order into shared windows, 0.5 s of silence apart, and the gate shares each window's transcript out
 among its takes (convtts/gate/quality.py: split_heard). Each call turns up to validate.asr_batch
 windows into log-mel features together (on the model's device), runs the encoder once for all of
