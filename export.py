@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Export a finished output directory for training (python -m convtts.results.export); see --help."""
+
 import sys
 
 from convtts.results.export.command import main

@@ -9,6 +9,7 @@ seconds per second: R times that figure.
 
     python bench/asr_cost.py --segments 60 --out bench/results/asr-cost.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,16 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from sample_text import DEFAULT_TEXT, read_conversations  # bench/ is this script's own folder on sys.path
 from figures import report
+from sample_text import DEFAULT_TEXT, read_conversations  # bench/ is this script's own folder on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from convtts.speak.piper import PiperBackend  # noqa: E402
-from convtts.config import load_config  # noqa: E402
-from convtts.plan.planner import plan_conversation  # noqa: E402
-from convtts.gate.quality import QualityFailure, open_gate  # noqa: E402
+from convtts.config import load_config
+from convtts.gate.quality import QualityFailure, open_gate
+from convtts.plan.planner import plan_conversation
+from convtts.speak.piper import PiperBackend
 
 
 def segments(count: int, config) -> list[dict]:
@@ -64,12 +65,16 @@ def main() -> None:
             wers.append(scores["wer"])
     audio_seconds = sum(len(a) for _, a in takes) / voice.sample_rate
     result = {
-        "segments": len(takes), "audio_seconds": round(audio_seconds, 2), "cores_here": os.cpu_count(),
+        "segments": len(takes),
+        "audio_seconds": round(audio_seconds, 2),
+        "cores_here": os.cpu_count(),
         "recogniser_load_cpu_seconds": round(load_cpu, 3),
         "gate_cpu_seconds_per_audio_second": round(sum(cpu) / audio_seconds, 4),
         "gate_cpu_seconds_per_utterance": round(float(np.mean(cpu)), 4),
-        "wer_mean": round(float(np.mean(wers)), 4) if wers else None, "wer_scored": len(wers),
-        "refused": refused, "cores_needed_at_60_audio_s_per_s": round(60 * sum(cpu) / audio_seconds, 1),
+        "wer_mean": round(float(np.mean(wers)), 4) if wers else None,
+        "wer_scored": len(wers),
+        "refused": refused,
+        "cores_needed_at_60_audio_s_per_s": round(60 * sum(cpu) / audio_seconds, 1),
     }
     report(result, args.out)
 

@@ -18,6 +18,7 @@ size 1: upstream's one-at-a-time path, a sixteenth of the utterances).
     python bench/batch_engine.py --version 1 --size full --batch-sizes 32,64 --out v1.json
     python bench/batch_engine.py --version 1 --size tiny --utterances 16 --out /tmp/tiny.json   # a dry run on CPU
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,19 @@ def model_dir(args) -> str:
         return args.model_dir
     out = Path(tempfile.gettempdir()) / f"convtts-bench-v{args.version}-{args.size}"
     if not (out / "convtts_model.json").is_file():
-        command = [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", str(args.version), "--size", args.size,
-                   "--out", str(out), "--tokens-per-text-token", "14" if args.version == 1 else "7"]
+        command = [
+            sys.executable,
+            "-m",
+            "convtts.testing.cosyvoice_model",
+            "--version",
+            str(args.version),
+            "--size",
+            args.size,
+            "--out",
+            str(out),
+            "--tokens-per-text-token",
+            "14" if args.version == 1 else "7",
+        ]
         if args.version == 1:
             command += ["--speakers", ",".join(V1_VOICES)]
         subprocess.run(command, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -96,7 +108,9 @@ def measure(args, setting: str, rows: int, texts: list[str], overrides: list[str
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
     rows = 1 if setting == "upstream" else rows
-    config = load_config(REPO / "configs" / CONFIGS[args.version], overrides + SETTINGS[setting] + [f"tts.cosyvoice.batch_size={rows}"])
+    config = load_config(
+        REPO / "configs" / CONFIGS[args.version], overrides + SETTINGS[setting] + [f"tts.cosyvoice.batch_size={rows}"]
+    )
     backend = CosyVoiceBackend(config)
     speaker = config.speakers.voices[0]
     engine = backend.engine
@@ -113,10 +127,16 @@ def measure(args, setting: str, rows: int, texts: list[str], overrides: list[str
     samples = _speak(backend, texts if rows > 1 else texts[: max(8, len(texts) // 16)], speaker)
     wall = time.perf_counter() - started
     seconds = samples / backend.sample_rate
-    report = {"setting": setting, "rows": rows, "utterances": len(texts) if rows > 1 else max(8, len(texts) // 16),
-              "audio_seconds": round(seconds, 2), "wall_seconds": round(wall, 2), "audio_seconds_per_second": round(seconds / wall, 3),
-              "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20) if torch.cuda.is_available() else 0,
-              "overrides": SETTINGS[setting]}
+    report = {
+        "setting": setting,
+        "rows": rows,
+        "utterances": len(texts) if rows > 1 else max(8, len(texts) // 16),
+        "audio_seconds": round(seconds, 2),
+        "wall_seconds": round(wall, 2),
+        "audio_seconds_per_second": round(seconds / wall, 3),
+        "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20) if torch.cuda.is_available() else 0,
+        "overrides": SETTINGS[setting],
+    }
     if engine is not None:
         report.update(_engine_figures(engine, graphs_before))
     backend.close()
@@ -131,13 +151,20 @@ def _graphs(engine) -> int:
 
 def _engine_figures(engine, graphs_before: int) -> dict:
     runner = engine.runner
-    figures = {"stage_seconds": {k: round(v, 2) for k, v in sorted(engine.timer.seconds.items())}, "gpu_sampling": engine.gpu_sampling,
-               "stage_timers_synchronised": engine.timer.sync, "decode": "static" if runner.static else "upstream"}
+    figures = {
+        "stage_seconds": {k: round(v, 2) for k, v in sorted(engine.timer.seconds.items())},
+        "gpu_sampling": engine.gpu_sampling,
+        "stage_timers_synchronised": engine.timer.sync,
+        "decode": "static" if runner.static else "upstream",
+    }
     cache = getattr(runner, "cache", None)
     if runner.static and cache is not None:
-        figures.update(kv_cache_mb=round((cache.k.numel() + cache.v.numel()) * cache.k.element_size() / 2**20),
-                       kv_positions_per_row=cache.capacity, graphs_captured=_graphs(engine),
-                       graphs_captured_while_timed=_graphs(engine) - graphs_before)
+        figures.update(
+            kv_cache_mb=round((cache.k.numel() + cache.v.numel()) * cache.k.element_size() / 2**20),
+            kv_positions_per_row=cache.capacity,
+            graphs_captured=_graphs(engine),
+            graphs_captured_while_timed=_graphs(engine) - graphs_before,
+        )
     return figures
 
 
@@ -160,7 +187,9 @@ def main() -> int:
     p.add_argument("--text", default=str(DEFAULT_TEXT))
     p.add_argument("--settings", default="today,static,graphs,gpu-sampler,bf16", help=f"any of {', '.join(SETTINGS)}")
     p.add_argument("--batch-sizes", default="32,64")
-    p.add_argument("--utterances", type=int, default=192, help="per measurement (the upstream setting speaks a sixteenth)")
+    p.add_argument(
+        "--utterances", type=int, default=192, help="per measurement (the upstream setting speaks a sixteenth)"
+    )
     p.add_argument("--max-words", type=int, default=10)
     p.add_argument("--set", action="append", default=[], help="a further config override for every measurement")
     p.add_argument("--out", required=True)
@@ -170,15 +199,23 @@ def main() -> int:
         p.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="convtts-bench-"))
-    overrides = [f"tts.cosyvoice.model_dir={model_dir(args)}", f"text.max_words={args.max_words}", *prompt_overrides(args, work),
-                 *args.set]
+    overrides = [
+        f"tts.cosyvoice.model_dir={model_dir(args)}",
+        f"text.max_words={args.max_words}",
+        *prompt_overrides(args, work),
+        *args.set,
+    ]
     texts = segments(args.text, args.max_words, args.utterances)
     reports = []
     for setting in args.settings.split(","):
         for rows in [int(b) for b in args.batch_sizes.split(",")] if setting != "upstream" else [1]:
             reports.append(measure(args, setting, rows, texts, overrides))
-            summary = {"version": args.version, "max_words": args.max_words, "seconds_so_far": round(time.perf_counter() - started),
-                       "reports": reports}
+            summary = {
+                "version": args.version,
+                "max_words": args.max_words,
+                "seconds_so_far": round(time.perf_counter() - started),
+                "reports": reports,
+            }
             Path(args.out).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     print(f"{len(reports)} measurements in {time.perf_counter() - started:.0f} s; figures in {args.out}", flush=True)
     return 0

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Variants of one setting side by side on one GPU: the same text through run_all.sh, each variant with its own --set items.
+"""Variants of one setting side by side on one GPU: the same text through run_all.sh, each variant with its own --set
+items.
 
 Each variant is measured as bench/throughput.py measures a setting (audio seconds per second over a
 timed window once every worker is up, GPU memory per worker, GPU and CPU busy), in its own output
@@ -13,6 +14,7 @@ Figures go to OUT.json after every variant, so a run cut short keeps what it mea
         --variant gate-off --variant gate-on validate.enabled=true validate.recogniser=hf-whisper \\
         validate.model_path=/tmp/whisper-turbo --out bench/results/gate
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +25,28 @@ from pathlib import Path
 
 import orjson
 
-from throughput import REPO, Setting, gpu_name, make_input, run_setting  # bench/ is this script's own folder on sys.path
+from throughput import (  # bench/ is this script's own folder on sys.path
+    REPO,
+    Setting,
+    gpu_name,
+    make_input,
+    run_setting,
+)
 
 REGISTERED = re.compile(r"prompt features: (\d+) voices registered in ([0-9.]+) s, (\d+) reused")  # at each rebuild
 
 
 def rows_of(out: Path) -> tuple[list[dict], list[dict]]:
     """Every row and failure the workers wrote (their own files: a run stopped by the window has no merge)."""
+
     def read(pattern: str) -> list[dict]:
-        return [orjson.loads(line) for path in sorted((out / "work").glob(pattern))
-                for line in path.read_bytes().splitlines() if line.strip()]
+        return [
+            orjson.loads(line)
+            for path in sorted((out / "work").glob(pattern))
+            for line in path.read_bytes().splitlines()
+            if line.strip()
+        ]
+
     return read("*.manifest.jsonl"), [f for f in read("*.failures.jsonl") if f.get("status") == "failed"]
 
 
@@ -49,8 +63,11 @@ def gate_report(rows: list[dict], failures: list[dict]) -> dict | None:
     for f in failures:
         by_check[f.get("check", "error")] = by_check.get(f.get("check", "error"), 0) + 1
     return {
-        "gated": len(gated), "asr": kinds, "respoken": sum(1 for r in gated if r.get("respeaks")),
-        "failed": by_check, "gate_seconds_mean": round(statistics.fmean(seconds), 4) if seconds else None,
+        "gated": len(gated),
+        "asr": kinds,
+        "respoken": sum(1 for r in gated if r.get("respeaks")),
+        "failed": by_check,
+        "gate_seconds_mean": round(statistics.fmean(seconds), 4) if seconds else None,
         "gate_seconds_p90": round(sorted(seconds)[int(0.9 * (len(seconds) - 1))], 4) if seconds else None,
         "gate_seconds_per_audio_second": round(sum(seconds) / audio, 4) if audio else None,
         "wer_mean": round(statistics.fmean([r["quality"]["wer"] for r in gated if "wer" in r["quality"]] or [0]), 3),
@@ -61,14 +78,21 @@ def voice_report(rows: list[dict], logs: Path) -> dict:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.get("speaker")] = counts.get(r.get("speaker"), 0) + 1
-    registered = [REGISTERED.search(line) for log in logs.rglob("*.log") for line in log.read_text(errors="replace").splitlines()]
+    registered = [
+        REGISTERED.search(line) for log in logs.rglob("*.log") for line in log.read_text(errors="replace").splitlines()
+    ]
     registered = [m for m in registered if m]
     made, reused = sum(int(m.group(1)) for m in registered), sum(int(m.group(3)) for m in registered)
     seconds = sum(float(m.group(2)) for m in registered)
     # logged when a model closes (a rebuild): utterances spoken over those models = registrations + reuses
-    return {"voices": len(counts), "rows_per_voice_max": max(counts.values(), default=0),
-            "prompt_registrations": made, "prompt_reuses": reused, "prompt_seconds": round(seconds, 2),
-            "prompt_seconds_per_utterance": round(seconds / max(1, made + reused), 4)}
+    return {
+        "voices": len(counts),
+        "rows_per_voice_max": max(counts.values(), default=0),
+        "prompt_registrations": made,
+        "prompt_reuses": reused,
+        "prompt_seconds": round(seconds, 2),
+        "prompt_seconds_per_utterance": round(seconds / max(1, made + reused), 4),
+    }
 
 
 def run_variant(name: str, sets: list[str], args, input_file: Path, work: Path) -> dict:
@@ -77,26 +101,35 @@ def run_variant(name: str, sets: list[str], args, input_file: Path, work: Path) 
     variant_args = argparse.Namespace(**{**vars(args), "set": [*args.set, *sets]})
     report = run_setting(setting, variant_args, input_file, work)
     rows, failures = rows_of(work / name)
-    report.update(variant={"name": name, "sets": sets}, gate=gate_report(rows, failures),
-                  voices=voice_report(rows, work / f"{name}-log"))
+    report.update(
+        variant={"name": name, "sets": sets},
+        gate=gate_report(rows, failures),
+        voices=voice_report(rows, work / f"{name}-log"),
+    )
     return report
 
 
 def print_table(reports: list[dict]) -> None:
     first = reports[0].get("audio_seconds_per_second")
-    print("| variant | audio s/s | vs first | gate s/utt (mean, p90) | gate s per audio s | ASR checked | "
-          "re-spoken | failed | voices | prompt registrations (s/utt) | GPU MiB/worker | GPU busy | CPU busy | exit |")
+    print(
+        "| variant | audio s/s | vs first | gate s/utt (mean, p90) | gate s per audio s | ASR checked | "
+        "re-spoken | failed | voices | prompt registrations (s/utt) | GPU MiB/worker | GPU busy | CPU busy | exit |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         rate, gate, voices, memory = r.get("audio_seconds_per_second"), r["gate"] or {}, r["voices"], r["memory"]
         ratio = f"{rate / first:.3f}" if rate and first else "-"
         per_worker = max((w["gpu_mb_max"] for w in memory["workers"].values()), default=None)
         checked = sum(n for kind, n in gate.get("asr", {}).items() if not kind.startswith(("skipped", "off")))
-        print(f"| {r['variant']['name']} | {rate} | {ratio} | {gate.get('gate_seconds_mean')}, {gate.get('gate_seconds_p90')} | "
-              f"{gate.get('gate_seconds_per_audio_second')} | {checked}/{gate.get('gated', 0)} | {gate.get('respoken')} | "
-              f"{gate.get('failed')} | {voices['voices']} | {voices['prompt_registrations']} "
-              f"({voices['prompt_seconds_per_utterance']}) | {per_worker} | {memory.get('gpu_busy_mean')} | "
-              f"{memory['cpu_busy_mean']} | {r['exit_code']} |")
+        print(
+            f"| {r['variant']['name']} | {rate} | {ratio} | {gate.get('gate_seconds_mean')}, "
+            f"{gate.get('gate_seconds_p90')} | "
+            f"{gate.get('gate_seconds_per_audio_second')} | {checked}/{gate.get('gated', 0)} | "
+            f"{gate.get('respoken')} | "
+            f"{gate.get('failed')} | {voices['voices']} | {voices['prompt_registrations']} "
+            f"({voices['prompt_seconds_per_utterance']}) | {per_worker} | {memory.get('gpu_busy_mean')} | "
+            f"{memory['cpu_busy_mean']} | {r['exit_code']} |"
+        )
 
 
 def main() -> int:
@@ -105,9 +138,19 @@ def main() -> int:
     p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
     p.add_argument("--text", default=str(REPO / "tests" / "data" / "llava_style.json"))
     p.add_argument("--gpu", default="0", help="the GPU's index (or cpu:N for a dry run)")
-    p.add_argument("--setting", default="8:on:fp32:32", help="workers:mps(on|off):precision(fp16|fp32)[:batch size], for every variant")
-    p.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [KEY=VALUE ...]",
-                   help="a name, then the --set items of this variant only")
+    p.add_argument(
+        "--setting",
+        default="8:on:fp32:32",
+        help="workers:mps(on|off):precision(fp16|fp32)[:batch size], for every variant",
+    )
+    p.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="NAME [KEY=VALUE ...]",
+        help="a name, then the --set items of this variant only",
+    )
     p.add_argument("--utterances", type=int, default=6000)
     p.add_argument("--seconds", type=float, default=60, help="the timed window (0: run to the end)")
     p.add_argument("--max-words", type=int, default=10)
@@ -124,9 +167,12 @@ def main() -> int:
     reports = []
     for name, *sets in args.variant:
         reports.append(run_variant(name, sets, args, input_file, work))
-        Path(f"{args.out}.json").write_bytes(orjson.dumps(
-            {"gpu": gpu_name(args.gpu), "setting": args.setting, "common_sets": args.set, "reports": reports},
-            option=orjson.OPT_INDENT_2))
+        Path(f"{args.out}.json").write_bytes(
+            orjson.dumps(
+                {"gpu": gpu_name(args.gpu), "setting": args.setting, "common_sets": args.set, "reports": reports},
+                option=orjson.OPT_INDENT_2,
+            )
+        )
     print_table(reports)
     return 0
 

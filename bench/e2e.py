@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""End to end against steady state: the README's GPU command on N real short-turn conversations, and where its start-up went.
+"""End to end against steady state: the README's GPU command on N real short-turn conversations, and where its
+start-up went.
 
 For each engine it runs exactly what a user types,
 
@@ -22,6 +23,7 @@ new ids), and prints from the run's own outputs:
 --size tiny|full writes the random-weight CosyVoice-300M-SFT directory (convtts.testing) to
 --model-dir when it holds none. Figures go to --out as JSON after each engine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,24 +44,55 @@ def make_conversations(count: int, path: Path) -> None:
     records = []
     for n in range(count):
         pair = pairs[n % len(pairs)]
-        records.append({"id": f"{pair['id']}-{pair['type']}-{n // len(pairs)}", "image": pair["image"],
-                        "conversations": [{"from": "human", "value": f"<image>\n{pair['instruction']}"},
-                                          {"from": "gpt", "value": pair["output"]}]})
+        records.append(
+            {
+                "id": f"{pair['id']}-{pair['type']}-{n // len(pairs)}",
+                "image": pair["image"],
+                "conversations": [
+                    {"from": "human", "value": f"<image>\n{pair['instruction']}"},
+                    {"from": "gpt", "value": pair["output"]},
+                ],
+            }
+        )
     path.write_text(json.dumps(records))
 
 
 def ensure_model(model_dir: Path, size: str | None) -> None:
     if (model_dir / "cosyvoice.yaml").is_file() or size is None:
         return
-    subprocess.run([sys.executable, "-m", "convtts.testing.cosyvoice_model", "--out", str(model_dir), "--size", size,
-                    "--tokens-per-text-token", "14", "--speakers", "英文女,英文男"], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convtts.testing.cosyvoice_model",
+            "--out",
+            str(model_dir),
+            "--size",
+            size,
+            "--tokens-per-text-token",
+            "14",
+            "--speakers",
+            "英文女,英文男",
+        ],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def command(engine: str, args, source: Path, out: Path) -> list[str]:
     """The README's GPU command; the Ray engine on this machine alone; CPU slots when asked for."""
-    cmd = ["./run_all.sh", "--config", str(args.config), "--input", str(source), "--output-dir", str(out),
-           "--set", f"tts.cosyvoice.model_dir={args.model_dir}"]
+    cmd = [
+        "./run_all.sh",
+        "--config",
+        str(args.config),
+        "--input",
+        str(source),
+        "--output-dir",
+        str(out),
+        "--set",
+        f"tts.cosyvoice.model_dir={args.model_dir}",
+    ]
     if engine == "ray":
         cmd += ["--engine", "ray", "--address", "local"]
         if args.gpus and args.gpus.startswith("cpu:"):
@@ -77,29 +110,43 @@ def run(engine: str, args, source: Path) -> dict:
     started = time.time()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.time() - started
-    figures = {"engine": engine, "command": " ".join(cmd), "exit_code": done.returncode, "wall_seconds": round(wall, 2),
-               "stderr_tail": done.stderr[-2000:]}
+    figures = {
+        "engine": engine,
+        "command": " ".join(cmd),
+        "exit_code": done.returncode,
+        "wall_seconds": round(wall, 2),
+        "stderr_tail": done.stderr[-2000:],
+    }
     figures.update(measure(out, started, wall))
     return figures
 
 
 def measure(out: Path, started: float, wall: float) -> dict:
-    rows = [json.loads(line) for path in sorted((out / "work").glob("shard-*.manifest.jsonl"))
-            for line in path.read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for path in sorted((out / "work").glob("shard-*.manifest.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
     audio = sum(r["duration"] for r in rows)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     window = busy_window(rows)
     return {
-        "utterances": len(rows), "audio_seconds": round(audio, 1), "workers": len({r["worker"] for r in rows}),
+        "utterances": len(rows),
+        "audio_seconds": round(audio, 1),
+        "workers": len({r["worker"] for r in rows}),
         "end_to_end_audio_s_per_s": round(audio / wall, 2) if wall else None,
-        "steady_state": window, "steady_state_trimmed_audio_s_per_s": trimmed_rate(rows),
+        "steady_state": window,
+        "steady_state_trimmed_audio_s_per_s": trimmed_rate(rows),
         "tail_seconds": round(started + wall - window["ends"], 1) if window.get("ends") else None,
-        "summary_this_run": summary.get("this_run"), "startup": startup(out),
+        "summary_this_run": summary.get("this_run"),
+        "startup": startup(out),
     }
 
 
 def busy_window(rows: list[dict]) -> dict:
-    """Audio finished while every worker was busy: after each had finished an utterance, before any finished its last."""
+    """Audio finished while every worker was busy: after each had finished an utterance, before any finished its
+    last."""
     firsts, lasts = {}, {}
     for row in rows:
         worker, at = row["worker"], row["finished"]
@@ -110,11 +157,20 @@ def busy_window(rows: list[dict]) -> dict:
     inside = [r for r in rows if begins < r["finished"] <= ends]
     span = max(lasts.values()) - min(firsts.values())
     if len(inside) < max(10, len(rows) // 10) or ends - begins < max(5.0, 0.1 * span):  # a burst of a batch or two
-        return {"begins": begins, "ends": ends, "audio_s_per_s": None,
-                "note": f"every worker was busy for {max(ends - begins, 0):.1f} s only ({len(inside)} utterances)"}
+        return {
+            "begins": begins,
+            "ends": ends,
+            "audio_s_per_s": None,
+            "note": f"every worker was busy for {max(ends - begins, 0):.1f} s only ({len(inside)} utterances)",
+        }
     audio = sum(r["duration"] for r in inside)
-    return {"begins": begins, "ends": ends, "seconds": round(ends - begins, 1), "utterances": len(inside),
-            "audio_s_per_s": round(audio / (ends - begins), 2)}
+    return {
+        "begins": begins,
+        "ends": ends,
+        "seconds": round(ends - begins, 1),
+        "utterances": len(inside),
+        "audio_s_per_s": round(audio / (ends - begins), 2),
+    }
 
 
 def trimmed_rate(rows: list[dict]) -> float | None:
@@ -123,7 +179,7 @@ def trimmed_rate(rows: list[dict]) -> float | None:
         return None
     rows = sorted(rows, key=lambda r: r["finished"])
     cut = len(rows) // 10
-    middle = rows[cut:len(rows) - cut]
+    middle = rows[cut : len(rows) - cut]
     span = middle[-1]["finished"] - rows[cut - 1]["finished"]
     return round(sum(r["duration"] for r in middle) / span, 2) if span > 0 else None
 
@@ -140,30 +196,45 @@ def startup(out: Path) -> list[dict]:
             seconds = [w.get("phases", {}).get(name) for w in workers if name in w.get("phases", {})]
             if seconds:
                 phases[name] = {"mean": round(sum(seconds) / len(seconds), 2), "max": round(max(seconds), 2)}
-        slots.append({"slot": path.stem, "events": timeline.get("events", {}), "workers": len(workers),
-                      "ready_first": min(ready, default=None), "ready_last": max(ready, default=None), "phases": phases})
+        slots.append(
+            {
+                "slot": path.stem,
+                "events": timeline.get("events", {}),
+                "workers": len(workers),
+                "ready_first": min(ready, default=None),
+                "ready_last": max(ready, default=None),
+                "phases": phases,
+            }
+        )
     return slots
 
 
 def report(figures: dict) -> str:
     steady = figures["steady_state"].get("audio_s_per_s")
-    lines = [f"{figures['engine']}: exit {figures['exit_code']}, {figures['utterances']} utterances, "
-             f"{figures['audio_seconds']} s of audio in {figures['wall_seconds']} s: "
-             f"{figures['end_to_end_audio_s_per_s']} audio s/s end to end; steady state {steady} "
-             f"({figures['steady_state_trimmed_audio_s_per_s']} trimmed); {figures['workers']} workers; "
-             f"tail {figures['tail_seconds']} s after the first worker ran out"]
+    lines = [
+        f"{figures['engine']}: exit {figures['exit_code']}, {figures['utterances']} utterances, "
+        f"{figures['audio_seconds']} s of audio in {figures['wall_seconds']} s: "
+        f"{figures['end_to_end_audio_s_per_s']} audio s/s end to end; steady state {steady} "
+        f"({figures['steady_state_trimmed_audio_s_per_s']} trimmed); {figures['workers']} workers; "
+        f"tail {figures['tail_seconds']} s after the first worker ran out"
+    ]
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
         phases = ", ".join(f"{name} {p['mean']:.1f}/{p['max']:.1f}" for name, p in slot["phases"].items())
-        lines.append(f"  {slot['slot']}: {events}; {slot['workers']} workers ready {slot['ready_first']}-{slot['ready_last']} s; "
-                     f"phases mean/max: {phases}")
+        lines.append(
+            f"  {slot['slot']}: {events}; {slot['workers']} workers ready {slot['ready_first']}-{slot['ready_last']} "
+            f"s; "
+            f"phases mean/max: {phases}"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", default="/tmp/cv300m")
-    p.add_argument("--size", choices=("tiny", "full"), help="write a random-weight model of this size when --model-dir has none")
+    p.add_argument(
+        "--size", choices=("tiny", "full"), help="write a random-weight model of this size when --model-dir has none"
+    )
     p.add_argument("--conversations", type=int, default=300)
     p.add_argument("--engine", choices=("bash", "ray", "both"), default="bash")
     p.add_argument("--gpus", help="run_all.sh --gpus (default: every GPU; cpu:N on a CPU machine)")
@@ -181,7 +252,7 @@ def main() -> int:
     source = work / f"conversations-{args.conversations}.json"
     make_conversations(args.conversations, source)
     results = []
-    for engine in (("bash", "ray") if args.engine == "both" else (args.engine,)):
+    for engine in ("bash", "ray") if args.engine == "both" else (args.engine,):
         results.append(run(engine, args, source))
         print(report(results[-1]), flush=True)
         if args.out:

@@ -12,6 +12,7 @@ builds to the last, and a max_gpu_mb that leaves 15% over the largest peak.
     python bench/engine_memory.py --version 1 --size full --rows 64 --utterances 5000 --rebuild-every 500 \\
         --set tts.cosyvoice.precision.llm=bf16 --out memory-v1.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,13 @@ def device_used_mb() -> float:
     """Memory in use on the visible GPU by every process (nvidia-smi); 0 where it cannot be read."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
     try:
-        out = subprocess.run(["nvidia-smi", f"--id={visible}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={visible}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
         return float(out.strip().splitlines()[0])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return 0.0
@@ -46,9 +52,13 @@ def sample(torch, spoken: int) -> dict:
     from convtts.run.memory import rss_mb
 
     cuda = torch.cuda.is_available()
-    return {"spoken": spoken, "allocated_mb": round(torch.cuda.memory_allocated() / 2**20) if cuda else 0,
-            "reserved_mb": round(torch.cuda.memory_reserved() / 2**20) if cuda else 0,
-            "device_used_mb": round(device_used_mb()), "rss_mb": round(rss_mb())}
+    return {
+        "spoken": spoken,
+        "allocated_mb": round(torch.cuda.memory_allocated() / 2**20) if cuda else 0,
+        "reserved_mb": round(torch.cuda.memory_reserved() / 2**20) if cuda else 0,
+        "device_used_mb": round(device_used_mb()),
+        "rss_mb": round(rss_mb()),
+    }
 
 
 def one_build(args, config, texts, build: int, spoken: int) -> dict:
@@ -79,21 +89,35 @@ def one_build(args, config, texts, build: int, spoken: int) -> dict:
     release_backend(backend)
     del backend
     after = sample(torch, spoken + count)
-    return {"build": build, "rows": rows, "utterances": count, "failures": failures, "build_seconds": round(built, 2),
-            "seconds": round(time.perf_counter() - started, 2), "peak_reserved_mb": round(peak_reserved),
-            "peak_allocated_mb": round(peak_allocated), "peak_device_used_mb": max(s["device_used_mb"] for s in samples),
-            "after_release": after, "samples": samples}
+    return {
+        "build": build,
+        "rows": rows,
+        "utterances": count,
+        "failures": failures,
+        "build_seconds": round(built, 2),
+        "seconds": round(time.perf_counter() - started, 2),
+        "peak_reserved_mb": round(peak_reserved),
+        "peak_allocated_mb": round(peak_allocated),
+        "peak_device_used_mb": max(s["device_used_mb"] for s in samples),
+        "after_release": after,
+        "samples": samples,
+    }
 
 
 def summary(builds: list[dict]) -> dict:
     peaks = [b["peak_reserved_mb"] for b in builds]
-    early, late = peaks[: max(1, len(peaks) // 3)], peaks[-max(1, len(peaks) // 3):]
-    return {"builds": len(builds), "utterances": sum(b["utterances"] for b in builds), "failures": sum(b["failures"] for b in builds),
-            "largest_peak_reserved_mb": max(peaks), "largest_peak_device_used_mb": max(b["peak_device_used_mb"] for b in builds),
-            "peak_growth_mb_first_to_last_third": round(sum(late) / len(late) - sum(early) / len(early)),
-            "reserved_after_last_release_mb": builds[-1]["after_release"]["reserved_mb"],
-            "suggested_max_gpu_mb": math.ceil(max(peaks) * HEADROOM / 100) * 100,
-            "mean_build_seconds": round(sum(b["build_seconds"] for b in builds) / len(builds), 2)}
+    early, late = peaks[: max(1, len(peaks) // 3)], peaks[-max(1, len(peaks) // 3) :]
+    return {
+        "builds": len(builds),
+        "utterances": sum(b["utterances"] for b in builds),
+        "failures": sum(b["failures"] for b in builds),
+        "largest_peak_reserved_mb": max(peaks),
+        "largest_peak_device_used_mb": max(b["peak_device_used_mb"] for b in builds),
+        "peak_growth_mb_first_to_last_third": round(sum(late) / len(late) - sum(early) / len(early)),
+        "reserved_after_last_release_mb": builds[-1]["after_release"]["reserved_mb"],
+        "suggested_max_gpu_mb": math.ceil(max(peaks) * HEADROOM / 100) * 100,
+        "mean_build_seconds": round(sum(b["build_seconds"] for b in builds) / len(builds), 2),
+    }
 
 
 def main() -> int:
@@ -107,15 +131,22 @@ def main() -> int:
     p.add_argument("--sample-every", type=int, default=100)
     p.add_argument("--max-words", type=int, default=10)
     p.add_argument("--text", default=str(DEFAULT_TEXT))
-    p.add_argument("--set", action="append", default=[], help="a config override (tts.cosyvoice.precision.llm=bf16, ...)")
+    p.add_argument(
+        "--set", action="append", default=[], help="a config override (tts.cosyvoice.precision.llm=bf16, ...)"
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
     from convtts.config import load_config
 
     work = Path(tempfile.mkdtemp(prefix="convtts-memory-"))
-    overrides = [f"tts.cosyvoice.model_dir={model_dir(args)}", f"text.max_words={args.max_words}",
-                 f"tts.cosyvoice.batch_size={args.rows}", *prompt_overrides(args, work), *args.set]
+    overrides = [
+        f"tts.cosyvoice.model_dir={model_dir(args)}",
+        f"text.max_words={args.max_words}",
+        f"tts.cosyvoice.batch_size={args.rows}",
+        *prompt_overrides(args, work),
+        *args.set,
+    ]
     config = load_config(REPO / "configs" / CONFIGS[args.version], overrides)
     texts = segments(args.text, args.max_words, 1000)
     builds: list[dict] = []
@@ -125,9 +156,17 @@ def main() -> int:
         spoken += builds[-1]["utterances"]
         line = {k: v for k, v in builds[-1].items() if k != "samples"}
         print(orjson.dumps(line).decode(), flush=True)
-        report = {"settings": {"version": args.version, "rows": args.rows, "rebuild_every": args.rebuild_every,
-                               "max_words": args.max_words, "overrides": args.set},
-                  "summary": summary(builds), "builds": builds}
+        report = {
+            "settings": {
+                "version": args.version,
+                "rows": args.rows,
+                "rebuild_every": args.rebuild_every,
+                "max_words": args.max_words,
+                "overrides": args.set,
+            },
+            "summary": summary(builds),
+            "builds": builds,
+        }
         Path(args.out).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(orjson.dumps(summary(builds), option=orjson.OPT_INDENT_2).decode(), flush=True)
     return 0

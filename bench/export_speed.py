@@ -8,6 +8,7 @@ exported into a fresh destination, then once more (everything up to date: the co
 
     python bench/export_speed.py --copies 10 [--audio-format wav|flac] [--work /tmp/export-bench] [--out r.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,27 @@ def env() -> dict:
 def speak(work: Path, copies: int, audio_format: str) -> Path:
     out = work / "out"
     make_input(work / "convs.json", copies)
-    subprocess.run(["bash", str(REPO / "run_all.sh"), "--input", str(work / "convs.json"), "--output-dir", str(out),
-                    "--log-dir", str(work / "log"), "--gpus", "cpu:1", "--set", "tts.backend=noise_voice:NoiseVoice",
-                    "--set", f"output.audio_format={audio_format}"], env=env(), check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(work / "convs.json"),
+            "--output-dir",
+            str(out),
+            "--log-dir",
+            str(work / "log"),
+            "--gpus",
+            "cpu:1",
+            "--set",
+            "tts.backend=noise_voice:NoiseVoice",
+            "--set",
+            f"output.audio_format={audio_format}",
+        ],
+        env=env(),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -49,8 +68,23 @@ def timed_export(out: Path, fmt: str, dest: Path, shard_rows: int) -> tuple[floa
     """Wall seconds, CPU seconds (user + system) and the closing line of one export process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(REPO / "export.py"), str(out), "--format", fmt, "--dest", str(dest),
-                           "--shard-rows", str(shard_rows)], env=env(), check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "export.py"),
+            str(out),
+            "--format",
+            fmt,
+            "--dest",
+            str(dest),
+            "--shard-rows",
+            str(shard_rows),
+        ],
+        env=env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -59,7 +93,9 @@ def timed_export(out: Path, fmt: str, dest: Path, shard_rows: int) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--copies", type=int, default=10, help="copies of the 30-conversation sample (10: about 3,000 segments)")
+    parser.add_argument(
+        "--copies", type=int, default=10, help="copies of the 30-conversation sample (10: about 3,000 segments)"
+    )
     parser.add_argument("--audio-format", default="wav", choices=("wav", "flac"))
     parser.add_argument("--shard-rows", type=int, default=1000)
     parser.add_argument("--work", default="/tmp/export-bench")
@@ -71,21 +107,39 @@ def main() -> None:
     out = speak(work, args.copies, args.audio_format)
     rows = sum(1 for _ in open(out / "manifest.jsonl", "rb"))
     audio_mb = sum(p.stat().st_size for p in (out / "audio").rglob("*.*")) / 1e6
-    print(f"{rows} rows, {audio_mb:.0f} MB of {args.audio_format} audio; --shard-rows {args.shard_rows}; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"{rows} rows, {audio_mb:.0f} MB of {args.audio_format} audio; --shard-rows {args.shard_rows}; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     results = []
     for fmt in FORMATS:
         dest = work / "export" / fmt
         first, cpu, line = timed_export(out, fmt, dest, args.shard_rows)
         again, _, _ = timed_export(out, fmt, dest, args.shard_rows)
         size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) / 1e6
-        results.append({"format": fmt, "rows": rows, "seconds": round(first, 2), "rows_per_s": round(rows / first),
-                        "cpu_seconds": round(cpu, 2),
-                        "rerun_seconds": round(again, 2), "export_mb": round(size, 1), "line": line})
-        print(f"{fmt:10s} {first:6.2f} s  {rows / first:7.0f} rows/s  cpu {cpu:5.2f} s  rerun {again:5.2f} s  {size:7.1f} MB")
+        results.append(
+            {
+                "format": fmt,
+                "rows": rows,
+                "seconds": round(first, 2),
+                "rows_per_s": round(rows / first),
+                "cpu_seconds": round(cpu, 2),
+                "rerun_seconds": round(again, 2),
+                "export_mb": round(size, 1),
+                "line": line,
+            }
+        )
+        print(
+            f"{fmt:10s} {first:6.2f} s  {rows / first:7.0f} rows/s  cpu {cpu:5.2f} s  rerun {again:5.2f} s  "
+            f"{size:7.1f} MB"
+        )
     if args.out:
-        Path(args.out).write_bytes(orjson.dumps({"audio_format": args.audio_format, "audio_mb": round(audio_mb, 1),
-                                                 "results": results}, option=orjson.OPT_INDENT_2))
+        Path(args.out).write_bytes(
+            orjson.dumps(
+                {"audio_format": args.audio_format, "audio_mb": round(audio_mb, 1), "results": results},
+                option=orjson.OPT_INDENT_2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """How a benchmark hands back its figures: indented JSON on stdout, and in --out when given."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -16,6 +16,7 @@ audio from each row rendered alone in eager fp32 (full-scale units; lengths must
 
 Results go to stdout as each setting finishes and to --out (rewritten after each setting).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from figures import report  # noqa: E402  (bench/ is on sys.path when run as a script)
+from figures import report
 
 FLOW_PRECISIONS = "fp32,tf32,bf16,fp16"
 VOCODER_SETTINGS = "fp32:1,fp32:16,tf32:16,bf16:16,fp16:16"
@@ -37,14 +38,18 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", type=int, choices=(1, 2, 3), required=True)
     p.add_argument("--model-dir", required=True, help="a model directory (python -m convtts.testing.cosyvoice_model)")
-    p.add_argument("--runtime-root", default="", help="a CosyVoice checkout (v3 needs one); default: the installed package")
+    p.add_argument(
+        "--runtime-root", default="", help="a CosyVoice checkout (v3 needs one); default: the installed package"
+    )
     p.add_argument("--rows", type=int, default=32, help="decoded rows handed to the flow at once")
     p.add_argument("--seconds", default="2:6", help="shortest:longest row, in seconds of audio (spread evenly)")
     p.add_argument("--prompt-seconds", type=float, default=3.0, help="v2/v3: the zero-shot prompt's length")
     p.add_argument("--flow", default=FLOW_PRECISIONS, help="flow precisions to time")
     p.add_argument("--graphs", default="off,on", help="CUDA graphs for the flow: off, on or both")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the estimator (with graphs on)")
-    p.add_argument("--bucket", action="store_true", help="pad flow passes to the graphs' buckets even without a GPU (CPU checks)")
+    p.add_argument(
+        "--bucket", action="store_true", help="pad flow passes to the graphs' buckets even without a GPU (CPU checks)"
+    )
     p.add_argument("--vocoder", default=VOCODER_SETTINGS, help="precision:rows per pass, for the vocoder")
     p.add_argument("--max-mb", type=int, default=4096, help="tts.cosyvoice.flow.max_mb for every setting")
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per setting (after two warm-up runs on a GPU)")
@@ -60,16 +65,44 @@ def settings(args):
     for graphs in args.graphs.split(","):
         for precision in args.flow.split(","):
             on = graphs == "on"
-            out.append(("flow", Setting(f"flow-{precision}-graphs-{graphs}", flow=precision, graphs=on, vocoder_rows=1,
-                                        max_mb=args.max_mb, bucket=True if on and args.bucket else None)))
+            out.append(
+                (
+                    "flow",
+                    Setting(
+                        f"flow-{precision}-graphs-{graphs}",
+                        flow=precision,
+                        graphs=on,
+                        vocoder_rows=1,
+                        max_mb=args.max_mb,
+                        bucket=True if on and args.bucket else None,
+                    ),
+                )
+            )
     if args.compile:
         for precision in args.flow.split(","):
-            out.append(("flow", Setting(f"flow-{precision}-compile", flow=precision, graphs=True, compile=True,
-                                        vocoder_rows=1, max_mb=args.max_mb)))
+            out.append(
+                (
+                    "flow",
+                    Setting(
+                        f"flow-{precision}-compile",
+                        flow=precision,
+                        graphs=True,
+                        compile=True,
+                        vocoder_rows=1,
+                        max_mb=args.max_mb,
+                    ),
+                )
+            )
     for item in args.vocoder.split(","):
         precision, rows = item.split(":")
-        out.append(("vocoder", Setting(f"vocoder-{precision}-rows-{rows}", vocoder=precision, vocoder_rows=int(rows),
-                                       max_mb=args.max_mb)))
+        out.append(
+            (
+                "vocoder",
+                Setting(
+                    f"vocoder-{precision}-rows-{rows}", vocoder=precision, vocoder_rows=int(rows), max_mb=args.max_mb
+                ),
+            )
+        )
     return out
 
 
@@ -96,16 +129,25 @@ def measure(model, chunk, tokens, part: str, setting, ref, repeat: int, rate: in
         seconds, peaks = [r.flow_seconds for r in runs], [r.flow_peak_mb for r in runs]
     else:
         reference_mels, states = mels
-        runs = [vocode(vocoder, after_flow(chunk, tokens, states), reference_mels, device) for _ in range(warm + repeat)][warm:]
+        runs = [
+            vocode(vocoder, after_flow(chunk, tokens, states), reference_mels, device) for _ in range(warm + repeat)
+        ][warm:]
         audio = runs[-1].audio
         seconds, peaks = [r.vocoder_seconds for r in runs], [r.vocoder_peak_mb for r in runs]
-    figures = {"setting": setting.name, "part": part,
-               "flow_passes": [len(g) for g in flow.groups(make_rows(chunk, tokens))], "vocoder_passes": vocoder.last_passes,
-               "graphs_held": len(flow.solver.graphs.graphs), "graph_replays": flow.solver.graphs.replays,
-               "audio_seconds": round(audio_seconds(audio, rate), 2), "part_seconds": round(statistics.median(seconds), 4),
-               "audio_seconds_per_second": round(audio_seconds(audio, rate) / max(statistics.median(seconds), 1e-9), 2),
-               "deviation_full_scale": deviation(audio, ref), "lengths_match": all(len(a) == len(r) for a, r in zip(audio, ref)),
-               "peak_mb_per_pass": round(max(peaks), 1)}
+    figures = {
+        "setting": setting.name,
+        "part": part,
+        "flow_passes": [len(g) for g in flow.groups(make_rows(chunk, tokens))],
+        "vocoder_passes": vocoder.last_passes,
+        "graphs_held": len(flow.solver.graphs.graphs),
+        "graph_replays": flow.solver.graphs.replays,
+        "audio_seconds": round(audio_seconds(audio, rate), 2),
+        "part_seconds": round(statistics.median(seconds), 4),
+        "audio_seconds_per_second": round(audio_seconds(audio, rate) / max(statistics.median(seconds), 1e-9), 2),
+        "deviation_full_scale": deviation(audio, ref),
+        "lengths_match": all(len(a) == len(r) for a, r in zip(audio, ref)),
+        "peak_mb_per_pass": round(max(peaks), 1),
+    }
     del flow, vocoder
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -128,9 +170,13 @@ def estimates(model, args, tokens) -> dict:
 
     longest = float(args.seconds.split(":")[1])
     prompt = args.prompt_seconds if args.version > 1 else 0.0
-    return {precision: {"flow_mb_per_row": round(flow_mb_per_row(args.version, precision, longest, prompt), 1),
-                        "vocoder_mb_per_row": round(vocoder_mb_per_row(args.version, precision, longest), 1)}
-            for precision in ("fp32", "bf16")}
+    return {
+        precision: {
+            "flow_mb_per_row": round(flow_mb_per_row(args.version, precision, longest, prompt), 1),
+            "vocoder_mb_per_row": round(vocoder_mb_per_row(args.version, precision, longest), 1),
+        }
+        for precision in ("fp32", "bf16")
+    }
 
 
 def main(argv=None) -> int:
@@ -149,9 +195,15 @@ def main(argv=None) -> int:
     chunk = flow_inputs(model, args.prompt_seconds)
     tokens = token_lists(model, list(np.linspace(low, high, args.rows)))
     rate = int(model.sample_rate)
-    results = {"version": args.version, "rows": args.rows, "seconds": args.seconds, "prompt_seconds": args.prompt_seconds,
-               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               "estimates": estimates(model, args, tokens), "settings": []}
+    results = {
+        "version": args.version,
+        "rows": args.rows,
+        "seconds": args.seconds,
+        "prompt_seconds": args.prompt_seconds,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "estimates": estimates(model, args, tokens),
+        "settings": [],
+    }
     ref = reference(model, chunk, tokens)
     eager = build(model, Setting("eager-fp32"))[0]  # the vocoder settings' input: mels as the reference flow makes them
     rows = make_rows(chunk, tokens)

@@ -7,6 +7,7 @@ as real recordings do. Also writes the first K voices as a pool of their own, fo
 
     python bench/make_pool.py --out /tmp/pool --voices 500 --also 2 [--version 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ def write_pool(out: Path, voices: int, rate: int, head: str) -> list[dict]:
     lines = []
     for n in range(voices):
         seconds = 3 + 5 * (n * 0.618034 % 1)  # spread evenly over 3 to 8 s
-        sf.write(out / "audio" / f"v{n:05d}.wav", (rng.standard_normal(int(rate * seconds)) * 0.05).astype("float32"), rate)
+        sf.write(
+            out / "audio" / f"v{n:05d}.wav", (rng.standard_normal(int(rate * seconds)) * 0.05).astype("float32"), rate
+        )
         lines.append({"name": f"voice-{n:05d}", "audio": f"audio/v{n:05d}.wav", "text": head + TEXT})
     return lines
 

@@ -9,6 +9,7 @@ a small disk), and merge runs with --no-audio-check, so the figure is the row ha
 which gives the check's cost per file. The glob per shard that merge used to do is timed on the
 finished work/ directory, for the old figure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,14 +27,14 @@ import numpy as np
 import orjson
 import soundfile as sf
 
+from figures import report
 from preprocess_bench import generate  # bench/ is on sys.path
 from sample_text import DEFAULT_TEXT
-from figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from convtts.state.layout import Layout  # noqa: E402
-from convtts.run.utterance import MANIFEST_FIELDS  # noqa: E402
+from convtts.run.utterance import MANIFEST_FIELDS
+from convtts.state.layout import Layout
 
 RATE = 22050
 SHARED_SECONDS = (2.0, 5.0, 9.0, 14.0)  # the shared files' lengths; rows take them in turn
@@ -42,8 +43,20 @@ SHARED_SECONDS = (2.0, 5.0, 9.0, 14.0)  # the shared files' lengths; rows take t
 def make_plan(root: Path, conversations: int) -> Path:
     source, out = root / "conversations.json", root / "out"
     generate(source, conversations, False, 0, DEFAULT_TEXT)
-    subprocess.run([sys.executable, str(REPO / "preprocess.py"), "--input", str(source), "--output-dir", str(out),
-                    "--set", "tts.backend=silence"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "preprocess.py"),
+            "--input",
+            str(source),
+            "--output-dir",
+            str(out),
+            "--set",
+            "tts.backend=silence",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     source.unlink()  # merge never reads the input; the disk needs the room
     return out
 
@@ -62,10 +75,24 @@ def shared_audio(layout: Layout) -> list[tuple[str, int]]:
 def row(segment: dict, audio: str, samples: int, number: int) -> bytes:
     """A manifest row with the fields and value shapes utterance.manifest_row writes."""
     out = {k: segment.get(k) for k in MANIFEST_FIELDS}
-    out.update(audio=audio, duration=round(samples / RATE, 4), num_samples=samples, sample_rate=RATE,
-               backend="silence", status="ok", attempts=1, seed=1234567890 + number, synthesis_seconds=0.0123,
-               run="20261123T130000-12345", worker="slot0-w0", pid=12345, finished=1795000000.0 + number / 1000,
-               rss_mb=412.3, gpu_mb=0.0, since_build=number % 500)
+    out.update(
+        audio=audio,
+        duration=round(samples / RATE, 4),
+        num_samples=samples,
+        sample_rate=RATE,
+        backend="silence",
+        status="ok",
+        attempts=1,
+        seed=1234567890 + number,
+        synthesis_seconds=0.0123,
+        run="20261123T130000-12345",
+        worker="slot0-w0",
+        pid=12345,
+        finished=1795000000.0 + number / 1000,
+        rss_mb=412.3,
+        gpu_mb=0.0,
+        since_build=number % 500,
+    )
     return orjson.dumps(out) + b"\n"
 
 
@@ -77,7 +104,7 @@ def write_work(layout: Layout, distinct: bool) -> int:
     total = 0
     for shard in layout.shard_names():
         lines = []
-        for number, segment in enumerate(map(orjson.loads, layout.shard_file(shard).read_bytes().splitlines())):
+        for _number, segment in enumerate(map(orjson.loads, layout.shard_file(shard).read_bytes().splitlines())):
             if shared:
                 audio, samples = shared[total % len(shared)]
             else:
@@ -88,8 +115,9 @@ def write_work(layout: Layout, distinct: bool) -> int:
             lines.append(row(segment, audio, samples, total))
             total += 1
         layout.manifest(shard, "w0").write_bytes(b"".join(lines))
-        layout.stats(shard).write_bytes(orjson.dumps({"shard": shard, "segments": len(lines), "done": len(lines),
-                                                      "failed": 0, "pending": 0}))
+        layout.stats(shard).write_bytes(
+            orjson.dumps({"shard": shard, "segments": len(lines), "done": len(lines), "failed": 0, "pending": 0})
+        )
     return total
 
 
@@ -106,10 +134,15 @@ def timed_merge(out: Path, *flags: str) -> dict:
 
     minutes, _, seconds = field("Elapsed (wall clock) time (h:mm:ss or m:ss)").rpartition(":")
     wall = float(seconds) + sum(float(p) * 60 ** (i + 1) for i, p in enumerate(reversed(minutes.split(":"))) if p)
-    return {"flags": list(flags), "rc": result.returncode, "wall_s": round(wall, 1),
-            "peak_rss_mb": round(int(field("Maximum resident set size (kbytes)") or 0) / 1024, 1),
-            "user_s": float(field("User time (seconds)") or 0), "sys_s": float(field("System time (seconds)") or 0),
-            "stdout": result.stdout.strip()}
+    return {
+        "flags": list(flags),
+        "rc": result.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(int(field("Maximum resident set size (kbytes)") or 0) / 1024, 1),
+        "user_s": float(field("User time (seconds)") or 0),
+        "sys_s": float(field("System time (seconds)") or 0),
+        "stdout": result.stdout.strip(),
+    }
 
 
 def old_glob_seconds(layout: Layout, samples: int = 50) -> dict:
@@ -121,16 +154,24 @@ def old_glob_seconds(layout: Layout, samples: int = 50) -> dict:
         glob.glob(str(layout.work_dir / f"{shard}.*.manifest.jsonl"))
         glob.glob(str(layout.work_dir / f"{shard}.*.failures.jsonl"))
     per_shard = (time.perf_counter() - started) / len(picked)
-    return {"work_files": len(os.listdir(layout.work_dir)), "per_shard_s": round(per_shard, 4),
-            "all_shards_s": round(per_shard * len(shards), 1)}
+    return {
+        "work_files": len(os.listdir(layout.work_dir)),
+        "per_shard_s": round(per_shard, 4),
+        "all_shards_s": round(per_shard * len(shards), 1),
+    }
 
 
 def sizes(layout: Layout) -> dict:
     def total(path: Path) -> int:
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-    return {"plan_bytes": total(layout.plan_dir), "work_bytes": total(layout.work_dir),
-            "manifest_bytes": total(layout.manifest_file), "conversations_bytes": total(layout.conversations_file),
-            "failures_bytes": total(layout.failures_file)}
+
+    return {
+        "plan_bytes": total(layout.plan_dir),
+        "work_bytes": total(layout.work_dir),
+        "manifest_bytes": total(layout.manifest_file),
+        "conversations_bytes": total(layout.conversations_file),
+        "failures_bytes": total(layout.failures_file),
+    }
 
 
 def main() -> int:
@@ -146,17 +187,24 @@ def main() -> int:
         layout = Layout(make_plan(root, args.conversations))
         plan = orjson.loads(layout.plan_file.read_bytes())
         rows = write_work(layout, args.audio == "distinct")
-        result = {"conversations": args.conversations, "segments": plan["segments"], "shards": len(plan["shards"]),
-                  "rows": rows, "audio": args.audio, "setup_s": round(time.perf_counter() - started, 1),
-                  "merges": [timed_merge(layout.root, "--no-audio-check")]}
+        result = {
+            "conversations": args.conversations,
+            "segments": plan["segments"],
+            "shards": len(plan["shards"]),
+            "rows": rows,
+            "audio": args.audio,
+            "setup_s": round(time.perf_counter() - started, 1),
+            "merges": [timed_merge(layout.root, "--no-audio-check")],
+        }
         if args.audio == "distinct":
             result["merges"].append(timed_merge(layout.root))
             unchecked, checked = result["merges"]
             cpu = (checked["user_s"] + checked["sys_s"]) - (unchecked["user_s"] + unchecked["sys_s"])
             result["audio_check_ms_per_file"] = round((checked["wall_s"] - unchecked["wall_s"]) / rows * 1000, 4)
             result["audio_check_cpu_ms_per_file"] = round(cpu / rows * 1000, 4)
-        result.update(sizes(layout), old_glob=old_glob_seconds(layout), cpu_count=os.cpu_count(),
-                      load_average=os.getloadavg())
+        result.update(
+            sizes(layout), old_glob=old_glob_seconds(layout), cpu_count=os.cpu_count(), load_average=os.getloadavg()
+        )
         report(result, args.out)
         return 0 if all(m["rc"] == 0 for m in result["merges"]) else 1
     finally:

@@ -4,6 +4,7 @@ Real speech barely compresses, and export formats that compress or deduplicate (
 far faster on the repository's test tone, whose clips of one length are identical. 22050 Hz like the
 default Piper voice, as long as the text would take at text.words_per_minute.
 """
+
 import numpy as np
 
 

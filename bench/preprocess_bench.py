@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark preprocess.py on a generated LLaVA-style file of a million conversations: wall time, peak memory."""
+
 from __future__ import annotations
 
 import argparse
@@ -108,12 +109,19 @@ def run_preprocess(source: Path, out: Path, extra: list[str]) -> dict:
     plan = orjson.loads((out / "plan" / "plan.json").read_bytes()) if proc.returncode == 0 else {}
     plan_bytes = sum(p.stat().st_size for p in (out / "plan").rglob("*") if p.is_file()) if plan else 0
     return {
-        "rc": proc.returncode, "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        "rc": proc.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
         "peak_tree_rss_mb": round(peak[0], 1),
-        "user_s": round(usage.ru_utime, 1), "sys_s": round(usage.ru_stime, 1),
-        "conversations": plan.get("conversations"), "segments": plan.get("segments"),
-        "words": plan.get("words"), "estimated_hours": plan.get("estimated_hours"),
-        "shards": len(plan.get("shards", [])), "plan_bytes": plan_bytes, **phase_times(output),
+        "user_s": round(usage.ru_utime, 1),
+        "sys_s": round(usage.ru_stime, 1),
+        "conversations": plan.get("conversations"),
+        "segments": plan.get("segments"),
+        "words": plan.get("words"),
+        "estimated_hours": plan.get("estimated_hours"),
+        "shards": len(plan.get("shards", [])),
+        "plan_bytes": plan_bytes,
+        **phase_times(output),
         "log_tail": output[-2000:],
     }
 
@@ -127,8 +135,10 @@ def phase_times(log: str) -> dict:
                 stamps[key] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
     if len(stamps) < 3:
         return {}
-    return {"index_s": round((stamps["selected"] - stamps["start"]).total_seconds(), 1),
-            "shards_s": round((stamps["done"] - stamps["selected"]).total_seconds(), 1)}
+    return {
+        "index_s": round((stamps["selected"] - stamps["start"]).total_seconds(), 1),
+        "shards_s": round((stamps["done"] - stamps["selected"]).total_seconds(), 1),
+    }
 
 
 def main() -> int:
@@ -137,7 +147,9 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=1_000_000)
     parser.add_argument("--format", choices=("array", "jsonl", "both"), default="array")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations whose sentences the generated file reuses")
+    parser.add_argument(
+        "--text", default=str(DEFAULT_TEXT), help="conversations whose sentences the generated file reuses"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="passed on to preprocess.py")
     parser.add_argument("--out", help="write the figures here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -146,18 +158,25 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="convtts-bench-", dir=args.workdir))
     results = []
     try:
-        for fmt in (("array", "jsonl") if args.format == "both" else (args.format,)):
+        for fmt in ("array", "jsonl") if args.format == "both" else (args.format,):
             source = root / f"conversations.{'jsonl' if fmt == 'jsonl' else 'json'}"
             started = time.perf_counter()
             generate(source, args.conversations, fmt == "jsonl", args.seed, Path(args.text))
             generated = time.perf_counter() - started
             extra = [a for o in args.overrides for a in ("--set", o)]
-            result = {"format": fmt, "input_bytes": source.stat().st_size, "generate_s": round(generated, 1),
-                      **run_preprocess(source, root / f"out-{fmt}", extra)}
+            result = {
+                "format": fmt,
+                "input_bytes": source.stat().st_size,
+                "generate_s": round(generated, 1),
+                **run_preprocess(source, root / f"out-{fmt}", extra),
+            }
             results.append(result)
-            print(f"{fmt}: {result['input_bytes'] / 1e9:.2f} GB, {result['conversations']} conversations -> "
-                  f"{result['segments']} segments in {result['shards']} shards; preprocess {result['wall_s']} s wall, "
-                  f"peak RSS {result['peak_rss_mb']} MB (all processes {result['peak_tree_rss_mb']} MB), plan {result['plan_bytes'] / 1e9:.2f} GB (rc {result['rc']})")
+            print(
+                f"{fmt}: {result['input_bytes'] / 1e9:.2f} GB, {result['conversations']} conversations -> "
+                f"{result['segments']} segments in {result['shards']} shards; preprocess {result['wall_s']} s wall, "
+                f"peak RSS {result['peak_rss_mb']} MB (all processes {result['peak_tree_rss_mb']} MB), plan "
+                f"{result['plan_bytes'] / 1e9:.2f} GB (rc {result['rc']})"
+            )
             if result["rc"] != 0:
                 print(result["log_tail"], file=sys.stderr)
             if not args.keep:  # the next format needs the disk space
@@ -167,7 +186,9 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     if args.out:
-        Path(args.out).write_bytes(orjson.dumps({"runs": results, "cpu_count": os.cpu_count()}, option=orjson.OPT_INDENT_2))
+        Path(args.out).write_bytes(
+            orjson.dumps({"runs": results, "cpu_count": os.cpu_count()}, option=orjson.OPT_INDENT_2)
+        )
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
 

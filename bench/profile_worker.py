@@ -7,6 +7,7 @@ kernel launches and GPU-busy time per LLM token.
 
     python bench/profile_worker.py --model-dir /tmp/cv300m --fp16 --utterances 20 --out profile.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,17 +76,23 @@ def main() -> int:
     p.add_argument("--model-dir", required=True)
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--utterances", type=int, default=20)
-    p.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations whose answers are spoken, in any input format of preprocess.py")
+    p.add_argument(
+        "--text",
+        default=str(DEFAULT_TEXT),
+        help="conversations whose answers are spoken, in any input format of preprocess.py",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
     import torch
 
-    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
     from convtts.config import load_config
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
-    config = load_config(REPO / "configs" / "cosyvoice.yaml",
-                         [f"tts.cosyvoice.model_dir={args.model_dir}", f"tts.cosyvoice.fp16={str(args.fp16).lower()}"])
+    config = load_config(
+        REPO / "configs" / "cosyvoice.yaml",
+        [f"tts.cosyvoice.model_dir={args.model_dir}", f"tts.cosyvoice.fp16={str(args.fp16).lower()}"],
+    )
     backend = CosyVoiceBackend(config)
     upstream = backend.model
     texts = sentences(Path(args.text), args.utterances + 3)
@@ -102,15 +109,30 @@ def main() -> int:
     for i, text in enumerate(texts[3:]):
         audio_seconds += len(backend.synthesize(text, "英文女", 100 + i)) / backend.sample_rate
     wall = time.perf_counter() - started
-    stages = {k: {"seconds": round(v, 3), "share": round(v / wall, 3), "per_utterance_ms": round(1000 * v / len(texts[3:]), 1)}
-              for k, v in timer.seconds.items()}
-    stages["other (python, threads, copies)"] = {"seconds": round(wall - sum(timer.seconds.values()), 3),
-                                                 "share": round(1 - sum(timer.seconds.values()) / wall, 3)}
-    report = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "fp16": args.fp16, "utterances": len(texts[3:]),
-              "audio_seconds": round(audio_seconds, 2), "wall_seconds": round(wall, 3),
-              "audio_seconds_per_second": round(audio_seconds / wall, 3), "llm_tokens": timer.tokens,
-              "llm_ms_per_token": round(1000 * timer.seconds["llm decode"] / max(timer.tokens, 1), 2),
-              "stages": stages, "kernels": kernel_profile(torch, backend, texts[3:6], timer)}
+    stages = {
+        k: {
+            "seconds": round(v, 3),
+            "share": round(v / wall, 3),
+            "per_utterance_ms": round(1000 * v / len(texts[3:]), 1),
+        }
+        for k, v in timer.seconds.items()
+    }
+    stages["other (python, threads, copies)"] = {
+        "seconds": round(wall - sum(timer.seconds.values()), 3),
+        "share": round(1 - sum(timer.seconds.values()) / wall, 3),
+    }
+    report = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "fp16": args.fp16,
+        "utterances": len(texts[3:]),
+        "audio_seconds": round(audio_seconds, 2),
+        "wall_seconds": round(wall, 3),
+        "audio_seconds_per_second": round(audio_seconds / wall, 3),
+        "llm_tokens": timer.tokens,
+        "llm_ms_per_token": round(1000 * timer.seconds["llm decode"] / max(timer.tokens, 1), 2),
+        "stages": stages,
+        "kernels": kernel_profile(torch, backend, texts[3:6], timer),
+    }
     Path(args.out).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     return 0
@@ -132,10 +154,15 @@ def kernel_profile(torch, backend, texts: list[str], timer: StageTimer) -> dict:
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     gpu_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
-    return {"wall_seconds": round(wall, 3), "llm_tokens": tokens, "kernel_launches": launches,
-            "launches_per_llm_token": round(launches / tokens, 1), "gpu_busy_seconds": round(gpu_us / 1e6, 3),
-            "gpu_busy_share": round(gpu_us / 1e6 / wall, 3),
-            "top_cpu_ops": [[e.key, e.count, round(e.self_cpu_time_total / 1e3, 1)] for e in top]}
+    return {
+        "wall_seconds": round(wall, 3),
+        "llm_tokens": tokens,
+        "kernel_launches": launches,
+        "launches_per_llm_token": round(launches / tokens, 1),
+        "gpu_busy_seconds": round(gpu_us / 1e6, 3),
+        "gpu_busy_share": round(gpu_us / 1e6 / wall, 3),
+        "top_cpu_ops": [[e.key, e.count, round(e.self_cpu_time_total / 1e3, 1)] for e in top],
+    }
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ quality.gate_seconds), and the ASR round-trip WER figures of summary.json.
 
     python bench/quality_gate.py --segments 200 --gpus cpu:2 --out bench/results/quality-gate.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from sample_text import DEFAULT_TEXT, read_conversations  # bench/ is this script's own folder on sys.path
 from figures import report
+from sample_text import DEFAULT_TEXT, read_conversations  # bench/ is this script's own folder on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from convtts.config import load_config  # noqa: E402
-from convtts.plan.planner import plan_conversation  # noqa: E402
+from convtts.config import load_config
+from convtts.plan.planner import plan_conversation
 
 
 def make_input(segments: int, path: Path) -> int:
@@ -53,8 +54,20 @@ def make_input(segments: int, path: Path) -> int:
 def run(source: Path, out: Path, gpus: str, gate: bool) -> dict:
     env = dict(os.environ, PYTHON=os.environ.get("PYTHON", sys.executable))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    command = ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--gpus", gpus,
-               "--log-dir", str(out.parent / f"log-{out.name}"), "--set", f"validate.enabled={str(gate).lower()}"]
+    command = [
+        "bash",
+        str(REPO / "run_all.sh"),
+        "--input",
+        str(source),
+        "--output-dir",
+        str(out),
+        "--gpus",
+        gpus,
+        "--log-dir",
+        str(out.parent / f"log-{out.name}"),
+        "--set",
+        f"validate.enabled={str(gate).lower()}",
+    ]
     started = time.time()
     result = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     wall = time.time() - started
@@ -65,12 +78,17 @@ def run(source: Path, out: Path, gpus: str, gate: bool) -> dict:
     gate_seconds = [r["quality"]["gate_seconds"] for r in rows if "gate_seconds" in (r.get("quality") or {})]
     audio = sum(r["duration"] for r in rows)
     return {
-        "validate": gate, "exit": result.returncode, "wall_seconds": round(wall, 2), "done": summary["done"],
-        "failed": summary["failed"], "audio_seconds": round(audio, 2),
+        "validate": gate,
+        "exit": result.returncode,
+        "wall_seconds": round(wall, 2),
+        "done": summary["done"],
+        "failed": summary["failed"],
+        "audio_seconds": round(audio, 2),
         "synthesis_seconds_per_utterance": round(float(np.mean([r["synthesis_seconds"] for r in rows])), 4),
         "gate_seconds_per_utterance": round(float(np.mean(gate_seconds)), 4) if gate_seconds else None,
         "gate_seconds_per_audio_second": round(sum(gate_seconds) / audio, 4) if gate_seconds else None,
-        "quality": summary.get("quality"), "closing": result.stdout.strip().splitlines()[-4:],
+        "quality": summary.get("quality"),
+        "closing": result.stdout.strip().splitlines()[-4:],
     }
 
 
@@ -83,8 +101,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as tmp:
         source = Path(tmp) / "input.json"
         count = make_input(args.segments, source)
-        results = {"segments": count, "gpus": args.gpus, "cores": os.cpu_count(),
-                   "runs": [run(source, Path(tmp) / f"out-{gate}", args.gpus, gate) for gate in (False, True)]}
+        results = {
+            "segments": count,
+            "gpus": args.gpus,
+            "cores": os.cpu_count(),
+            "runs": [run(source, Path(tmp) / f"out-{gate}", args.gpus, gate) for gate in (False, True)],
+        }
     off, on = results["runs"]
     results["gate_adds_seconds"] = round(on["wall_seconds"] - off["wall_seconds"], 2)
     report(results, args.out)

@@ -6,6 +6,7 @@ and after each release, so growth per rebuild shows directly.
 
     python bench/rebuild_memory.py --model-dir /tmp/cv300m --rebuilds 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def gpu_figures(torch) -> str:
     if not torch.cuda.is_available():
         return ""
-    return (f", gpu allocated {torch.cuda.memory_allocated() / 2**20:.0f} MiB,"
-            f" reserved {torch.cuda.memory_reserved() / 2**20:.0f} MiB")
+    return (
+        f", gpu allocated {torch.cuda.memory_allocated() / 2**20:.0f} MiB,"
+        f" reserved {torch.cuda.memory_reserved() / 2**20:.0f} MiB"
+    )
 
 
 def main() -> int:
@@ -34,10 +37,10 @@ def main() -> int:
 
     import torch
 
-    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
     from convtts.config import load_config
     from convtts.run.memory import rss_mb
     from convtts.run.worker import release_backend
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
     config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={args.model_dir}"])
     speaker = config.speakers.voices[0]

@@ -1,4 +1,5 @@
 """The text the benchmarks speak: the repository's sample conversations by default, or any input file."""
+
 from __future__ import annotations
 
 from pathlib import Path

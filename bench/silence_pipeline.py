@@ -4,6 +4,7 @@ LLaVA-like conversations, under /usr/bin/time -v, split into plan, slots and mer
 
     python bench/silence_pipeline.py --conversations 400 --gpus cpu:2 --out bench/results/x.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import orjson
 
+from figures import report
 from preprocess_bench import generate  # bench/ is on sys.path
 from sample_text import DEFAULT_TEXT
-from figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
@@ -42,8 +43,22 @@ def time_v(report: str, name: str) -> float:
 def run(root: Path, conversations: int, gpus: str, workers: int | None, overrides: list[str]) -> dict:
     source, out, logs = root / "conversations.json", root / "out", root / "log"
     generate(source, conversations, False, 0, Path(DEFAULT_TEXT))
-    cmd = ["/usr/bin/time", "-v", "bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out),
-           "--gpus", gpus, "--set", "tts.backend=silence", "--log-dir", str(logs)]
+    cmd = [
+        "/usr/bin/time",
+        "-v",
+        "bash",
+        str(REPO / "run_all.sh"),
+        "--input",
+        str(source),
+        "--output-dir",
+        str(out),
+        "--gpus",
+        gpus,
+        "--set",
+        "tts.backend=silence",
+        "--log-dir",
+        str(logs),
+    ]
     cmd += ["--workers", str(workers)] if workers else []
     for item in overrides:
         cmd += ["--set", item]
@@ -60,17 +75,31 @@ def run(root: Path, conversations: int, gpus: str, workers: int | None, override
     started_line = re.search(r"slot 0: (.*starting \d+ workers.*)", slot_log)
     n = len(rows)
     return {
-        "rc": result.returncode, "conversations": conversations, "utterances": n, "gpus": gpus,
-        "audio_hours": summary["audio_hours"], "audio_bytes": sum((out / r["audio"]).stat().st_size for r in rows),
+        "rc": result.returncode,
+        "conversations": conversations,
+        "utterances": n,
+        "gpus": gpus,
+        "audio_hours": summary["audio_hours"],
+        "audio_bytes": sum((out / r["audio"]).stat().st_size for r in rows),
         "wall_s": round(ended - started, 2),
-        "cpu_s": round(time_v(result.stderr, "User time (seconds)") + time_v(result.stderr, "System time (seconds)"), 2),
-        "phases_s": {"check_and_lock": round(plan_start - started, 2), "plan": round(plan_end - plan_start, 2),
-                     "slots": round(slots_end - slots_start, 2), "merge_and_exit": round(ended - slots_end, 2)},
+        "cpu_s": round(
+            time_v(result.stderr, "User time (seconds)") + time_v(result.stderr, "System time (seconds)"), 2
+        ),
+        "phases_s": {
+            "check_and_lock": round(plan_start - started, 2),
+            "plan": round(plan_end - plan_start, 2),
+            "slots": round(slots_end - slots_start, 2),
+            "merge_and_exit": round(ended - slots_end, 2),
+        },
         "ms_per_utterance": {
             "run_wall": round((ended - started) / n * 1000, 3),
             "slots_wall": round((slots_end - slots_start) / n * 1000, 3),
-            "cpu_all_processes": round((time_v(result.stderr, "User time (seconds)")
-                                        + time_v(result.stderr, "System time (seconds)")) / n * 1000, 3),
+            "cpu_all_processes": round(
+                (time_v(result.stderr, "User time (seconds)") + time_v(result.stderr, "System time (seconds)"))
+                / n
+                * 1000,
+                3,
+            ),
             # inside a worker: synthesis (zeros), the audio check, encoding, the atomic write, the row
             "worker_per_row": round(sum(r["synthesis_seconds"] for r in rows) / n * 1000, 3),
         },

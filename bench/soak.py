@@ -11,6 +11,7 @@ held and no process behind.
 
     python bench/soak.py --kills 100 --out bench/results/soak-2core-2026-11-23.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from convtts.state.shardio import read_json, read_jsonl  # noqa: E402 - after the repository is on sys.path
-from convtts.state.verify import check_complete, temporary_files  # noqa: E402
+from convtts.state.shardio import read_json, read_jsonl
+from convtts.state.verify import check_complete, temporary_files
 
 DEFAULT_INPUT = REPO / "tests" / "data" / "llava_style.json"
 KINDS = ("run", "slot", "worker")
@@ -77,6 +78,7 @@ class Run:
 
 # --- processes ----------------------------------------------------------------------------------
 
+
 @dataclass
 class Proc:
     pid: int
@@ -97,7 +99,7 @@ def processes() -> list[Proc]:
         except OSError:
             continue
         # /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] in ("Z", "X"):
             continue
         found.append(Proc(int(entry.name), int(fields[1]), int(fields[2]), cmdline))
@@ -140,15 +142,23 @@ def lock_is_free(out: Path) -> bool:
 
 # --- the input ----------------------------------------------------------------------------------
 
+
 def load_records(path: Path) -> list[dict]:
     """Conversation records from a JSON array or JSON lines; LLaVA question-answer rows grouped by image."""
     data = path.read_bytes()
-    rows = orjson.loads(data) if data.lstrip().startswith(b"[") else [orjson.loads(x) for x in data.splitlines() if x.strip()]
+    rows = (
+        orjson.loads(data)
+        if data.lstrip().startswith(b"[")
+        else [orjson.loads(x) for x in data.splitlines() if x.strip()]
+    )
     if rows and "conversations" not in rows[0] and "instruction" in rows[0]:
         by_image: OrderedDict[str, dict] = OrderedDict()
         for row in rows:  # {"id", "image", "instruction", "output"}: one question and answer about an image
             record = by_image.setdefault(row["id"], {"id": row["id"], "conversations": []})
-            record["conversations"] += [{"from": "human", "value": row["instruction"]}, {"from": "gpt", "value": row["output"]}]
+            record["conversations"] += [
+                {"from": "human", "value": row["instruction"]},
+                {"from": "gpt", "value": row["output"]},
+            ]
         rows = list(by_image.values())
     return rows
 
@@ -176,6 +186,7 @@ def write_soak_input(options: SoakOptions, path: Path) -> dict:
 
 
 # --- the soak -----------------------------------------------------------------------------------
+
 
 class SoakFailed(Exception):
     """The soak cannot go on: processes that do not die, a run that never ends."""
@@ -210,16 +221,35 @@ class Soak:
 
     def command(self) -> list[str]:
         o = self.o
-        return ["bash", str(REPO / "run_all.sh"), "--input", str(self.source), "--output-dir", str(self.out),
-                "--gpus", f"cpu:{o.slots}", "--workers", str(o.workers), "--log-dir", str(self.logs),
-                "--set", f"shards.segments_per_shard={o.segments_per_shard}"]
+        return [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(self.source),
+            "--output-dir",
+            str(self.out),
+            "--gpus",
+            f"cpu:{o.slots}",
+            "--workers",
+            str(o.workers),
+            "--log-dir",
+            str(self.logs),
+            "--set",
+            f"shards.segments_per_shard={o.segments_per_shard}",
+        ]
 
     def start(self) -> Run:
         self.settle()
         env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPO))
         with open(self.work / f"run-{len(self.runs):03d}.log", "wb") as log:
-            proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # its own process group: a whole-run kill takes all of it
+            proc = subprocess.Popen(
+                self.command(),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # its own process group: a whole-run kill takes all of it
         self.runs.append(Run(len(self.runs), proc))
         self.unsettled.add(proc.pid)
         return self.runs[-1]
@@ -229,8 +259,10 @@ class Soak:
         started = time.monotonic()
         while left := strays(self.unsettled, self.out):
             if time.monotonic() - started > STRAY_TIMEOUT:
-                raise SoakFailed(f"processes still there {STRAY_TIMEOUT:.0f} s after their run ended: "
-                                 + "; ".join(f"{p.pid} {p.cmdline[:120]!r}" for p in left[:5]))
+                raise SoakFailed(
+                    f"processes still there {STRAY_TIMEOUT:.0f} s after their run ended: "
+                    + "; ".join(f"{p.pid} {p.cmdline[:120]!r}" for p in left[:5])
+                )
             time.sleep(0.1)
         self.unsettled.clear()  # checked once: a pid (and so a group id) may be reused later
         self.stray_wait_max = max(self.stray_wait_max, time.monotonic() - started)
@@ -297,8 +329,16 @@ class Soak:
             if run is None:
                 return None
             self.kills[kind] += 1
-            self.events.append({"kill": number, "kind": kind, "pid": pid, "run": run.index,
-                                "delay": round(delay, 2), "at": round(time.monotonic() - self.t0, 2)})
+            self.events.append(
+                {
+                    "kill": number,
+                    "kind": kind,
+                    "pid": pid,
+                    "run": run.index,
+                    "delay": round(delay, 2),
+                    "at": round(time.monotonic() - self.t0, 2),
+                }
+            )
             if kind == "run":
                 self.ended(run, killed=True)
                 run = self.start() if number < len(kinds) else None
@@ -339,7 +379,8 @@ class Soak:
         work_duplicates = sum(n - 1 for n in work_ids.values() if n > 1)  # spoken twice: lost work, not wrong output
         self.problems += problems
         return {
-            "utterances": len(rows), "audio_seconds": round(sum(r["duration"] for r in rows), 1),
+            "utterances": len(rows),
+            "audio_seconds": round(sum(r["duration"] for r in rows), 1),
             "duplicates": sum(n - 1 for n in Counter(r["id"] for r in rows).values() if n > 1),
             "work_duplicates": work_duplicates,
             "worker_deaths_recorded": sum(len(read_jsonl(p)) for p in (self.out / "work").glob("*.crashes.jsonl")),
@@ -351,10 +392,17 @@ def soak(options: SoakOptions) -> dict:
     work = Path(options.work_dir or tempfile.mkdtemp(prefix="convtts-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     s = Soak(options, work)
-    figures: dict = {"seed": options.seed, "kills_requested": options.kills, "window_seconds": list(options.window),
-                     "slots": options.slots, "workers_per_slot": options.workers,
-                     "segments_per_shard": options.segments_per_shard, "cpu_count": os.cpu_count(), "work_dir": str(work),
-                     "code": code_version()}
+    figures: dict = {
+        "seed": options.seed,
+        "kills_requested": options.kills,
+        "window_seconds": list(options.window),
+        "slots": options.slots,
+        "workers_per_slot": options.workers,
+        "segments_per_shard": options.segments_per_shard,
+        "cpu_count": os.cpu_count(),
+        "work_dir": str(work),
+        "code": code_version(),
+    }
     figures.update(write_soak_input(options, s.source))
     try:
         figures["final_rerun"] = s.final_run(s.kill_loop())
@@ -364,18 +412,27 @@ def soak(options: SoakOptions) -> dict:
         for run in s.runs:
             if not run.exited():
                 os.killpg(run.pgid, signal.SIGKILL)
-    figures.update({
-        "kills": {**{k: s.kills[k] for k in KINDS}, "total": sum(s.kills.values())},
-        "kills_missed": s.missed, "finished_before_all_kills": s.finished_early,
-        "runs": len(s.runs), "restarts": max(0, len(s.runs) - 1), "run_exit_codes": dict(sorted(s.exit_codes.items())),
-        "orphan_wait_max_seconds": round(s.stray_wait_max, 2), "wall_seconds": round(time.monotonic() - s.t0, 1),
-        "planned": _planned(s.out), "problems": s.problems, "events": s.events,
-    })
+    figures.update(
+        {
+            "kills": {**{k: s.kills[k] for k in KINDS}, "total": sum(s.kills.values())},
+            "kills_missed": s.missed,
+            "finished_before_all_kills": s.finished_early,
+            "runs": len(s.runs),
+            "restarts": max(0, len(s.runs) - 1),
+            "run_exit_codes": dict(sorted(s.exit_codes.items())),
+            "orphan_wait_max_seconds": round(s.stray_wait_max, 2),
+            "wall_seconds": round(time.monotonic() - s.t0, 1),
+            "planned": _planned(s.out),
+            "problems": s.problems,
+            "events": s.events,
+        }
+    )
     return figures
 
 
 def code_version() -> dict:
     """The commit the soak ran on, and the files that differed from it."""
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
         return done.stdout.rstrip() if done.returncode == 0 else ""
@@ -395,7 +452,8 @@ def summary_lines(f: dict) -> list[str]:
         f"{f['restarts']} restarts, exits {f['run_exit_codes']}, {f['wall_seconds']:.0f} s in all",
         f"utterances {f.get('utterances', '?')} of {f['planned']} planned, {f.get('audio_seconds', '?')} s audio, "
         f"duplicates {f.get('duplicates', '?')}, worker deaths recorded {f.get('worker_deaths_recorded', '?')}",
-        f"final rerun: exit {f.get('final_rerun', {}).get('exit_code', '?')} in {f.get('final_rerun', {}).get('wall_seconds', '?')} s; "
+        f"final rerun: exit {f.get('final_rerun', {}).get('exit_code', '?')} "
+        f"in {f.get('final_rerun', {}).get('wall_seconds', '?')} s; "
         f"longest wait for a killed run's processes {f['orphan_wait_max_seconds']} s",
     ]
     if f["finished_before_all_kills"]:
@@ -408,21 +466,39 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--input", "--text", type=Path, default=DEFAULT_INPUT, help="conversations (JSON array or JSON lines)")
-    p.add_argument("--repeat", type=int, default=0, help="copies of the whole input (default: as much as --kills needs)")
+    p.add_argument(
+        "--input", "--text", type=Path, default=DEFAULT_INPUT, help="conversations (JSON array or JSON lines)"
+    )
+    p.add_argument(
+        "--repeat", type=int, default=0, help="copies of the whole input (default: as much as --kills needs)"
+    )
     p.add_argument("--segments-per-kill", type=int, default=SEGMENTS_PER_KILL, help="input size without --repeat")
-    p.add_argument("--window", type=float, nargs=2, default=(2.0, 12.0), metavar=("MIN", "MAX"),
-                   help="seconds between kills, drawn uniformly")
+    p.add_argument(
+        "--window",
+        type=float,
+        nargs=2,
+        default=(2.0, 12.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between kills, drawn uniformly",
+    )
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--segments-per-shard", type=int, default=4)
     p.add_argument("--work-dir", type=Path, help="keep the output and logs here (default: a temporary folder, removed)")
     p.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = p.parse_args()
-    options = SoakOptions(kills=args.kills, seed=args.seed, input=args.input, repeat=args.repeat,
-                          segments_per_kill=args.segments_per_kill, window=tuple(args.window),
-                          slots=args.slots, workers=args.workers, segments_per_shard=args.segments_per_shard,
-                          work_dir=args.work_dir)
+    options = SoakOptions(
+        kills=args.kills,
+        seed=args.seed,
+        input=args.input,
+        repeat=args.repeat,
+        segments_per_kill=args.segments_per_kill,
+        window=tuple(args.window),
+        slots=args.slots,
+        workers=args.workers,
+        segments_per_shard=args.segments_per_shard,
+        work_dir=args.work_dir,
+    )
     figures = soak(options)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

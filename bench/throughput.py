@@ -10,6 +10,7 @@ nvidia-smi's whole-GPU figure, sampled), CPU use, and rebuild cost from the slot
     python bench/throughput.py --model-dir /tmp/cv300m --settings seed:8:off:fp32 best:14:on:fp16 \
         --sweep 1,4,8,14 --utterances 300 --out bench/results/h100
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ class Setting:
     overrides: tuple[str, ...] = ()  # this setting's own group.key=value items
 
     @classmethod
-    def parse(cls, spec: str) -> "Setting":
+    def parse(cls, spec: str) -> Setting:
         """name:workers:mps:precision[:batch[:key=value,key=value...]]"""
         name, workers, mps, precision, *rest = spec.split(":")
         batch = int(rest[0]) if rest else 1
@@ -91,8 +92,12 @@ def _cpu_times() -> tuple[int, int]:
 def _gpu_state(gpu: str) -> tuple[int | None, float | None]:
     """Whole-GPU memory used (MiB) and the share of the last sample period a kernel ran (0-1)."""
     try:
-        out = subprocess.run(["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used,utilization.gpu",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         used, util = (x.strip() for x in out.strip().split(","))
         return int(used), int(util) / 100
     except (OSError, ValueError, subprocess.SubprocessError):
@@ -101,13 +106,36 @@ def _gpu_state(gpu: str) -> tuple[int | None, float | None]:
 
 def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
     out, logs = work / setting.name, work / f"{setting.name}-log"
-    cmd = ["bash", str(REPO / "run_all.sh"), "--input", str(input_file), "--output-dir", str(out),
-           "--config", str(args.config), "--gpus", args.gpu, "--workers", str(setting.workers), "--mps", setting.mps,
-           "--log-dir", str(logs), "--set", f"tts.cosyvoice.model_dir={args.model_dir}",
-           "--set", f"tts.cosyvoice.fp16={'true' if setting.precision == 'fp16' else 'false'}",
-           "--set", f"tts.cosyvoice.batch_size={setting.batch}",
-           "--set", f"text.max_words={args.max_words}", "--set", f"workers.rebuild_every={args.rebuild_every}",
-           "--set", f"shards.segments_per_shard={args.segments_per_shard}"]
+    cmd = [
+        "bash",
+        str(REPO / "run_all.sh"),
+        "--input",
+        str(input_file),
+        "--output-dir",
+        str(out),
+        "--config",
+        str(args.config),
+        "--gpus",
+        args.gpu,
+        "--workers",
+        str(setting.workers),
+        "--mps",
+        setting.mps,
+        "--log-dir",
+        str(logs),
+        "--set",
+        f"tts.cosyvoice.model_dir={args.model_dir}",
+        "--set",
+        f"tts.cosyvoice.fp16={'true' if setting.precision == 'fp16' else 'false'}",
+        "--set",
+        f"tts.cosyvoice.batch_size={setting.batch}",
+        "--set",
+        f"text.max_words={args.max_words}",
+        "--set",
+        f"workers.rebuild_every={args.rebuild_every}",
+        "--set",
+        f"shards.segments_per_shard={args.segments_per_shard}",
+    ]
     for item in [*args.set, *setting.overrides]:
         cmd += ["--set", item]
     sampler = Sampler(args.gpu)
@@ -119,13 +147,28 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
     wall = time.time() - started
     sampler.stop_flag.set()
     sampler.join()
-    rows = [orjson.loads(x) for x in (out / "manifest.jsonl").read_bytes().splitlines()] if (out / "manifest.jsonl").exists() else []
+    rows = (
+        [orjson.loads(x) for x in (out / "manifest.jsonl").read_bytes().splitlines()]
+        if (out / "manifest.jsonl").exists()
+        else []
+    )
     if window:  # the run was stopped: measure its work files, which hold every finished row
-        rows = [orjson.loads(x) for p in (out / "work").glob("*.manifest.jsonl") for x in p.read_bytes().splitlines() if x.strip()]
+        rows = [
+            orjson.loads(x)
+            for p in (out / "work").glob("*.manifest.jsonl")
+            for x in p.read_bytes().splitlines()
+            if x.strip()
+        ]
     rate = windowed(rows, *window) if window else steady_state(rows)
-    report = {"setting": asdict(setting), "exit_code": run.returncode, "wall_seconds": round(wall, 2),
-              **rate, "memory": memory_report(rows, sampler.samples),
-              "rebuilds": rebuild_report(logs), "stderr_tail": stderr[-2000:]}
+    report = {
+        "setting": asdict(setting),
+        "exit_code": run.returncode,
+        "wall_seconds": round(wall, 2),
+        **rate,
+        "memory": memory_report(rows, sampler.samples),
+        "rebuilds": rebuild_report(logs),
+        "stderr_tail": stderr[-2000:],
+    }
     print(f"{setting.name}: {report.get('audio_seconds_per_second')} audio s/s, exit {run.returncode}", flush=True)
     return report
 
@@ -153,11 +196,15 @@ def windowed(rows: list[dict], t0: float, t1: float) -> dict:
     inside = [r for r in rows if t0 <= r["finished"] <= t1]
     audio = sum(r["duration"] for r in inside)
     rate = audio / (t1 - t0)
-    return {"utterances": len(rows), "window_seconds": round(t1 - t0, 1), "window_utterances": len(inside),
-            "audio_seconds_per_second": round(rate, 3) if rate else None,
-            "real_time_factor": round(1 / rate, 4) if rate else None,
-            "utterances_per_hour": round(len(inside) / (t1 - t0) * 3600),
-            "mean_utterance_seconds": round(audio / len(inside), 2) if inside else None}
+    return {
+        "utterances": len(rows),
+        "window_seconds": round(t1 - t0, 1),
+        "window_utterances": len(inside),
+        "audio_seconds_per_second": round(rate, 3) if rate else None,
+        "real_time_factor": round(1 / rate, 4) if rate else None,
+        "utterances_per_hour": round(len(inside) / (t1 - t0) * 3600),
+        "mean_utterance_seconds": round(audio / len(inside), 2) if inside else None,
+    }
 
 
 def steady_state(rows: list[dict]) -> dict:
@@ -170,7 +217,8 @@ def steady_state(rows: list[dict]) -> dict:
     audio = sum(r["duration"] for r in window)
     rate = audio / span if span > 0 else None
     return {
-        "utterances": len(rows), "audio_seconds": round(sum(r["duration"] for r in rows), 2),
+        "utterances": len(rows),
+        "audio_seconds": round(sum(r["duration"] for r in rows), 2),
         "audio_seconds_per_second": round(rate, 3) if rate else None,
         "real_time_factor": round(1 / rate, 4) if rate else None,
         "utterances_per_hour": round(len(window) / span * 3600) if span > 0 else None,
@@ -187,17 +235,24 @@ def memory_report(rows: list[dict], samples: list[dict]) -> dict:
         gpu = [g for _, g, _ in series]
         half = len(gpu) // 2
         workers[name] = {
-            "utterances": len(series), "gpu_mb_first_half_max": max(gpu[:half] or gpu), "gpu_mb_second_half_max": max(gpu[half:]),
-            "gpu_mb_min": min(gpu), "gpu_mb_max": max(gpu), "rss_mb_max": max(r for _, _, r in series),
+            "utterances": len(series),
+            "gpu_mb_first_half_max": max(gpu[:half] or gpu),
+            "gpu_mb_second_half_max": max(gpu[half:]),
+            "gpu_mb_min": min(gpu),
+            "gpu_mb_max": max(gpu),
+            "rss_mb_max": max(r for _, _, r in series),
             "series": [[round(t, 1), g, r] for t, g, r in series[:: max(1, len(series) // 40)]],
         }
     used = [s["gpu_used_mb"] for s in samples if s["gpu_used_mb"] is not None]
     cpu = [s["cpu_busy"] for s in samples]
     busy = [s["gpu_busy"] for s in samples if s.get("gpu_busy") is not None]
-    return {"workers": workers, "gpu_used_mb_max": max(used) if used else None,
-            "gpu_used_mb_series": [[round(s["t"], 1), s["gpu_used_mb"]] for s in samples[::5]],
-            "cpu_busy_mean": round(sum(cpu) / len(cpu), 3) if cpu else None,
-            "gpu_busy_mean": round(sum(busy) / len(busy), 3) if busy else None}
+    return {
+        "workers": workers,
+        "gpu_used_mb_max": max(used) if used else None,
+        "gpu_used_mb_series": [[round(s["t"], 1), s["gpu_used_mb"]] for s in samples[::5]],
+        "cpu_busy_mean": round(sum(cpu) / len(cpu), 3) if cpu else None,
+        "gpu_busy_mean": round(sum(busy) / len(busy), 3) if busy else None,
+    }
 
 
 def slot_logs(logs: Path) -> list[Path]:
@@ -209,8 +264,11 @@ def rebuild_report(logs: Path) -> dict:
     times = []
     for log in slot_logs(logs):
         times += [float(m) for m in re.findall(r"model built \(every [^)]*\) in ([0-9.]+)s", log.read_text())]
-    return {"count": len(times), "mean_seconds": round(sum(times) / len(times), 2) if times else None,
-            "max_seconds": max(times) if times else None}
+    return {
+        "count": len(times),
+        "mean_seconds": round(sum(times) / len(times), 2) if times else None,
+        "max_seconds": max(times) if times else None,
+    }
 
 
 def plot(reports: list[dict], path: Path) -> None:
@@ -221,13 +279,22 @@ def plot(reports: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for mps in ("off", "on"):
-        pts = sorted((r["setting"]["workers"], r["audio_seconds_per_second"]) for r in reports
-                     if r["setting"]["mps"] == mps and r["setting"]["name"].startswith("sweep") and r["audio_seconds_per_second"])
+        pts = sorted(
+            (r["setting"]["workers"], r["audio_seconds_per_second"])
+            for r in reports
+            if r["setting"]["mps"] == mps and r["setting"]["name"].startswith("sweep") and r["audio_seconds_per_second"]
+        )
         if pts:
             ax.plot(*zip(*pts), marker="o", label=f"fp16, MPS {mps}")
     for r in reports:
         if not r["setting"]["name"].startswith("sweep") and r["audio_seconds_per_second"]:
-            ax.scatter([r["setting"]["workers"]], [r["audio_seconds_per_second"]], marker="*", s=120, label=r["setting"]["name"])
+            ax.scatter(
+                [r["setting"]["workers"]],
+                [r["audio_seconds_per_second"]],
+                marker="*",
+                s=120,
+                label=r["setting"]["name"],
+            )
     ax.set_xlabel("workers on the GPU")
     ax.set_ylabel("audio seconds per wall second")
     ax.grid(alpha=0.3)
@@ -240,13 +307,24 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
-    p.add_argument("--text", default=str(DEFAULT_TEXT), help="conversations to speak, in any input format of preprocess.py")
+    p.add_argument(
+        "--text", default=str(DEFAULT_TEXT), help="conversations to speak, in any input format of preprocess.py"
+    )
     p.add_argument("--gpu", default="0")
-    p.add_argument("--settings", nargs="*", default=[],
-                   help="name:workers:mps(on|off):precision(fp16|fp32)[:batch size[:group.key=value,...]]")
+    p.add_argument(
+        "--settings",
+        nargs="*",
+        default=[],
+        help="name:workers:mps(on|off):precision(fp16|fp32)[:batch size[:group.key=value,...]]",
+    )
     p.add_argument("--sweep", default="", help="worker counts to run with and without MPS, fp16")
     p.add_argument("--utterances", type=int, default=300)
-    p.add_argument("--seconds", type=float, default=0, help="stop each setting this long after all its workers are up (0: run to the end)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=0,
+        help="stop each setting this long after all its workers are up (0: run to the end)",
+    )
     p.add_argument("--max-words", type=int, default=24)
     p.add_argument("--rebuild-every", type=int, default=100)
     p.add_argument("--segments-per-shard", type=int, default=20)
@@ -264,7 +342,9 @@ def main() -> int:
     reports = []
     for setting in settings:
         reports.append(run_setting(setting, args, input_file, work))
-        Path(f"{args.out}.json").write_bytes(orjson.dumps({"gpu": gpu_name(args.gpu), "reports": reports}, option=orjson.OPT_INDENT_2))
+        Path(f"{args.out}.json").write_bytes(
+            orjson.dumps({"gpu": gpu_name(args.gpu), "reports": reports}, option=orjson.OPT_INDENT_2)
+        )
     plot(reports, Path(f"{args.out}.png"))
     print_table(reports)
     return 0
@@ -272,20 +352,31 @@ def main() -> int:
 
 def gpu_name(gpu: str) -> str:
     try:
-        return subprocess.run(["nvidia-smi", f"--id={gpu}", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["nvidia-smi", f"--id={gpu}", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def print_table(reports: list[dict]) -> None:
-    print("| setting | workers | batch | MPS | precision | audio s/s | RTF | utt/hour | GPU MiB/worker (max) | GPU busy | CPU busy | exit |")
+    print(
+        "| setting | workers | batch | MPS | precision | audio s/s | RTF | utt/hour | GPU MiB/worker (max) | GPU "
+        "busy | CPU busy | exit |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         s, mem = r["setting"], r["memory"]
         per_worker = max((w["gpu_mb_max"] for w in mem["workers"].values()), default=None)
-        print(f"| {s['name']} | {s['workers']} | {s.get('batch', 1)} | {s['mps']} | {s['precision']} | {r.get('audio_seconds_per_second')} | "
-              f"{r.get('real_time_factor')} | {r.get('utterances_per_hour')} | {per_worker} | {mem.get('gpu_busy_mean')} | {mem['cpu_busy_mean']} | {r['exit_code']} |")
+        print(
+            f"| {s['name']} | {s['workers']} | {s.get('batch', 1)} | {s['mps']} | {s['precision']} | "
+            f"{r.get('audio_seconds_per_second')} | "
+            f"{r.get('real_time_factor')} | {r.get('utterances_per_hour')} | {per_worker} | "
+            f"{mem.get('gpu_busy_mean')} | {mem['cpu_busy_mean']} | {r['exit_code']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ timed alone, in one process, on segments of the repository's sample text.
 
     python bench/utterance_cost.py --utterances 2000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,15 +21,14 @@ import soundfile as sf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from convtts.speak.silence import SilenceBackend  # noqa: E402
-from convtts.config import load_config  # noqa: E402
-from convtts.state.layout import Layout  # noqa: E402
-from convtts.state.shardio import append_line, audio_problem  # noqa: E402
-from convtts.plan.textclean import clean, split_segments  # noqa: E402
-from convtts.run.utterance import Context, Settings, check_audio, manifest_row, write_audio  # noqa: E402
-
-from sample_text import DEFAULT_TEXT, read_conversations  # noqa: E402
-from figures import report  # noqa: E402
+from convtts.config import load_config
+from convtts.plan.textclean import clean, split_segments
+from convtts.run.utterance import Context, Settings, check_audio, manifest_row, write_audio
+from convtts.speak.silence import SilenceBackend
+from convtts.state.layout import Layout
+from convtts.state.shardio import append_line, audio_problem
+from figures import report
+from sample_text import DEFAULT_TEXT, read_conversations
 
 
 def segments(count: int) -> list[dict]:
@@ -60,8 +60,18 @@ def main() -> int:
     layout.audio_dir("shard-00000").mkdir(parents=True)
     layout.work_dir.mkdir()
     ctx = Context(backend, None, layout, Settings.of(config, "bench"))
-    steps = dict.fromkeys(("synthesize", "check_audio", "encode_and_write", "manifest_row", "append_line",
-                           "merge_audio_check", "of_which_encoding"), 0.0)
+    steps = dict.fromkeys(
+        (
+            "synthesize",
+            "check_audio",
+            "encode_and_write",
+            "manifest_row",
+            "append_line",
+            "merge_audio_check",
+            "of_which_encoding",
+        ),
+        0.0,
+    )
     items = segments(args.utterances)
     try:
         for segment in items:
@@ -85,9 +95,14 @@ def main() -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     n = len(items)
-    result = {"utterances": n, "sample_rate": backend.sample_rate, "mean_audio_kb": round(audio_bytes / n / 1024, 1),
-              "cpu_ms_per_utterance": {k: round(v / n * 1000, 4) for k, v in steps.items()},
-              "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+    result = {
+        "utterances": n,
+        "sample_rate": backend.sample_rate,
+        "mean_audio_kb": round(audio_bytes / n / 1024, 1),
+        "cpu_ms_per_utterance": {k: round(v / n * 1000, 4) for k, v in steps.items()},
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
     report(result, args.out)
     return 0
 

@@ -11,6 +11,7 @@ once untimed first (allocation, kernel choice), then --repeat times; the figures
     python bench/whisper_cost.py --size tiny --takes 48 --repeat 1               # a CPU dry run
     python bench/whisper_cost.py --size turbo --model models/whisper-turbo --out bench/results/whisper-cost.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from convtts.config import load_config  # noqa: E402
-from convtts.gate.whisper import RATE, TransformersWhisper, pack_takes  # noqa: E402
-from convtts.testing.whisper_model import INFO_FILE, build_whisper_dir  # noqa: E402
-from figures import report  # noqa: E402  (bench/ is this script's own folder on sys.path)
+from convtts.config import load_config
+from convtts.gate.whisper import RATE, TransformersWhisper, pack_takes
+from convtts.testing.whisper_model import INFO_FILE, build_whisper_dir
+from figures import report
 
 PHASES = ("features", "encoder", "decode")
 
@@ -88,17 +89,45 @@ def measure(recogniser: TimedWhisper, takes: list, pack: bool, repeat: int) -> d
         best = run if best is None or run["total"] < best["total"] else best
     windows = len(pack_takes([len(t) for t in takes])) if pack else len(takes)
     per_take = {f"{k}_ms_per_take": round(1000 * best[k] / len(takes), 2) for k in (*PHASES, "total")}
-    return {"pack": pack, "asr_batch": recogniser.batch, "takes": len(takes), "windows": windows,
-            "encoder_batches": -(-windows // recogniser.batch), "decode_steps": best["decode_steps"],
-            **{f"{k}_s": round(best[k], 4) for k in (*PHASES, "total")}, **per_take}
+    return {
+        "pack": pack,
+        "asr_batch": recogniser.batch,
+        "takes": len(takes),
+        "windows": windows,
+        "encoder_batches": -(-windows // recogniser.batch),
+        "decode_steps": best["decode_steps"],
+        **{f"{k}_s": round(best[k], 4) for k in (*PHASES, "total")},
+        **per_take,
+    }
 
 
 def table(rows: list[dict]) -> str:
-    head = ("pack", "asr_batch", "takes", "windows", "steps", "features s", "encoder s", "decode s", "total s", "ms/take")
+    head = (
+        "pack",
+        "asr_batch",
+        "takes",
+        "windows",
+        "steps",
+        "features s",
+        "encoder s",
+        "decode s",
+        "total s",
+        "ms/take",
+    )
     lines = ["  ".join(f"{h:>10}" for h in head)]
     for r in rows:
-        cells = ("on" if r["pack"] else "off", r["asr_batch"], r["takes"], r["windows"], r["decode_steps"],
-                 r["features_s"], r["encoder_s"], r["decode_s"], r["total_s"], r["total_ms_per_take"])
+        cells = (
+            "on" if r["pack"] else "off",
+            r["asr_batch"],
+            r["takes"],
+            r["windows"],
+            r["decode_steps"],
+            r["features_s"],
+            r["encoder_s"],
+            r["decode_s"],
+            r["total_s"],
+            r["total_ms_per_take"],
+        )
         lines.append("  ".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)
 
@@ -106,7 +135,9 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=("tiny", "turbo"), default="tiny", help="the random Whisper's shapes")
-    p.add_argument("--model", type=Path, help="checkpoint directory (written when missing; default models/whisper-SIZE)")
+    p.add_argument(
+        "--model", type=Path, help="checkpoint directory (written when missing; default models/whisper-SIZE)"
+    )
     p.add_argument("--takes", type=int, default=160, help="takes in the one call (N)")
     p.add_argument("--seconds", type=float, default=2.5, help="each take's length (D)")
     p.add_argument("--batches", default="4,16,32", help="asr_batch values, windows a batch")
@@ -119,17 +150,35 @@ def main() -> None:
     takes = noise_takes(args.takes, args.seconds)
     rows, device = [], None
     for batch in (int(b) for b in args.batches.split(",")):
-        cfg = load_config(None, ["validate.enabled=true", "validate.recogniser=hf-whisper", f"validate.model_path={path}",
-                                 f"validate.asr_batch={batch}", f"validate.asr_device={args.device}",
-                                 f"validate.asr_precision={args.precision}"]).validate
+        cfg = load_config(
+            None,
+            [
+                "validate.enabled=true",
+                "validate.recogniser=hf-whisper",
+                f"validate.model_path={path}",
+                f"validate.asr_batch={batch}",
+                f"validate.asr_device={args.device}",
+                f"validate.asr_precision={args.precision}",
+            ],
+        ).validate
         recogniser = TimedWhisper(cfg)
         device = f"{recogniser.device} {str(recogniser.dtype).removeprefix('torch.')}"
         for pack in (False, True):
             rows.append(measure(recogniser, takes, pack, args.repeat))
         del recogniser
     print(table(rows), file=sys.stderr)
-    report({"model": str(path), "size": args.size, "device": device, "takes": args.takes, "seconds": args.seconds,
-            "repeat": args.repeat, "rows": rows}, args.out)
+    report(
+        {
+            "model": str(path),
+            "size": args.size,
+            "device": device,
+            "takes": args.takes,
+            "seconds": args.seconds,
+            "repeat": args.repeat,
+            "rows": rows,
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Shared command-line pieces for the entry scripts: config arguments and logging set-up."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,11 @@ from convtts.state.layout import Layout
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (default: the built-in defaults, as in configs/default.yaml)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="GROUP.KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="GROUP.KEY=VALUE",
         help="override one config value, e.g. --set workers.per_slot=4 (repeatable)",
     )
 

@@ -1,4 +1,5 @@
 """Grouped, frozen run configuration: loaded from YAML, overridden from the command line, checked up front."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -131,7 +132,9 @@ class PrecisionConfig:
     def check(self) -> None:
         for part in ("llm", "flow", "vocoder"):
             if getattr(self, part) not in PRECISIONS:
-                raise ConfigError(f"tts.cosyvoice.precision.{part} must be one of {PRECISIONS}, got {getattr(self, part)!r}")
+                raise ConfigError(
+                    f"tts.cosyvoice.precision.{part} must be one of {PRECISIONS}, got {getattr(self, part)!r}"
+                )
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,9 @@ class CosyVoiceConfig:
         if self.compile and self.decode != "static":
             raise ConfigError("tts.cosyvoice.compile needs tts.cosyvoice.decode=static")
         if not 0 <= self.max_row_tokens <= 65536:
-            raise ConfigError(f"tts.cosyvoice.max_row_tokens must be between 0 (automatic) and 65536, got {self.max_row_tokens}")
+            raise ConfigError(
+                f"tts.cosyvoice.max_row_tokens must be between 0 (automatic) and 65536, got {self.max_row_tokens}"
+            )
 
 
 DECODES = ("static", "upstream")
@@ -317,8 +322,10 @@ class ValidateConfig:
         if not 0 <= self.max_respeaks <= 20:
             raise ConfigError(f"validate.max_respeaks must be between 0 and 20, got {self.max_respeaks}")
         if not 0 <= self.min_seconds_per_word < self.max_seconds_per_word:
-            raise ConfigError("validate.min_seconds_per_word must be at least 0 and below validate.max_seconds_per_word, "
-                              f"got {self.min_seconds_per_word} and {self.max_seconds_per_word}")
+            raise ConfigError(
+                "validate.min_seconds_per_word must be at least 0 and below validate.max_seconds_per_word, "
+                f"got {self.min_seconds_per_word} and {self.max_seconds_per_word}"
+            )
         if not -120 <= self.silence_db < 0:
             raise ConfigError(f"validate.silence_db must be a level in dBFS between -120 and 0, got {self.silence_db}")
         for key in ("max_silence_share", "max_clipped_share", "clip_level", "asr_share"):
@@ -341,8 +348,10 @@ class ValidateConfig:
             raise ConfigError(f"validate.recogniser must be one of {RECOGNISERS}, got {self.recogniser!r}")
         if self.recogniser in ("hf-whisper", "whisper", "faster-whisper"):
             if not self.model_path:
-                raise ConfigError(f"validate.model_path is required for validate.recogniser={self.recogniser} "
-                                  "(local weights: nothing is downloaded)")
+                raise ConfigError(
+                    f"validate.model_path is required for validate.recogniser={self.recogniser} "
+                    "(local weights: nothing is downloaded)"
+                )
             if not Path(self.model_path).exists():
                 raise ConfigError(f"validate.model_path not found: {self.model_path}")
             wanted = Path.is_file if self.recogniser == "whisper" else Path.is_dir
@@ -368,8 +377,9 @@ def check_whisper_dir(path: Path) -> None:
     if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
         missing.append("vocab.json or tokenizer.json")
     if missing:
-        raise ConfigError(f"validate.model_path {path} is not a Whisper checkpoint for transformers: "
-                          f"missing {', '.join(missing)}")
+        raise ConfigError(
+            f"validate.model_path {path} is not a Whisper checkpoint for transformers: missing {', '.join(missing)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -387,13 +397,15 @@ class Config:
         for group in dataclasses.fields(self):
             getattr(self, group.name).check()
         if self.speakers.pool and self.tts.backend == "piper":
-            raise ConfigError("speakers.pool holds prompt recordings for zero-shot voices: it needs tts.backend "
-                              "cosyvoice (Piper speaks only the voices of tts.piper.voices)")
+            raise ConfigError(
+                "speakers.pool holds prompt recordings for zero-shot voices: it needs tts.backend "
+                "cosyvoice (Piper speaks only the voices of tts.piper.voices)"
+            )
         if self.tts.backend == "piper":  # a custom backend's own check() says which voices it has
             check_piper_voices(self)
 
 
-def check_piper_voices(config: "Config") -> None:
+def check_piper_voices(config: Config) -> None:
     missing = [v for v in config.speakers.voices if v not in config.tts.piper.voices]
     if missing:
         raise ConfigError(

@@ -4,6 +4,7 @@ The orchestration itself is node.sh beside this file, a strict bash script (lock
 slot, traps); this module starts it in place of the Python process, with PYTHON set to this
 interpreter so that every step runs with the same installation.
 """
+
 from __future__ import annotations
 
 import os

@@ -8,16 +8,19 @@ The backend sees (text, speaker, seed), not the id: it knows an id's takes by th
 
 BatchedBadAudioPiper speaks through synthesize_many, so that the worker takes its batched path.
 """
+
 import os
 
 import numpy as np
 
+from convtts.gate.quality import take_seed
 from convtts.speak.base import SynthesisError
 from convtts.speak.piper import PiperBackend, check
-from convtts.gate.quality import take_seed
 
-OTHER_WORDS = ("seven purple engines hum quietly beneath the old harbour bridge while gulls circle "
-               "over fishing boats and a bell rings twice").split()
+OTHER_WORDS = (
+    "seven purple engines hum quietly beneath the old harbour bridge while gulls circle "
+    "over fishing boats and a bell rings twice"
+).split()
 
 
 def bad_seeds(base: int, spec: str) -> dict[int, str]:

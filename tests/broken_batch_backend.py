@@ -3,6 +3,7 @@
 It stands for a fault no single utterance owns (a kernel error in the shared step): the worker
 must speak that batch's utterances one at a time and lose none of them.
 """
+
 from convtts.speak.cosyvoice import backend as cosyvoice
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine

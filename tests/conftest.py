@@ -3,6 +3,7 @@ watching the processes they start, optional libraries, and the test tiers (marke
 
 Test modules import these from here (`from conftest import ...`), never from one another.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -37,8 +38,9 @@ def need(module: str, extra: str):
     except ImportError as exc:
         if REQUIRE_EXTRAS:
             raise
-        pytest.skip(f"needs {module.partition('.')[0]} (pip install 'convtts[{extra}]'): {exc}",
-                    allow_module_level=True)
+        pytest.skip(
+            f"needs {module.partition('.')[0]} (pip install 'convtts[{extra}]'): {exc}", allow_module_level=True
+        )
 
 
 # -- tiers ------------------------------------------------------------------------------------------
@@ -89,8 +91,13 @@ def script_env(**extra) -> dict:
 def run_all(*args, env: dict | None = None, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     _require_e2e_marker()
     return subprocess.run(
-        ["bash", str(REPO / "run_all.sh"), *map(str, args)], env=env or script_env(),
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **popen,
+        ["bash", str(REPO / "run_all.sh"), *map(str, args)],
+        env=env or script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        **popen,
     )
 
 

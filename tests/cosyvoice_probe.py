@@ -6,6 +6,7 @@ the audio spoken with the row's speaker and seed, by a model that was never rebu
 
     python tests/cosyvoice_probe.py CONFIG.json ROWS.json OUT_DIR
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ import numpy as np
 
 
 def main(config_path: str, rows_path: str, out_dir: str) -> int:
-    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
     from convtts.config import load_config
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
     from convtts.testing.cosyvoice_v1 import text_token_counts
 
     settings = json.loads(Path(config_path).read_text())

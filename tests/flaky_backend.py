@@ -4,6 +4,7 @@ Marks are read from the environment, so a rerun can change what fails:
   CONVTTS_TEST_FAIL_WORD   a text holding this word raises SynthesisError
   CONVTTS_TEST_CRASH_WORD  a text holding this word kills the worker with SIGSEGV
 """
+
 import os
 import signal
 

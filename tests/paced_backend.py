@@ -12,6 +12,7 @@ speaker, as long as the text would take at text.words_per_minute.
   CONVTTS_TEST_LOAD_SECONDS        wall time of a model load (default 0)
   CONVTTS_TEST_LOAD_DIES           set: every model load kills its worker (SIGKILL), as an out-of-memory kill would
 """
+
 import multiprocessing
 import os
 import signal

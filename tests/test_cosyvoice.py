@@ -1,4 +1,5 @@
 """The CosyVoice backend on a tiny random-weight v1 model, with the real upstream runtime (CPU)."""
+
 from __future__ import annotations
 
 import json
@@ -12,13 +13,12 @@ import numpy as np
 import pytest
 import soundfile
 
-from convtts.speak.base import SynthesisError
-from convtts.speak.base import OutOfMemory
-from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check
 from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig, load_config
+from convtts.speak.base import OutOfMemory, SynthesisError
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check
+from convtts.speak.cosyvoice.runtime import check_model_dir, constructor_kwargs
 from convtts.testing.cosyvoice_model import build_model_dir, model_info
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
-from convtts.speak.cosyvoice.runtime import check_model_dir, constructor_kwargs
 
 pytestmark = pytest.mark.cosyvoice
 
@@ -66,8 +66,15 @@ def test_generated_directory_is_a_v1_sft_model(model_dir):
     import onnxruntime
     import torch
 
-    for name in ("cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt", "campplus.onnx",
-                 "speech_tokenizer_v1.onnx"):
+    for name in (
+        "cosyvoice.yaml",
+        "llm.pt",
+        "flow.pt",
+        "hift.pt",
+        "spk2info.pt",
+        "campplus.onnx",
+        "speech_tokenizer_v1.onnx",
+    ):
         assert (model_dir / name).is_file(), name
     spk2info = torch.load(model_dir / "spk2info.pt", weights_only=True)
     assert list(spk2info) == list(SPEAKERS)
@@ -202,8 +209,11 @@ def test_load_options_follow_the_constructor_signature():
 def test_zero_shot_voice_from_a_prompt_file(tmp_path, model_dir, backend):
     prompt = tmp_path / "anna.wav"
     soundfile.write(prompt, backend.synthesize("Good morning to you all.", "中文女", seed=2), 22050)
-    config = make_config(model_dir, voices=("英文女", "anna"),
-                         prompts={"anna": PromptVoice(audio=str(prompt), text="Good morning to you all.")})
+    config = make_config(
+        model_dir,
+        voices=("英文女", "anna"),
+        prompts={"anna": PromptVoice(audio=str(prompt), text="Good morning to you all.")},
+    )
     check(config)
     loaded = CosyVoiceBackend(config)
     try:
@@ -225,9 +235,12 @@ def test_out_of_memory_in_the_decoding_thread_is_not_swallowed(backend, monkeypa
         def inference(**kwargs):
             yield 17  # a token decoded, then the failure: upstream would return this token's audio
             raise error
+
         return inference
 
-    monkeypatch.setattr(llm, "inference", failing(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
+    monkeypatch.setattr(
+        llm, "inference", failing(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    )
     with pytest.raises(OutOfMemory, match="out of memory"):
         backend.synthesize(TEXT, "英文女", seed=21)
     monkeypatch.setattr(llm, "inference", failing(RuntimeError("sampling reaches max_trials 100")))
@@ -243,8 +256,14 @@ def test_out_of_memory_in_the_decoding_thread_is_not_swallowed(backend, monkeypa
 def test_v2_and_v3_voices_must_be_prompts(tmp_path, version):
     model = tmp_path / "model"
     (model / "CosyVoice-BlankEN").mkdir(parents=True)
-    for name in (f"cosyvoice{version}.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx",
-                 f"speech_tokenizer_v{version}.onnx"):
+    for name in (
+        f"cosyvoice{version}.yaml",
+        "llm.pt",
+        "flow.pt",
+        "hift.pt",
+        "campplus.onnx",
+        f"speech_tokenizer_v{version}.onnx",
+    ):
         (model / name).write_bytes(b"")
     audio = tmp_path / "anna.wav"
     soundfile.write(audio, np.zeros(16000, np.float32), 16000)
@@ -252,7 +271,11 @@ def test_v2_and_v3_voices_must_be_prompts(tmp_path, version):
     with pytest.raises(ConfigError, match="need prompts"):
         check(make_config(model, voices=("anna",)))
     with pytest.raises(ConfigError, match="file not found"):
-        check(make_config(model, voices=("anna",), prompts={"anna": PromptVoice(audio=str(tmp_path / "x.wav"), text=text)}))
+        check(
+            make_config(
+                model, voices=("anna",), prompts={"anna": PromptVoice(audio=str(tmp_path / "x.wav"), text=text)}
+            )
+        )
     if version == 3:
         with pytest.raises(ConfigError, match="endofprompt"):
             check(make_config(model, voices=("anna",), prompts={"anna": PromptVoice(audio=str(audio), text="Hello.")}))
@@ -262,9 +285,25 @@ def test_v2_and_v3_voices_must_be_prompts(tmp_path, version):
 def test_cli_eos_bias_high_stops_at_the_minimum(tmp_path):
     out = tmp_path / "high"
     done = subprocess.run(
-        [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--out", str(out), "--size", "tiny",
-         "--eos-bias", "high", "--speakers", "英文女,narrator", "--seed", "7"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "convtts.testing.cosyvoice_model",
+            "--out",
+            str(out),
+            "--size",
+            "tiny",
+            "--eos-bias",
+            "high",
+            "--speakers",
+            "英文女,narrator",
+            "--seed",
+            "7",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
@@ -314,7 +353,10 @@ def test_text_normalisation_served_by_wetext_when_tn_is_missing(tmp_path, model_
     text = "On 3/4/2021, 42 people came. It cost $12.50."
     done = subprocess.run(
         [sys.executable, "-c", WETEXT_CHILD, str(model_dir), str(tmp_path / "audio.npy"), text],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "forty two people" in done.stdout and "twelve point five dollars" in done.stdout
@@ -329,13 +371,17 @@ def test_the_speaker_check_reads_the_table_without_torch_and_refuses_what_is_not
 
     from convtts.speak.cosyvoice.backend import builtin_speakers, table_keys
 
-    probe = ("import sys; from convtts.speak.cosyvoice.backend import builtin_speakers; "
-             f"print(builtin_speakers({str(model_dir)!r}), 'torch' in sys.modules)")
+    probe = (
+        "import sys; from convtts.speak.cosyvoice.backend import builtin_speakers; "
+        f"print(builtin_speakers({str(model_dir)!r}), 'torch' in sys.modules)"
+    )
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert shown.stdout.strip() == f"{list(SPEAKERS)} False"
     old = tmp_path / "old"
     old.mkdir()
-    torch.save({"a": {"embedding": torch.zeros(1, 192)}, "b": {}}, old / "spk2info.pt", _use_new_zipfile_serialization=False)
+    torch.save(
+        {"a": {"embedding": torch.zeros(1, 192)}, "b": {}}, old / "spk2info.pt", _use_new_zipfile_serialization=False
+    )
     assert table_keys(old / "spk2info.pt") is None and builtin_speakers(str(old)) == ["a", "b"]
     torch.save([1, 2], old / "spk2info.pt")
     with pytest.raises(ConfigError, match="does not hold a speaker table"):

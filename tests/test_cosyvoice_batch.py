@@ -1,4 +1,5 @@
 """The batched CosyVoice engine against upstream's own one-at-a-time path, on a tiny random v1 model (CPU)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,12 +7,12 @@ import pytest
 import torch
 
 from conftest import run_short_of_memory, speak_with_two_refused
+from convtts.config import Config, CosyVoiceConfig, PrecisionConfig, SpeakerConfig, TTSConfig
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine
 from convtts.speak.cosyvoice.engine.requests import Request
 from convtts.speak.cosyvoice.engine.runner import DecodeOptions
-from convtts.config import Config, CosyVoiceConfig, PrecisionConfig, SpeakerConfig, TTSConfig
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
@@ -35,7 +36,9 @@ TOLERANCE = 2e-2
 
 def config(model_dir, batch_size: int, **cosyvoice) -> Config:
     cosy = CosyVoiceConfig(model_dir=str(model_dir), batch_size=batch_size, **cosyvoice)
-    return Config(speakers=SpeakerConfig(voices=VOICES, policy="single"), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
+    return Config(
+        speakers=SpeakerConfig(voices=VOICES, policy="single"), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,9 @@ def test_a_batch_speaks_each_utterance_as_it_would_alone(solo, batched):
 
 
 def test_each_utterance_has_its_own_seed(batched):
-    twice = dict(batched.synthesize_many([(0, TEXTS[0], "英文女", 7), (1, TEXTS[0], "英文女", 8), (2, TEXTS[0], "英文女", 7)]))
+    twice = dict(
+        batched.synthesize_many([(0, TEXTS[0], "英文女", 7), (1, TEXTS[0], "英文女", 8), (2, TEXTS[0], "英文女", 7)])
+    )
     assert np.abs(twice[0] - twice[2]).max() < TOLERANCE
     assert np.abs(twice[0] - twice[1]).max() > 0.01
 
@@ -188,13 +193,17 @@ def test_a_half_precision_llm_speaks_every_utterance(model_dir, precision):
 def test_decode_settings_are_checked_up_front():
     from convtts.config import ConfigError, load_config
 
-    cosy = load_config(None, ["tts.cosyvoice.sampler=gpu", "tts.cosyvoice.compile=true", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
+    cosy = load_config(
+        None, ["tts.cosyvoice.sampler=gpu", "tts.cosyvoice.compile=true", "tts.cosyvoice.cuda_graphs=false"]
+    ).tts.cosyvoice
     assert (cosy.decode, cosy.sampler, cosy.compile, cosy.cuda_graphs) == ("static", "gpu", True, False)
-    for bad, message in ((["tts.cosyvoice.decode=fast"], "decode must be one of"),
-                         (["tts.cosyvoice.sampler=tpu"], "sampler must be one of"),
-                         (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.sampler=gpu"], "sampler=gpu needs"),
-                         (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.compile=true"], "compile needs"),
-                         (["tts.cosyvoice.cuda_graphs=yes please"], "cuda_graphs must be true or false"),
-                         (["tts.cosyvoice.max_row_tokens=-5"], "max_row_tokens")):
+    for bad, message in (
+        (["tts.cosyvoice.decode=fast"], "decode must be one of"),
+        (["tts.cosyvoice.sampler=tpu"], "sampler must be one of"),
+        (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.sampler=gpu"], "sampler=gpu needs"),
+        (["tts.cosyvoice.decode=upstream", "tts.cosyvoice.compile=true"], "compile needs"),
+        (["tts.cosyvoice.cuda_graphs=yes please"], "cuda_graphs must be true or false"),
+        (["tts.cosyvoice.max_row_tokens=-5"], "max_row_tokens"),
+    ):
         with pytest.raises(ConfigError, match=message):
             load_config(None, bad)

@@ -5,6 +5,7 @@ as alone, and rows sharing a flow pass are padded on the right, which causal and
 not see: measured 1e-7 to 2e-4 of full scale from the solo rendering. CosyVoice3 and the checkout
 runtime are covered end to end in test_cosyvoice_v2_v3.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,15 +14,15 @@ import soundfile as sf
 import torch
 
 from conftest import run_short_of_memory, speak_with_two_refused
+from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.qwen import QwenBatchEngine
 from convtts.speak.cosyvoice.engine.requests import Request
 from convtts.speak.cosyvoice.engine.runner import DecodeOptions
-from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
 from convtts.testing.cosyvoice_model import build_model_dir
-from convtts.testing.cosyvoice_v1 import text_token_counts
 from convtts.testing.cosyvoice_qwen import expected_samples
+from convtts.testing.cosyvoice_v1 import text_token_counts
 
 pytestmark = pytest.mark.cosyvoice
 
@@ -45,8 +46,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prompt(tmp_path_factory):
-    from convtts.speak.piper import PiperBackend
     from convtts.config import load_config
+    from convtts.speak.piper import PiperBackend
 
     path = tmp_path_factory.mktemp("prompt") / "anna.wav"
     piper = PiperBackend(load_config(None))
@@ -56,9 +57,12 @@ def prompt(tmp_path_factory):
 
 
 def config(model_dir, prompt, batch_size: int) -> Config:
-    cosy = CosyVoiceConfig(model_dir=str(model_dir), batch_size=batch_size,
-                           prompts={"anna": PromptVoice(audio=str(prompt), text=PROMPT)})
-    return Config(speakers=SpeakerConfig(voices=("anna",), policy="single"), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
+    cosy = CosyVoiceConfig(
+        model_dir=str(model_dir), batch_size=batch_size, prompts={"anna": PromptVoice(audio=str(prompt), text=PROMPT)}
+    )
+    return Config(
+        speakers=SpeakerConfig(voices=("anna",), policy="single"), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy)
+    )
 
 
 @pytest.fixture(scope="module")

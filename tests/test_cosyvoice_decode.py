@@ -7,6 +7,7 @@ own decode step, as Qwen2LM.inference runs it). Rows of different lengths share 
 slots with a dead one between them, past a length bucket and a cache growth, and a row admitted
 into a freed slot sees nothing of the row before it. fp32: the log-probabilities agree to 1e-5.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,9 +34,17 @@ def v1_llm(blocks: int = 3, heads: int = 4):
     from convtts.testing import cosyvoice_v1 as v1
 
     sizes = dict(v1.SIZES["tiny"], llm_blocks=blocks, llm_heads=heads)
-    text = v1.YAML.format(seed=7, sample_rate=v1.SAMPLE_RATE, cfm=v1.CFM.format(cfm_class="ConditionalCFM"),
-                          text_vocab=v1.TEXT_VOCAB, speech_vocab=v1.SPEECH_VOCAB, token_rate=v1.TOKEN_RATE, hop=v1.HOP,
-                          pin="", **sizes)
+    text = v1.YAML.format(
+        seed=7,
+        sample_rate=v1.SAMPLE_RATE,
+        cfm=v1.CFM.format(cfm_class="ConditionalCFM"),
+        text_vocab=v1.TEXT_VOCAB,
+        speech_vocab=v1.SPEECH_VOCAB,
+        token_rate=v1.TOKEN_RATE,
+        hop=v1.HOP,
+        pin="",
+        **sizes,
+    )
     torch.manual_seed(7)
     return load_hyperpyyaml(text)["llm"].eval()
 
@@ -46,8 +55,15 @@ def qwen_dir(tmp_path_factory):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(11)
-    config = Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=4096)
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     path = tmp_path_factory.mktemp("qwen") / "backbone"
     Qwen2ForCausalLM(config).save_pretrained(path)
     return path
@@ -91,8 +107,14 @@ class V1Reference:
     def step(self, token: int) -> torch.Tensor:
         x = self.llm.speech_embedding.weight[token].reshape(1, 1, -1)
         empty = torch.zeros((0, 0, 0, 0))
-        out, self.cache, _ = self.llm.llm.forward_chunk(x, offset=self.cache.shape[2], required_cache_size=-1, att_cache=self.cache,
-                                                        cnn_cache=empty, att_mask=torch.ones((1, 1, 1), dtype=torch.bool))
+        out, self.cache, _ = self.llm.llm.forward_chunk(
+            x,
+            offset=self.cache.shape[2],
+            required_cache_size=-1,
+            att_cache=self.cache,
+            cnn_cache=empty,
+            att_mask=torch.ones((1, 1, 1), dtype=torch.bool),
+        )
         return self.llm.llm_decoder(out[:, -1]).log_softmax(dim=-1)
 
 
@@ -135,7 +157,9 @@ def run_against_reference(runner, reference, make_seq, tolerance) -> None:
                 seq.tokens.append(token)
             logp = runner.step(seqs)
             for i, (seq, token) in enumerate(zip(seqs, tokens)):
-                torch.testing.assert_close(logp[i:i + 1], refs[seq].step(token), **tolerance, msg=f"step {step}, slot {seq.slot}")
+                torch.testing.assert_close(
+                    logp[i : i + 1], refs[seq].step(token), **tolerance, msg=f"step {step}, slot {seq.slot}"
+                )
 
 
 def test_v1_static_step_is_upstreams_forward_chunk():
@@ -179,7 +203,7 @@ def test_upstream_runners_are_upstreams_steps(qwen_dir):
                     seq.tokens.append(step + 1)
                 logp = runner.step(seqs)
                 for i, seq in enumerate(seqs):
-                    torch.testing.assert_close(logp[i:i + 1], refs[seq].step(step + 1), **FP32)
+                    torch.testing.assert_close(logp[i : i + 1], refs[seq].step(step + 1), **FP32)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -192,7 +216,10 @@ def test_a_half_precision_step_stays_near_fp32(family, precision, qwen_dir):
     make = (lambda: v1_llm()) if family == "v1" else (lambda: qwen_llm(qwen_dir))
     cls = TransformerRunner if family == "v1" else QwenRunner
     make_seq = sequence if family == "v1" else functools.partial(sequence, v1=False)
-    exact, half = cls(make(), torch.device("cpu"), "fp32", DecodeOptions()), cls(make(), torch.device("cpu"), precision, DecodeOptions())
+    exact, half = (
+        cls(make(), torch.device("cpu"), "fp32", DecodeOptions()),
+        cls(make(), torch.device("cpu"), precision, DecodeOptions()),
+    )
     assert half.casts and half.cache is None and next(half.llm.llm.parameters()).dtype == DTYPES[precision]
     assert half.llm.llm_decoder.weight.dtype == torch.float32
     worst = 0.0

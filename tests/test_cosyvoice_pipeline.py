@@ -1,4 +1,5 @@
 """The whole pipeline through the real CosyVoice runtime: run_all.sh on two CPU slots, a tiny random model."""
+
 from __future__ import annotations
 
 import io
@@ -24,9 +25,19 @@ def model_dir(tmp_path_factory):
 
 
 def cosyvoice_args(model_dir, *extra):
-    return ("--config", REPO / "configs" / "cosyvoice.yaml", "--gpus", "cpu:2",
-            "--set", f"tts.cosyvoice.model_dir={model_dir}", "--set", "tts.cosyvoice.fp16=false",
-            "--set", "shards.segments_per_shard=6", *extra)
+    return (
+        "--config",
+        REPO / "configs" / "cosyvoice.yaml",
+        "--gpus",
+        "cpu:2",
+        "--set",
+        f"tts.cosyvoice.model_dir={model_dir}",
+        "--set",
+        "tts.cosyvoice.fp16=false",
+        "--set",
+        "shards.segments_per_shard=6",
+        *extra,
+    )
 
 
 @pytest.mark.slow
@@ -34,8 +45,15 @@ def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
     source = write_input(tmp_path / "in.json", llava_conversations(2))
     out, log = tmp_path / "out", tmp_path / "log"
     # rebuild every 4 utterances: several rebuilds land in the middle of shards
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", log,
-                     *cosyvoice_args(model_dir, "--set", "workers.rebuild_every=4", "--set", "tts.cosyvoice.batch_size=1"))
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        *cosyvoice_args(model_dir, "--set", "workers.rebuild_every=4", "--set", "tts.cosyvoice.batch_size=1"),
+    )
     assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
     rows = assert_complete(out)
     assert {r["backend"] for r in rows} == {"cosyvoice"} and {r["sample_rate"] for r in rows} == {22050}
@@ -44,18 +62,24 @@ def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
     # one at a time, as the run spoke them (the shipped config batches in bf16)
-    config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.fp16=false",
-                                                               "tts.cosyvoice.batch_size=1"])
+    config = load_config(
+        REPO / "configs" / "cosyvoice.yaml",
+        [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.fp16=false", "tts.cosyvoice.batch_size=1"],
+    )
     backend = CosyVoiceBackend(config)
     for row in rows:
-        assert row["num_samples"] == expected_samples(text_token_counts(backend.model.frontend, row["text"]), RATIO), row["id"]
+        assert row["num_samples"] == expected_samples(text_token_counts(backend.model.frontend, row["text"]), RATIO), (
+            row["id"]
+        )
 
     # speakers as configured: one voice per side within a conversation, both voices in use
     for cid in {r["conversation_id"] for r in rows}:
         sides = {r["side"]: r["speaker"] for r in rows if r["conversation_id"] == cid}
         assert set(sides.values()) == set(VOICES)
 
-    rebuilds = [line for p in log.rglob("slot-*.log") for line in p.read_text().splitlines() if "(every 4 utterances)" in line]
+    rebuilds = [
+        line for p in log.rglob("slot-*.log") for line in p.read_text().splitlines() if "(every 4 utterances)" in line
+    ]
     assert len(rebuilds) >= 2, "no rebuild happened"
     assert max(r["since_build"] for r in rows) <= 4 and len({r["since_build"] for r in rows}) >= 3
 
@@ -63,7 +87,9 @@ def test_run_all_speaks_through_cosyvoice(tmp_path, model_dir):
     # that was never rebuilt, in this process, in another order.
     for row in reversed(rows):
         audio, _ = sf.read(out / row["audio"], dtype="int16")
-        assert np.array_equal(audio, as_written(backend.synthesize(row["text"], row["speaker"], row["seed"]))), row["id"]
+        assert np.array_equal(audio, as_written(backend.synthesize(row["text"], row["speaker"], row["seed"]))), row[
+            "id"
+        ]
 
 
 @pytest.mark.slow
@@ -71,8 +97,17 @@ def test_run_all_speaks_batched(tmp_path, model_dir):
     """The batched engine through the whole pipeline: rows share decode steps, rebuilds fall between batches."""
     source = write_input(tmp_path / "in.json", llava_conversations(2))
     out, log = tmp_path / "out", tmp_path / "log"
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *cosyvoice_args(
-        model_dir, "--set", "workers.rebuild_every=5", "--set", "tts.cosyvoice.batch_size=4", "--workers", "1"))
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        *cosyvoice_args(
+            model_dir, "--set", "workers.rebuild_every=5", "--set", "tts.cosyvoice.batch_size=4", "--workers", "1"
+        ),
+    )
     assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
     rows = assert_complete(out)
     slot_log = "".join(p.read_text() for p in log.rglob("slot-*.log"))
@@ -84,10 +119,14 @@ def test_run_all_speaks_batched(tmp_path, model_dir):
 
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
-    config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.batch_size=1"])
+    config = load_config(
+        REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.batch_size=1"]
+    )
     backend = CosyVoiceBackend(config)
     for row in rows:
-        assert row["num_samples"] == expected_samples(text_token_counts(backend.model.frontend, row["text"]), RATIO), row["id"]
+        assert row["num_samples"] == expected_samples(text_token_counts(backend.model.frontend, row["text"]), RATIO), (
+            row["id"]
+        )
     for row in rows[:6]:  # as the one-at-a-time path speaks it, within the padded flow's rounding
         audio, _ = sf.read(out / row["audio"], dtype="int16")
         solo = as_written(backend.synthesize(row["text"], row["speaker"], row["seed"]))
@@ -98,9 +137,23 @@ def test_run_all_speaks_batched(tmp_path, model_dir):
 def test_a_broken_batch_is_spoken_one_at_a_time(tmp_path, model_dir):
     source = write_input(tmp_path / "in.json", llava_conversations(1))
     out, log = tmp_path / "out", tmp_path / "log"
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *cosyvoice_args(
-        model_dir, "--set", "tts.backend=broken_batch_backend:BrokenBatchCosyVoice", "--set", "tts.cosyvoice.batch_size=4",
-        "--workers", "1"))
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        *cosyvoice_args(
+            model_dir,
+            "--set",
+            "tts.backend=broken_batch_backend:BrokenBatchCosyVoice",
+            "--set",
+            "tts.cosyvoice.batch_size=4",
+            "--workers",
+            "1",
+        ),
+    )
     assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
     rows = assert_complete(out)
     worker_log = "".join(p.read_text() for p in log.rglob("slot-*-worker-*.log"))
@@ -118,8 +171,13 @@ def as_written(samples) -> np.ndarray:
 
 def test_unknown_speaker_and_missing_model_stop_before_any_work(tmp_path, model_dir):
     source = write_input(tmp_path / "in.json", llava_conversations(1))
-    unknown = run_all("--input", source, "--output-dir", tmp_path / "a",
-                      *cosyvoice_args(model_dir, "--set", "speakers.voices=[英文女, narrator]"))
+    unknown = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        tmp_path / "a",
+        *cosyvoice_args(model_dir, "--set", "speakers.voices=[英文女, narrator]"),
+    )
     assert unknown.returncode == 2
     assert "narrator" in unknown.stderr and "英文男" in unknown.stderr  # names the valid speakers
     missing = run_all("--input", source, "--output-dir", tmp_path / "b", *cosyvoice_args(tmp_path / "no-such-model"))
@@ -132,9 +190,25 @@ def test_run_all_with_automatic_rows_and_the_fast_decode(tmp_path, model_dir):
     GPU sampler's rule (run here on the CPU), the LLM in bf16: every segment at its pinned length."""
     source = write_input(tmp_path / "in.json", llava_conversations(1))
     out, log = tmp_path / "out", tmp_path / "log"
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *cosyvoice_args(
-        model_dir, "--set", "tts.cosyvoice.batch_size=0", "--set", "tts.cosyvoice.sampler=gpu",
-        "--set", "tts.cosyvoice.precision.llm=bf16", "--workers", "1"))
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        *cosyvoice_args(
+            model_dir,
+            "--set",
+            "tts.cosyvoice.batch_size=0",
+            "--set",
+            "tts.cosyvoice.sampler=gpu",
+            "--set",
+            "tts.cosyvoice.precision.llm=bf16",
+            "--workers",
+            "1",
+        ),
+    )
     assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in log.rglob("*.log"))
     rows = assert_complete(out)
     slot_log = "".join(p.read_text() for p in log.rglob("slot-*.log"))
@@ -142,7 +216,9 @@ def test_run_all_with_automatic_rows_and_the_fast_decode(tmp_path, model_dir):
 
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
-    config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.batch_size=1"])
+    config = load_config(
+        REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={model_dir}", "tts.cosyvoice.batch_size=1"]
+    )
     frontend = CosyVoiceBackend(config).model.frontend
     for row in rows:
         assert row["num_samples"] == expected_samples(text_token_counts(frontend, row["text"]), RATIO), row["id"]

@@ -1,4 +1,5 @@
-"""The GPU sampler against upstream's ras_sampling: same distribution, each row's draws its own whatever the batch (CPU).
+"""The GPU sampler against upstream's ras_sampling: same distribution, each row's draws its own whatever the batch
+(CPU).
 
 Tolerance: the GPU sampler does not draw the CPU generator's numbers, so its tokens differ from
 the exact path's; what must hold is that each draw follows upstream's rule (nucleus within top_p
@@ -6,6 +7,7 @@ and top_k, a repeated token re-drawn from the whole distribution), tested here b
 12,000 times from both and comparing the frequencies (five standard deviations), and that a
 row's k-th draw depends only on its seed, its chunk and k.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,12 +51,14 @@ def test_gpu_draws_follow_upstreams_rule(history):
     sampler = gpu_sampler(DRAWS)
     sampler.keys.copy_(torch.tensor([stream_key(seed, 0) for seed in range(DRAWS)]))
     sampler.drawn.fill_(7)
-    sampler.history[:, :len(history)] = torch.tensor(history or [-1], dtype=torch.long)
+    sampler.history[:, : len(history)] = torch.tensor(history or [-1], dtype=torch.long)
     ours = sampler._draw(logits.log_softmax(dim=0).expand(DRAWS, -1), slice(0, DRAWS)).tolist()
     a, b = frequencies(upstream), frequencies(ours)
     p = (a + b) / 2
     bound = 5 * torch.sqrt(2 * p * (1 - p) / DRAWS) + 2 / DRAWS
-    assert bool(((a - b).abs() <= bound).all()), [(i, float(a[i]), float(b[i])) for i in range(VOCAB) if abs(a[i] - b[i]) > bound[i]]
+    assert bool(((a - b).abs() <= bound).all()), [
+        (i, float(a[i]), float(b[i])) for i in range(VOCAB) if abs(a[i] - b[i]) > bound[i]
+    ]
     assert sum(t in history for t in ours) > 0 if history else True
 
 
@@ -71,7 +75,7 @@ def test_a_rows_draws_do_not_depend_on_the_batch():
     after = [t.clone() for t in (sampler.drawn, sampler.history)]
     for tensor, before in zip((sampler.drawn, sampler.history), saved):
         tensor.copy_(before)
-    alone = [int(sampler._draw(logp[i:i + 1], slice(i, i + 1))) for i in range(rows)]
+    alone = [int(sampler._draw(logp[i : i + 1], slice(i, i + 1))) for i in range(rows)]
     assert together == alone
     assert all(torch.equal(a, b) for a, b in zip(after, (sampler.drawn, sampler.history)))
     assert sampler.drawn.tolist() == [n * 5 + 1 for n in range(rows)]

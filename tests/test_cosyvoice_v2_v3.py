@@ -4,6 +4,7 @@ v2 runs through the installed package (cosyvoice2-eu) and through a checkout of 
 repository; v3 only through a checkout, since no package bundles it. The checkout is the one
 $COSYVOICE_ROOT names (CI points it at ../shared/runtime/CosyVoice when that is there).
 """
+
 from __future__ import annotations
 
 import io
@@ -23,15 +24,20 @@ from convtts.testing.cosyvoice_qwen import SAMPLE_RATE, expected_samples
 pytestmark = pytest.mark.cosyvoice
 
 RATIO = 3  # speech tokens per text token: short audio keeps the test fast
-NO_CHECKOUT = ("needs a checkout of the official CosyVoice repository (with third_party/Matcha-TTS): "
-               "COSYVOICE_ROOT=/path/to/CosyVoice make test")
+NO_CHECKOUT = (
+    "needs a checkout of the official CosyVoice repository (with third_party/Matcha-TTS): "
+    "COSYVOICE_ROOT=/path/to/CosyVoice make test"
+)
 PROMPT_TEXT = "Hello, this is a short prompt for a new voice."
 INSTRUCTION = "You are a helpful assistant.<|endofprompt|>"  # CosyVoice3 asks for it in every prompt
-CONVERSATION = {"id": "dog", "conversations": [
-    {"from": "human", "value": "Describe the picture in a few words."},
-    {"from": "gpt", "value": "A brown dog runs across a green field. A small child follows it with a red ball."},
-    {"from": "human", "value": "What colour is the ball?"},
-]}
+CONVERSATION = {
+    "id": "dog",
+    "conversations": [
+        {"from": "human", "value": "Describe the picture in a few words."},
+        {"from": "gpt", "value": "A brown dog runs across a green field. A small child follows it with a red ball."},
+        {"from": "human", "value": "What colour is the ball?"},
+    ],
+}
 
 
 def runtime_env(runtime: str) -> dict:
@@ -46,9 +52,23 @@ def runtime_env(runtime: str) -> dict:
 def write_model(path, version: int, runtime: str):
     env = runtime_env(runtime)
     done = subprocess.run(
-        [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", str(version), "--size", "tiny",
-         "--out", str(path), "--tokens-per-text-token", str(RATIO)],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "convtts.testing.cosyvoice_model",
+            "--version",
+            str(version),
+            "--size",
+            "tiny",
+            "--out",
+            str(path),
+            "--tokens-per-text-token",
+            str(RATIO),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return path
@@ -67,8 +87,8 @@ def v3_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory):
     """Two prompt recordings spoken by the default Piper voice (22050 Hz, as a user's file would be)."""
-    from convtts.speak.piper import PiperBackend
     from convtts.config import load_config
+    from convtts.speak.piper import PiperBackend
 
     folder = tmp_path_factory.mktemp("prompts")
     piper = PiperBackend(load_config(None))
@@ -80,15 +100,24 @@ def prompts(tmp_path_factory):
 
 def overrides(model, prompts, version: int) -> list[str]:
     text = (INSTRUCTION if version == 3 else "") + PROMPT_TEXT
-    return [f"tts.cosyvoice.model_dir={model}", "text.max_words=12", "workers.rebuild_every=2",
-            *(f'tts.cosyvoice.prompts.{name}={{audio: "{prompts / (name + ".wav")}", text: "{text}"}}'
-              for name in ("anna", "ben"))]
+    return [
+        f"tts.cosyvoice.model_dir={model}",
+        "text.max_words=12",
+        "workers.rebuild_every=2",
+        *(
+            f'tts.cosyvoice.prompts.{name}={{audio: "{prompts / (name + ".wav")}", text: "{text}"}}'
+            for name in ("anna", "ben")
+        ),
+    ]
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("version, runtime, batch", [(2, "installed", 1), (2, "checkout", 1), (3, "checkout", 1), (3, "checkout", 2)],
-                         ids=["v2-installed", "v2-checkout", "v3-checkout", "v3-checkout-batched"])
+@pytest.mark.parametrize(
+    "version, runtime, batch",
+    [(2, "installed", 1), (2, "checkout", 1), (3, "checkout", 1), (3, "checkout", 2)],
+    ids=["v2-installed", "v2-checkout", "v3-checkout", "v3-checkout-batched"],
+)
 def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, runtime, batch):
     env = runtime_env(runtime)
     model = request.getfixturevalue(f"v{version}_model")
@@ -96,12 +125,30 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     # batched, the engine takes its rows and one request ahead before any is done: a rebuild every
     # utterance, so that one is due while the four are spoken
     every = 2 if batch == 1 else 1
-    settings = overrides(model, prompts, version) + [f"tts.cosyvoice.batch_size={batch}", f"workers.rebuild_every={every}"]
+    settings = overrides(model, prompts, version) + [
+        f"tts.cosyvoice.batch_size={batch}",
+        f"workers.rebuild_every={every}",
+    ]
     source = write_input(tmp_path / "in.json", [CONVERSATION])
     out, log = tmp_path / "out", tmp_path / "log"
     args = [arg for item in settings for arg in ("--set", item)]
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, "--config", config,
-                     "--gpus", "cpu:1", "--workers", "1", *args, env=env, timeout=900)
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        "--config",
+        config,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "1",
+        *args,
+        env=env,
+        timeout=900,
+    )
     logs = "".join(p.read_text() for p in log.rglob("*.log"))
     assert result.returncode == 0, result.stderr + logs[-5000:]
     rows = assert_complete(out)
@@ -109,7 +156,9 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     assert {r["speaker"] for r in rows} == {"anna", "ben"}  # one prompted voice per side
 
     # the runtime asked for is the one the workers loaded
-    where = str(Path(CHECKOUT).resolve()) if runtime == "checkout" else "site-packages"  # the runtime logs resolved paths
+    where = (
+        str(Path(CHECKOUT).resolve()) if runtime == "checkout" else "site-packages"
+    )  # the runtime logs resolved paths
     loads = [line for line in logs.splitlines() if f"loaded CosyVoice{version} " in line]
     assert len(loads) >= 2 and all(where in line for line in loads), loads
 
@@ -133,8 +182,19 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     probe.mkdir()
     (tmp_path / "settings.json").write_text(json.dumps({"config": str(config), "overrides": settings}))
     (tmp_path / "rows.json").write_text(json.dumps(rows))
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "cosyvoice_probe.py"), str(tmp_path / "settings.json"),
-                           str(tmp_path / "rows.json"), str(probe)], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests" / "cosyvoice_probe.py"),
+            str(tmp_path / "settings.json"),
+            str(tmp_path / "rows.json"),
+            str(probe),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((probe / "report.json").read_text())
     assert where in report["runtime"]
@@ -152,8 +212,16 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
 
 def test_v2_directory_has_the_released_layout(v2_model):
     names = {p.name for p in v2_model.iterdir()}
-    assert {"cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx",
-            "CosyVoice-BlankEN", "convtts_model.json"} <= names
+    assert {
+        "cosyvoice2.yaml",
+        "llm.pt",
+        "flow.pt",
+        "hift.pt",
+        "campplus.onnx",
+        "speech_tokenizer_v2.onnx",
+        "CosyVoice-BlankEN",
+        "convtts_model.json",
+    } <= names
     blank = {p.name for p in (v2_model / "CosyVoice-BlankEN").iterdir()}
     assert {"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json"} <= blank
     config = json.loads((v2_model / "CosyVoice-BlankEN" / "config.json").read_text())

@@ -4,6 +4,7 @@ One real run is made per module and copied for each test. Each test damages one 
 same command again, and checks: exit 0, a complete output, the damaged item redone (a row from
 the new run) and nothing else redone, and a log line that names the file and says what was done.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -16,8 +17,18 @@ from conftest import assert_complete, llava_conversations, read_jsonl, run_all, 
 
 pytestmark = pytest.mark.e2e
 
-ARGS = ("--gpus", "cpu:1", "--workers", "1", "--count", "2", "--set", "shards.segments_per_shard=5",
-        "--set", "tts.backend=paced_backend:PacedTone")
+ARGS = (
+    "--gpus",
+    "cpu:1",
+    "--workers",
+    "1",
+    "--count",
+    "2",
+    "--set",
+    "shards.segments_per_shard=5",
+    "--set",
+    "tts.backend=paced_backend:PacedTone",
+)
 ENV = {"CONVTTS_TEST_UTTERANCE_SECONDS": "0.01"}  # tones of the text's length, made at once
 
 
@@ -26,7 +37,9 @@ def finished(tmp_path_factory):
     """A complete output of two conversations (two shards), its input, and its manifest rows by id."""
     root = tmp_path_factory.mktemp("finished")
     source = write_input(root / "convs.json", llava_conversations(4))
-    done = run_all("--input", source, "--output-dir", root / "out", "--log-dir", root / "log", *ARGS, env=script_env(**ENV))
+    done = run_all(
+        "--input", source, "--output-dir", root / "out", "--log-dir", root / "log", *ARGS, env=script_env(**ENV)
+    )
     assert done.returncode == 0, done.stderr
     return source, root / "out", {row["id"]: row for row in assert_complete(root / "out")}
 

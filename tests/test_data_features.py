@@ -1,4 +1,5 @@
 """The sample files through preprocess.py: odd ids, skipped turns, cleaning, other languages, one-letter answers."""
+
 from __future__ import annotations
 
 import re
@@ -19,8 +20,13 @@ UNSPOKEN_ROLE = "role system is not in text.speak_roles"
 
 def planned(source: Path, out: Path) -> dict:
     """Run preprocess.py on `source`: the plan, its conversations, segment rows and skipped lines."""
-    result = subprocess.run([sys.executable, str(REPO / "preprocess.py"), "--input", str(source), "--output-dir", str(out)],
-                            env=script_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "preprocess.py"), "--input", str(source), "--output-dir", str(out)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     layout = Layout(out)
     shards = layout.shard_names()
@@ -62,13 +68,24 @@ def cid_of(planned: dict, source_id) -> str:
 
 # --- ids and skipped turns -----------------------------------------------------------------------
 
+
 def test_odd_ids_become_unique_safe_file_names(sharegpt):
     conversations = sharegpt["conversations"]
     assert [c["record"] for c in conversations] == [r for r in sharegpt_conversations() if r["conversations"]]
     ids = [c["conversation_id"] for c in conversations]
     # spaces, slashes, unicode, a number, a repeated id, no id, ':' and '#', a '../' path, a dotted id
-    expected = [rf"conv_7{HASH}", rf"team_alpha_12{HASH}", rf"_ber-_-__{HASH}", "4021", "dup-case-1", "dup-case-2",
-                r"auto-[0-9a-f]{16}", rf"chat_2024-05-01__3{HASH}", rf"_escape-attempt{HASH}", r"translate\.v2"]
+    expected = [
+        rf"conv_7{HASH}",
+        rf"team_alpha_12{HASH}",
+        rf"_ber-_-__{HASH}",
+        "4021",
+        "dup-case-1",
+        "dup-case-2",
+        r"auto-[0-9a-f]{16}",
+        rf"chat_2024-05-01__3{HASH}",
+        rf"_escape-attempt{HASH}",
+        r"translate\.v2",
+    ]
     assert len(ids) == len(expected) and all(re.fullmatch(p, cid) for p, cid in zip(expected, ids)), ids
     assert len(set(ids)) == len(ids)
     names = [r["id"] for r in sharegpt["rows"]] + [s["id"] for s in sharegpt["skipped"]]
@@ -82,8 +99,12 @@ def test_empty_code_only_and_unspoken_turns_are_skipped_with_a_reason(sharegpt):
     chat, code, escape = (cid_of(sharegpt, i) for i in ("chat:2024-05-01 #3", "conv 7", "../escape-attempt"))
     reasons = {s["id"]: s["reason"] for s in sharegpt["skipped"]}
     assert reasons == {
-        f"{chat}-000": "empty", f"{chat}-001": "empty", f"{chat}-004": "empty",  # "", spaces and a tab, newlines
-        f"{code}-002": "only code", "4021-000": UNSPOKEN_ROLE, f"{escape}-002": UNSPOKEN_ROLE,
+        f"{chat}-000": "empty",
+        f"{chat}-001": "empty",
+        f"{chat}-004": "empty",  # "", spaces and a tab, newlines
+        f"{code}-002": "only code",
+        "4021-000": UNSPOKEN_ROLE,
+        f"{escape}-002": UNSPOKEN_ROLE,
         "record-10": "'conversations' is empty",
     }
     assert all(s["status"] == "skipped" for s in sharegpt["skipped"])
@@ -94,6 +115,7 @@ def test_empty_code_only_and_unspoken_turns_are_skipped_with_a_reason(sharegpt):
 
 
 # --- cleaning ------------------------------------------------------------------------------------
+
 
 def test_code_blocks_links_and_markdown_are_removed_and_numbers_kept(sharegpt):
     code = spoken(sharegpt, cid_of(sharegpt, "conv 7"), 1)
@@ -146,6 +168,7 @@ def test_one_letter_answers_are_kept(sharegpt):
 
 # --- the LLaVA-style file ------------------------------------------------------------------------
 
+
 def test_image_placeholders_before_or_after_the_question_are_not_spoken(llava):
     firsts = [r for r in llava["rows"] if r["turn"] == 0]
     assert [r["conversation_id"] for r in firsts] == [r["id"] for r in llava_conversations()]
@@ -156,8 +179,12 @@ def test_image_placeholders_before_or_after_the_question_are_not_spoken(llava):
 
 
 def test_long_answers_lists_and_units_in_the_llava_file(llava):
-    long_answers = [(r["id"], n) for r in llava_conversations() for n, t in enumerate(r["conversations"])
-                    if len(t["value"].split()) >= 150]
+    long_answers = [
+        (r["id"], n)
+        for r in llava_conversations()
+        for n, t in enumerate(r["conversations"])
+        if len(t["value"].split()) >= 150
+    ]
     assert len(long_answers) >= 5
     assert all(len(segments(llava, cid, n)) >= 5 for cid, n in long_answers)
     texts = " ".join(r["text"] for r in llava["rows"])

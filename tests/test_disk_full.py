@@ -4,6 +4,7 @@ A full disk is nobody's utterance's fault: the run stops with one line and exit 
 failures, leaves no half-written file, and the same command finishes once space is freed.
 These tests mount filesystems, so they need root; they fail (not skip) without it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,11 +30,13 @@ def small_disk(tmp_path):
     """A 16 MiB tmpfs: the plan, the config and the audio of two conversations (about 7 MB) fit."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     assert mounted.returncode == 0, (
         f"these tests need a real small filesystem and mount it with `mount -t tmpfs` (run them as root): "
-        f"{mounted.stderr.strip()}")
+        f"{mounted.stderr.strip()}"
+    )
     try:
         yield mount_point
     finally:
@@ -57,8 +60,12 @@ def disk_full_line(out: Path) -> str:
 
 
 def plan(source: Path, out: Path) -> None:
-    made = subprocess.run([sys.executable, str(REPO / "preprocess.py"), "--input", str(source), "--output-dir", str(out),
-                           *PLAN_ARGS], env=script_env(), capture_output=True, text=True)
+    made = subprocess.run(
+        [sys.executable, str(REPO / "preprocess.py"), "--input", str(source), "--output-dir", str(out), *PLAN_ARGS],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+    )
     assert made.returncode == 0, made.stderr
 
 
@@ -79,7 +86,19 @@ def test_full_disk_stops_the_run_cleanly_and_the_same_command_finishes(tmp_path,
     plan(small_input, out)
     fill(filler, leave=1_000_000)  # room for a few utterances of the 28
 
-    args = ("--input", small_input, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1", "--workers", workers, *PLAN_ARGS)
+    args = (
+        "--input",
+        small_input,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        workers,
+        *PLAN_ARGS,
+    )
     stopped = run_all(*args, env=script_env(**ENV))
     assert stopped.returncode == 1, stopped.stderr
     assert stopped.stderr.split("\n") == [disk_full_line(out), ""]
@@ -113,8 +132,9 @@ def test_merge_and_plan_on_a_full_disk_keep_the_previous_results(tmp_path, small
     before = {name: (out / name).read_bytes() for name in results}
 
     fill(filler, leave=len(before["manifest.jsonl"]) // 2)  # merge fails half way through manifest.jsonl
-    merged = subprocess.run([sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(),
-                            capture_output=True, text=True)
+    merged = subprocess.run(
+        [sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(), capture_output=True, text=True
+    )
     assert merged.returncode == 4, merged.stderr
     assert "No space left on device writing" in merged.stderr and str(out) in merged.stderr
     assert {name: (out / name).read_bytes() for name in results} == before
@@ -137,7 +157,9 @@ def test_merge_and_plan_on_a_full_disk_keep_the_previous_results(tmp_path, small
 def test_a_failed_append_or_atomic_write_leaves_the_file_as_it_was(small_disk):
     manifest, stats = small_disk / "rows.jsonl", small_disk / "stats.json"
     line = orjson.dumps({"id": "a", "pad": ""}) + b"\n"
-    manifest.write_bytes(orjson.dumps({"id": "a", "pad": "x" * (4096 - 99 - len(line))}) + b"\n")  # 99 bytes left in its page
+    manifest.write_bytes(
+        orjson.dumps({"id": "a", "pad": "x" * (4096 - 99 - len(line))}) + b"\n"
+    )  # 99 bytes left in its page
     stats.write_bytes(b'{"done": 1}')
     kept = manifest.read_bytes()
     fill(small_disk / "filler")

@@ -4,6 +4,7 @@ One output spoken by the default Piper voice serves the format tests (module fix
 records with odd ids (a dot, a space, a colon, a duplicate, none at all), in shards of a few segments
 so that an export has several units. Resume is tested by SIGKILL on a real export.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -24,20 +25,47 @@ import pytest
 import soundfile as sf
 
 from conftest import (
-    REPO, assert_complete, llava_conversations, need, read_jsonl, run_all, script_env, sharegpt_conversations,
+    REPO,
+    assert_complete,
+    llava_conversations,
+    need,
+    read_jsonl,
+    run_all,
+    script_env,
+    sharegpt_conversations,
     write_input,
 )
 
 pytestmark = pytest.mark.e2e
 
 ODD_IDS = {"translate.v2", "conv 7", "chat:2024-05-01 #3", "dup-case", None}
-EXPORTED = ("id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker", "text",
-            "source_text", "num_samples", "sample_rate", "backend", "seed")
+EXPORTED = (
+    "id",
+    "conversation_id",
+    "source_id",
+    "turn",
+    "segment",
+    "role",
+    "side",
+    "speaker",
+    "text",
+    "source_text",
+    "num_samples",
+    "sample_rate",
+    "backend",
+    "seed",
+)
 
 
 def export(out: Path, fmt: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "export.py"), str(out), "--format", fmt, *map(str, args)],
-                          env=script_env(), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, str(REPO / "export.py"), str(out), "--format", fmt, *map(str, args)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def exported(out: Path, fmt: str, *args) -> Path:
@@ -55,8 +83,18 @@ def spoken(tmp_path_factory) -> tuple[Path, list[dict]]:
     records = [r for r in sharegpt_conversations() if r.get("id") in ODD_IDS]
     source = write_input(base / "convs.json", records)
     out = base / "out"
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", base / "log", "--gpus", "cpu:1",
-                     "--set", "shards.segments_per_shard=4")
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        base / "log",
+        "--gpus",
+        "cpu:1",
+        "--set",
+        "shards.segments_per_shard=4",
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     rows = assert_complete(out)
     assert len({Path(r["audio"]).parent.name for r in rows}) >= 5
@@ -76,7 +114,9 @@ def test_hugging_face_parquet_loads_with_datasets(spoken):
     dest = exported(out, "hf", "--shard-rows", 6)
     parts = sorted((dest / "data").glob("train-*.parquet"))
     state = orjson.loads((dest / ".export-state.json").read_bytes())
-    assert state["finished"] and {f"data/{p.name}" for p in parts} == {f for u in state["units"].values() for f in u["files"]}
+    assert state["finished"] and {f"data/{p.name}" for p in parts} == {
+        f for u in state["units"].values() for f in u["files"]
+    }
     assert len(parts) >= 3 and all(pq.ParquetFile(p).metadata.num_rows <= 6 for p in parts)  # --shard-rows holds
     loaded = datasets.load_dataset(str(dest), split="train")  # no script, no data_files: the layout says it all
     assert isinstance(loaded.features["audio"], datasets.Audio)
@@ -88,8 +128,9 @@ def test_hugging_face_parquet_loads_with_datasets(spoken):
         assert item["duration"] == pytest.approx(row["duration"], abs=1e-4)
         assert item["audio"]["path"] == Path(row["audio"]).name
         assert np.array_equal(samples(item["audio"]["bytes"]), samples(out / row["audio"]))
-    by_files = datasets.load_dataset("parquet", data_files=sorted(glob.glob(str(dest / "data" / "*.parquet"))),
-                                     split="train")
+    by_files = datasets.load_dataset(
+        "parquet", data_files=sorted(glob.glob(str(dest / "data" / "*.parquet"))), split="train"
+    )
     assert by_files["id"] == [r["id"] for r in rows]
 
 
@@ -108,8 +149,11 @@ def test_lhotse_manifests_load_and_cuts_load_audio(spoken):
         (supervision,) = cut.supervisions
         assert (cut.id, supervision.text, supervision.speaker) == (row["id"], row["text"], row["speaker"])
         assert supervision.custom["conversation_id"] == row["conversation_id"]
-        assert (supervision.custom["turn"], supervision.custom["segment"], supervision.custom["role"]) == \
-            (row["turn"], row["segment"], row["role"])
+        assert (supervision.custom["turn"], supervision.custom["segment"], supervision.custom["role"]) == (
+            row["turn"],
+            row["segment"],
+            row["role"],
+        )
         assert cut.sampling_rate == row["sample_rate"] and cut.num_samples == row["num_samples"]
         audio = cut.load_audio()
         assert audio.shape == (1, row["num_samples"])
@@ -155,8 +199,13 @@ def test_nemo_manifest_reads_with_nemos_reader(spoken):
     need("nemo", "export-test")  # installed --no-deps by make test: see pyproject.toml
     out, rows = spoken
     dest = exported(out, "nemo", "--shard-rows", 6)
-    result = subprocess.run([sys.executable, "-c", NEMO_READ, str(dest / "manifest.json")], capture_output=True,
-                            text=True, timeout=300, env=script_env())
+    result = subprocess.run(
+        [sys.executable, "-c", NEMO_READ, str(dest / "manifest.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=script_env(),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     items = json.loads(result.stdout.splitlines()[-1])
     lines = read_jsonl(dest / "manifest.json")
@@ -177,8 +226,12 @@ def test_reexport_redoes_only_what_the_manifest_changed(spoken, tmp_path):
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("export"))
     lost = rows[len(rows) // 2]
     (out / lost["audio"]).unlink()
-    assert subprocess.run([sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(),
-                          capture_output=True).returncode == 1  # one pending
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(), capture_output=True
+        ).returncode
+        == 1
+    )  # one pending
     first = export(out, "nemo", "--shard-rows", 6)
     assert first.returncode == 0, first.stderr
     assert len(read_jsonl(out / "export" / "nemo" / "manifest.json")) == len(rows) - 1
@@ -187,19 +240,33 @@ def test_reexport_redoes_only_what_the_manifest_changed(spoken, tmp_path):
     before = orjson.loads((out / "export" / "nemo" / ".export-state.json").read_bytes())["units"]
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "export" / "nemo" / "parts").iterdir()}
 
-    respoken = run_all("--input", source.parent / "convs.json", "--output-dir", out, "--log-dir", tmp_path / "log",
-                       "--gpus", "cpu:1", "--set", "shards.segments_per_shard=4")
+    respoken = run_all(
+        "--input",
+        source.parent / "convs.json",
+        "--output-dir",
+        out,
+        "--log-dir",
+        tmp_path / "log",
+        "--gpus",
+        "cpu:1",
+        "--set",
+        "shards.segments_per_shard=4",
+    )
     assert respoken.returncode == 0, respoken.stderr
     third = export(out, "nemo", "--shard-rows", 6)
     assert third.returncode == 0 and " 1 units written" in third.stdout, third.stdout
     after = orjson.loads((out / "export" / "nemo" / ".export-state.json").read_bytes())["units"]
     (redone,) = [name for name in after if after[name]["fingerprint"] != before[name]["fingerprint"]]
     assert after[redone]["rows"] == before[redone]["rows"] + 1
-    changed = {p.name for p in (out / "export" / "nemo" / "parts").iterdir() if stamps.get(p.name) != p.stat().st_mtime_ns}
+    changed = {
+        p.name for p in (out / "export" / "nemo" / "parts").iterdir() if stamps.get(p.name) != p.stat().st_mtime_ns
+    }
     assert changed and changed <= {Path(f).name for f in after[redone]["files"]}, changed
     fresh = export(out, "nemo", "--shard-rows", 6, "--dest", tmp_path / "fresh")
     assert fresh.returncode == 0
-    assert (out / "export" / "nemo" / "manifest.json").read_bytes() == (tmp_path / "fresh" / "manifest.json").read_bytes()
+    assert (out / "export" / "nemo" / "manifest.json").read_bytes() == (
+        tmp_path / "fresh" / "manifest.json"
+    ).read_bytes()
     assert [line["id"] for line in read_jsonl(tmp_path / "fresh" / "manifest.json")] == [r["id"] for r in rows]
 
 
@@ -210,9 +277,23 @@ def paced_flac(tmp_path_factory) -> tuple[Path, list[dict]]:
     source = write_input(base / "convs.json", llava_conversations())
     out = base / "out"
     env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=0)
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", base / "log", "--gpus", "cpu:1",
-                     "--set", "tts.backend=paced_backend:PacedTone", "--set", "shards.segments_per_shard=10",
-                     "--set", "output.audio_format=flac", env=env)
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        base / "log",
+        "--gpus",
+        "cpu:1",
+        "--set",
+        "tts.backend=paced_backend:PacedTone",
+        "--set",
+        "shards.segments_per_shard=10",
+        "--set",
+        "output.audio_format=flac",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     return out, assert_complete(out)
 
@@ -221,7 +302,17 @@ def test_killed_export_finishes_on_rerun_with_the_same_result(paced_flac, tmp_pa
     pq = need("pyarrow.parquet", "export")
     out, rows = paced_flac
     dest = tmp_path / "killed"
-    args = [sys.executable, str(REPO / "export.py"), str(out), "--format", "hf", "--shard-rows", "3", "--dest", str(dest)]
+    args = [
+        sys.executable,
+        str(REPO / "export.py"),
+        str(out),
+        "--format",
+        "hf",
+        "--shard-rows",
+        "3",
+        "--dest",
+        str(dest),
+    ]
     process = subprocess.Popen(args, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     state = dest / ".export-state.json"
     while process.poll() is None and not (state.is_file() and orjson.loads(state.read_bytes())["units"]):

@@ -8,6 +8,7 @@ bf16 vocoder 2.9e-3, fp16 vocoder 3.3e-4. v1 and v2 run here on the installed ru
 bench/flow_vocoder.py in a process of its own on the checkout $COSYVOICE_ROOT names (so the bench's
 CPU run is tested too).
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,13 @@ def models(tmp_path_factory):
     def get(version: int):
         if version not in loaded:
             speakers = ["a"] if version == 1 else []
-            folder = build_model_dir(tmp_path_factory.mktemp(f"fv{version}") / "tiny", "tiny", speakers,
-                                     tokens_per_text_token=3, version=version)
+            folder = build_model_dir(
+                tmp_path_factory.mktemp(f"fv{version}") / "tiny",
+                "tiny",
+                speakers,
+                tokens_per_text_token=3,
+                version=version,
+            )
             loaded[version] = load_model(CosyVoiceConfig(model_dir=str(folder)))
         return loaded[version]
 
@@ -103,7 +109,9 @@ def test_passes_stay_within_the_memory_budget(models, rows, version):
     chunk, tokens, _ = rows(version)
     inner, rows = models(version).model, make_rows(chunk, tokens)
     widest = width_bucket(max(Flow(inner.flow, "fp32", inner.device).frames(row) for row in rows))
-    flow = Flow(inner.flow, "fp32", inner.device, max_mb=flow_pass_mb(inner.flow, "fp32", 2, widest))  # two of the longest
+    flow = Flow(
+        inner.flow, "fp32", inner.device, max_mb=flow_pass_mb(inner.flow, "fp32", 2, widest)
+    )  # two of the longest
     groups = flow.groups(rows)
     assert max(len(g) for g in groups) == 2 and sum(len(g) for g in groups) == len(tokens)
 
@@ -115,8 +123,17 @@ def test_the_unet_estimators_do_not_see_the_padding():
     torch.manual_seed(0)
     lengths, width = [37, 50, 23], 56
     for cls, upstream_shift in ((ConditionalDecoder, True), (CausalConditionalDecoder, False)):
-        est = cls(in_channels=320, out_channels=80, channels=(32, 32), dropout=0.0, attention_head_dim=16, n_blocks=1,
-                  num_mid_blocks=2, num_heads=2, act_fn="gelu").eval()
+        est = cls(
+            in_channels=320,
+            out_channels=80,
+            channels=(32, 32),
+            dropout=0.0,
+            attention_head_dim=16,
+            n_blocks=1,
+            num_mid_blocks=2,
+            num_heads=2,
+            act_fn="gelu",
+        ).eval()
         with torch.no_grad():
             for p in est.parameters():  # norms and biases away from their neutral start
                 p.add_(torch.randn_like(p) * 0.05)
@@ -126,8 +143,14 @@ def test_the_unet_estimators_do_not_see_the_padding():
         with torch.inference_mode():
             ours, theirs = padded_forward(est)(x, mask, mu, t, spks, cond), est(x, mask, mu, t, spks, cond)
             for i, n in enumerate(lengths):
-                alone = est(x[i:i + 1, :, :n], mask[i:i + 1, :, :n], mu[i:i + 1, :, :n], t[i:i + 1], spks[i:i + 1],
-                            cond[i:i + 1, :, :n])[0]
+                alone = est(
+                    x[i : i + 1, :, :n],
+                    mask[i : i + 1, :, :n],
+                    mu[i : i + 1, :, :n],
+                    t[i : i + 1],
+                    spks[i : i + 1],
+                    cond[i : i + 1, :, :n],
+                )[0]
                 assert (ours[i, :, :n] - alone).abs().max() < 1e-4 * alone.abs().max()
                 # upstream's own forward: v1's group norms count the padding, v2's layers do not
                 assert ((theirs[i, :, :n] - alone).abs().max() > 1e-2) == (upstream_shift and n < width)
@@ -180,21 +203,34 @@ def test_tf32_is_set_for_a_part_and_put_back():
 def test_the_released_widths_are_the_architectures():
     """sizing.py sizes workers from the released estimators' widths before any model is loaded."""
     from cosyvoice.flow.decoder import ConditionalDecoder
+
     from convtts.testing.cosyvoice_v1 import SIZES
 
     full = SIZES["full"]
-    est = ConditionalDecoder(in_channels=320, out_channels=80, channels=tuple(full["est_channels"]), dropout=0.0,
-                             attention_head_dim=full["est_head_dim"], n_blocks=1, num_mid_blocks=1,
-                             num_heads=full["est_heads"], act_fn="gelu")
+    est = ConditionalDecoder(
+        in_channels=320,
+        out_channels=80,
+        channels=tuple(full["est_channels"]),
+        dropout=0.0,
+        attention_head_dim=full["est_head_dim"],
+        n_blocks=1,
+        num_mid_blocks=1,
+        num_heads=full["est_heads"],
+        act_fn="gelu",
+    )
     assert estimator_widths(est) == RELEASED_FLOW[1]
 
 
 def test_flow_settings_are_checked_up_front():
     cosy = load_config(None, ["tts.cosyvoice.flow.vocoder_rows=4", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
     assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 16
-    for bad, key in (("tts.cosyvoice.flow.vocoder_rows=0", "vocoder_rows"), ("tts.cosyvoice.flow.max_mb=10", "max_mb"),
-                     ("tts.cosyvoice.flow.max_graphs=-1", "max_graphs"), ("tts.cosyvoice.cuda_graphs=yes please", "cuda_graphs"),
-                     ("tts.cosyvoice.flow.graphs=true", "graphs")):
+    for bad, key in (
+        ("tts.cosyvoice.flow.vocoder_rows=0", "vocoder_rows"),
+        ("tts.cosyvoice.flow.max_mb=10", "max_mb"),
+        ("tts.cosyvoice.flow.max_graphs=-1", "max_graphs"),
+        ("tts.cosyvoice.cuda_graphs=yes please", "cuda_graphs"),
+        ("tts.cosyvoice.flow.graphs=true", "graphs"),
+    ):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [bad])
 
@@ -205,18 +241,69 @@ def test_v3_paths_through_the_bench_on_a_cpu(tmp_path):
         pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
     env = script_env(COSYVOICE_ROOT=COSYVOICE_CHECKOUT)
     model = tmp_path / "v3"
-    built = subprocess.run([sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", "3", "--size", "tiny",
-                            "--out", str(model), "--tokens-per-text-token", "3"], env=env, capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convtts.testing.cosyvoice_model",
+            "--version",
+            "3",
+            "--size",
+            "tiny",
+            "--out",
+            str(model),
+            "--tokens-per-text-token",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     out = tmp_path / "v3.json"
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "flow_vocoder.py"), "--version", "3", "--model-dir", str(model),
-                           "--runtime-root", COSYVOICE_CHECKOUT, "--rows", "4", "--seconds", "0.6:0.75", "--prompt-seconds", "0.5",
-                           "--flow", "fp32,bf16", "--graphs", "on", "--bucket", "--vocoder", "fp32:16,bf16:16,fp16:16",
-                           "--repeat", "1", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "flow_vocoder.py"),
+            "--version",
+            "3",
+            "--model-dir",
+            str(model),
+            "--runtime-root",
+            COSYVOICE_CHECKOUT,
+            "--rows",
+            "4",
+            "--seconds",
+            "0.6:0.75",
+            "--prompt-seconds",
+            "0.5",
+            "--flow",
+            "fp32,bf16",
+            "--graphs",
+            "on",
+            "--bucket",
+            "--vocoder",
+            "fp32:16,bf16:16,fp16:16",
+            "--repeat",
+            "1",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     figures = {s["setting"]: s for s in json.loads(out.read_text())["settings"]}
-    tolerance = {"flow-fp32-graphs-on": FP32, "flow-bf16-graphs-on": FLOW_BF16, "vocoder-fp32-rows-16": FP32,
-                 "vocoder-bf16-rows-16": VOCODER_BF16, "vocoder-fp16-rows-16": VOCODER_FP16}
+    tolerance = {
+        "flow-fp32-graphs-on": FP32,
+        "flow-bf16-graphs-on": FLOW_BF16,
+        "vocoder-fp32-rows-16": FP32,
+        "vocoder-bf16-rows-16": VOCODER_BF16,
+        "vocoder-fp16-rows-16": VOCODER_FP16,
+    }
     assert set(figures) == set(tolerance)
     for name, limit in tolerance.items():
         assert figures[name]["lengths_match"] and figures[name]["deviation_full_scale"] <= limit, figures[name]
@@ -229,8 +316,17 @@ def test_the_padded_estimator_traces_as_one_graph():
     from cosyvoice.flow.decoder import ConditionalDecoder
 
     torch.manual_seed(2)
-    est = ConditionalDecoder(in_channels=320, out_channels=80, channels=(32, 32), dropout=0.0, attention_head_dim=16,
-                             n_blocks=1, num_mid_blocks=1, num_heads=2, act_fn="gelu").eval()
+    est = ConditionalDecoder(
+        in_channels=320,
+        out_channels=80,
+        channels=(32, 32),
+        dropout=0.0,
+        attention_head_dim=16,
+        n_blocks=1,
+        num_mid_blocks=1,
+        num_heads=2,
+        act_fn="gelu",
+    ).eval()
     forward = padded_forward(est)
     x, mu, cond = (torch.randn(2, 80, 40) for _ in range(3))
     mask = torch.ones(2, 1, 40)

@@ -5,6 +5,7 @@ tokenizer and feature extractor, as released) offline; transformers loads it as 
 whisper-large-v3-turbo. Its transcripts are random words, so these tests check the plumbing and the
 batching (the same transcripts as transformers' own generate() one take at a time), not accuracy.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,14 +22,22 @@ from convtts.testing.whisper_model import build_whisper_dir
 
 BASE_SEED = 1234  # workers.seed's default
 CONVERSATIONS = [  # six segments, each long enough for the ASR check
-    {"id": "street", "conversations": [
-        {"from": "human", "value": "What is the man holding in his left hand?"},
-        {"from": "gpt", "value": "He is holding a small red umbrella and a newspaper."},
-        {"from": "human", "value": "Where is he standing right now?"},
-        {"from": "gpt", "value": "He is standing at a bus stop near the park."}]},
-    {"id": "garage", "conversations": [
-        {"from": "human", "value": "How many bicycles are hanging on the wall?"},
-        {"from": "gpt", "value": "There are three bicycles hanging on the wall."}]},
+    {
+        "id": "street",
+        "conversations": [
+            {"from": "human", "value": "What is the man holding in his left hand?"},
+            {"from": "gpt", "value": "He is holding a small red umbrella and a newspaper."},
+            {"from": "human", "value": "Where is he standing right now?"},
+            {"from": "gpt", "value": "He is standing at a bus stop near the park."},
+        ],
+    },
+    {
+        "id": "garage",
+        "conversations": [
+            {"from": "human", "value": "How many bicycles are hanging on the wall?"},
+            {"from": "gpt", "value": "There are three bicycles hanging on the wall."},
+        ],
+    },
 ]
 
 
@@ -38,8 +47,9 @@ def whisper_dir(tmp_path_factory):
 
 
 def gate_config(whisper_dir, *extra):
-    return load_config(None, ["validate.enabled=true", "validate.recogniser=hf-whisper",
-                              f"validate.model_path={whisper_dir}", *extra]).validate
+    return load_config(
+        None, ["validate.enabled=true", "validate.recogniser=hf-whisper", f"validate.model_path={whisper_dir}", *extra]
+    ).validate
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +65,11 @@ def one_at_a_time(recogniser, audio: np.ndarray) -> str:
     """transformers' own Whisper generate() on one take (window by window), bounded as the gate bounds it."""
     texts = []
     for start in range(0, len(audio), WINDOW):
-        window = audio[start:start + WINDOW]
+        window = audio[start : start + WINDOW]
         features = recogniser.features(window, sampling_rate=RATE, return_tensors="pt").input_features
-        tokens = recogniser.model.generate(features, language="en", task="transcribe",
-                                           max_new_tokens=token_limit(len(window), recogniser.room))
+        tokens = recogniser.model.generate(
+            features, language="en", task="transcribe", max_new_tokens=token_limit(len(window), recogniser.room)
+        )
         texts.append(recogniser.tokenizer.batch_decode(tokens, skip_special_tokens=True)[0].strip())
     return " ".join(texts)
 
@@ -73,14 +84,17 @@ def test_batched_transcripts_are_generates_one_at_a_time(recogniser):
     assert recogniser.transcribe(takes[2]) == batched[2]
 
 
-@pytest.mark.parametrize("seconds, windows", [
-    ([2.5] * 10, [list(range(10))]),  # 10 x 2.5 s and 9 gaps of 0.5 s: 29.5 s, one window
-    ([2.5] * 11, [list(range(10)), [10]]),
-    ([10, 10, 10], [[0, 1], [2]]),  # 10 + 0.5 + 10 + 0.5 + 10 is over 30 s
-    ([29.6, 0.5], [[0], [1]]),
-    ([2, 34, 2, 2], [[0], [1], [2, 3]]),  # over 30 s: alone, and the next take opens a new window
-    ([30, 1], [[0], [1]]),
-])
+@pytest.mark.parametrize(
+    "seconds, windows",
+    [
+        ([2.5] * 10, [list(range(10))]),  # 10 x 2.5 s and 9 gaps of 0.5 s: 29.5 s, one window
+        ([2.5] * 11, [list(range(10)), [10]]),
+        ([10, 10, 10], [[0, 1], [2]]),  # 10 + 0.5 + 10 + 0.5 + 10 is over 30 s
+        ([29.6, 0.5], [[0], [1]]),
+        ([2, 34, 2, 2], [[0], [1], [2, 3]]),  # over 30 s: alone, and the next take opens a new window
+        ([30, 1], [[0], [1]]),
+    ],
+)
 def test_takes_are_packed_in_order_into_30_second_windows(seconds, windows):
     assert pack_takes([round(s * RATE) for s in seconds]) == windows
 
@@ -105,8 +119,16 @@ def test_a_packed_take_is_judged_on_its_own_words(whisper_dir, recogniser):
     what the tiny random model hears there (its words are random), so the middle take's text is
     words the window does not hold: that take is refused (WER 1: it was not heard) and re-spoken,
     its neighbours pass with WER 0, each marked with the takes its window held."""
-    gate = open_gate(gate_config(whisper_dir, "validate.assume_english=true", "validate.max_seconds_per_word=100",
-                                 "validate.min_seconds_per_word=0", "validate.max_wer=0.3", "validate.asr_pack=true"))
+    gate = open_gate(
+        gate_config(
+            whisper_dir,
+            "validate.assume_english=true",
+            "validate.max_seconds_per_word=100",
+            "validate.min_seconds_per_word=0",
+            "validate.max_wer=0.3",
+            "validate.asr_pack=true",
+        )
+    )
     assert gate.packs
     audio = [noise(s, seed) for seed, s in enumerate((2.0, 3.0, 2.5))]
     window = recogniser.transcribe_many(audio, pack=True)
@@ -156,11 +178,19 @@ def test_gate_judges_takes_together_with_the_batched_recogniser(whisper_dir, rec
     assert gate.batch_rows == 4
     text = "There are three bicycles hanging on the wall."
     rate = 22050
-    speechlike = [np.sin(np.arange(int(rate * s)) * 0.05 * (k + 1)).astype(np.float32) * 0.3
-                  for k, s in enumerate((2.5, 1.0, 2.8))]
+    speechlike = [
+        np.sin(np.arange(int(rate * s)) * 0.05 * (k + 1)).astype(np.float32) * 0.3
+        for k, s in enumerate((2.5, 1.0, 2.8))
+    ]
     silent = np.zeros(rate * 3, np.float32)
-    verdicts = gate.judge_many([Take(speechlike[0], rate, text, "a"), Take(silent, rate, text, "b"),
-                                Take(speechlike[1], rate, "Yes, sure.", "c"), Take(speechlike[2], rate, text, "d")])
+    verdicts = gate.judge_many(
+        [
+            Take(speechlike[0], rate, text, "a"),
+            Take(silent, rate, text, "b"),
+            Take(speechlike[1], rate, "Yes, sure.", "c"),
+            Take(speechlike[2], rate, text, "d"),
+        ]
+    )
     assert isinstance(verdicts[1], QualityFailure) and verdicts[1].check == "silence"
     assert verdicts[2]["asr"] == "skipped: under 3 words"
     for verdict in (verdicts[0], verdicts[3]):
@@ -175,9 +205,14 @@ def test_gate_judges_takes_together_with_the_batched_recogniser(whisper_dir, rec
     assert "asr_packed" not in refused.scores  # one take is heard alone
 
 
-@pytest.mark.parametrize("missing, message", [("config.json", "missing config.json"),
-                                              ("model.safetensors", "missing model.safetensors"),
-                                              ("vocab.json", "vocab.json or tokenizer.json")])
+@pytest.mark.parametrize(
+    "missing, message",
+    [
+        ("config.json", "missing config.json"),
+        ("model.safetensors", "missing model.safetensors"),
+        ("vocab.json", "vocab.json or tokenizer.json"),
+    ],
+)
 def test_a_checkpoint_missing_a_file_is_refused_up_front(tmp_path, whisper_dir, missing, message):
     import shutil
 
@@ -186,7 +221,12 @@ def test_a_checkpoint_missing_a_file_is_refused_up_front(tmp_path, whisper_dir, 
     (copy / missing).unlink()
     with pytest.raises(ConfigError, match=re.escape(message)):
         gate_config(copy)
-    for bad in ("validate.asr_precision=int8", "validate.asr_batch=0", "validate.asr_device=tpu", "validate.asr_pack=2"):
+    for bad in (
+        "validate.asr_precision=int8",
+        "validate.asr_batch=0",
+        "validate.asr_device=tpu",
+        "validate.asr_pack=2",
+    ):
         with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0])):
             gate_config(whisper_dir, bad)
 
@@ -199,12 +239,35 @@ def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, w
     random Whisper hears random words), and the takes judged together shared windows."""
     source = write_input(tmp_path / "in.json", CONVERSATIONS)
     out = tmp_path / "out"
-    result = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1",
-                     "--log-dir", tmp_path / "log", "--set", "tts.backend=bad_audio_backend:BatchedBadAudioPiper",
-                     "--set", "validate.enabled=true", "--set", "validate.recogniser=hf-whisper",
-                     "--set", f"validate.model_path={whisper_dir}", "--set", "validate.max_wer=100",
-                     "--set", "validate.asr_batch=4", "--set", "validate.max_respeaks=1", "--set", "validate.asr_pack=true",
-                     env=script_env(CONVTTS_TEST_BAD="street-001-00=silence:1,garage-000-00=silence:all"))
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "1",
+        "--log-dir",
+        tmp_path / "log",
+        "--set",
+        "tts.backend=bad_audio_backend:BatchedBadAudioPiper",
+        "--set",
+        "validate.enabled=true",
+        "--set",
+        "validate.recogniser=hf-whisper",
+        "--set",
+        f"validate.model_path={whisper_dir}",
+        "--set",
+        "validate.max_wer=100",
+        "--set",
+        "validate.asr_batch=4",
+        "--set",
+        "validate.max_respeaks=1",
+        "--set",
+        "validate.asr_pack=true",
+        env=script_env(CONVTTS_TEST_BAD="street-001-00=silence:1,garage-000-00=silence:all"),
+    )
     assert result.returncode == 1, result.stderr
     rows = {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")}
     assert len(rows) == 5 and "garage-000-00" not in rows
@@ -254,9 +317,24 @@ def test_a_cpu_slot_is_not_asked_for_whisper_on_a_gpu(tmp_path, whisper_dir):
     worker would die loading Whisper), its log says why, and nothing is spoken. (The device is the
     slot's: preprocess cannot know it, so run_all.sh reports a failed slot, exit 1, not 2.)"""
     source = write_input(tmp_path / "in.json", CONVERSATIONS[1:])
-    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--log-dir", tmp_path / "log",
-                     "--set", "validate.enabled=true", "--set", "validate.recogniser=hf-whisper",
-                     "--set", f"validate.model_path={whisper_dir}", "--set", "validate.asr_device=cuda")
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "cpu:1",
+        "--log-dir",
+        tmp_path / "log",
+        "--set",
+        "validate.enabled=true",
+        "--set",
+        "validate.recogniser=hf-whisper",
+        "--set",
+        f"validate.model_path={whisper_dir}",
+        "--set",
+        "validate.asr_device=cuda",
+    )
     assert result.returncode == 1 and "slot 0 (cpu) exited 2" in result.stderr
     slot_log = next((tmp_path / "log").rglob("slot-0.log")).read_text()
     assert "validate.asr_device=cuda, but this slot runs on the CPU" in slot_log and "worker" not in slot_log

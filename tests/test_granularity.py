@@ -4,6 +4,7 @@ mid-piece loses nothing.
 The voice here is tests/paced_backend.py: a fixed wait per utterance and a real tone, so four
 workers can overlap on a 2-core machine the way GPU workers do (Piper would need a core each).
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,14 @@ import orjson
 import pytest
 
 from conftest import (
-    REPO, assert_complete, llava_conversations, read_jsonl, read_jsonl_tolerant, run_all, script_env, wait_for,
+    REPO,
+    assert_complete,
+    llava_conversations,
+    read_jsonl,
+    read_jsonl_tolerant,
+    run_all,
+    script_env,
+    wait_for,
     write_input,
 )
 
@@ -34,8 +42,20 @@ def hundred_segments(tmp_path_factory) -> Path:
 
 
 def paced_run(source: Path, out: Path, log: Path, workers: int) -> subprocess.CompletedProcess:
-    return run_all("--input", source, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1",
-                   "--workers", workers, *PACED, env=script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS))
+    return run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        workers,
+        *PACED,
+        env=script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS),
+    )
 
 
 def busy_intervals(rows: list[dict]) -> dict[str, tuple[float, float]]:
@@ -58,8 +78,10 @@ def test_one_shard_keeps_four_workers_busy(tmp_path, hundred_segments):
     assert result.returncode == 0, result.stderr
     rows = assert_complete(four)
     assert 80 <= len(rows) <= 130 and len(list((four / "plan" / "shards").glob("shard-?????.jsonl"))) == 1
-    started = re.search(r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*; (\d+) workers",
-                        slot_log(tmp_path / "log4"))
+    started = re.search(
+        r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*; (\d+) workers",
+        slot_log(tmp_path / "log4"),
+    )
     assert started and int(started[1]) == len(rows) and int(started[2]) >= 8 and int(started[3]) == 4
 
     # Each of the four spoke a fair share, they worked at the same time, and all were still at it
@@ -99,10 +121,26 @@ def test_few_utterances_keep_no_idle_workers(tmp_path):
 def test_sigkill_slot_mid_piece_then_rerun_with_other_worker_count(tmp_path, hundred_segments):
     out, log = tmp_path / "out", tmp_path / "log"
     run = subprocess.Popen(
-        ["bash", str(REPO / "run_all.sh"), "--input", str(hundred_segments), "--output-dir", str(out),
-         "--log-dir", str(log), "--gpus", "cpu:1", "--workers", "4", *PACED],
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(hundred_segments),
+            "--output-dir",
+            str(out),
+            "--log-dir",
+            str(log),
+            "--gpus",
+            "cpu:1",
+            "--workers",
+            "4",
+            *PACED,
+        ],
         env=script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
     def manifests() -> list[Path]:
@@ -149,10 +187,25 @@ def test_an_idle_worker_takes_over_what_a_slow_one_has_not_begun(tmp_path, hundr
     """One worker speaks eight times slower than the other three: once they run out of pieces they
     take over the ids it holds and has not begun, so it finishes close to them, not a piece later."""
     out, log = tmp_path / "out", tmp_path / "log"
-    env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS, CONVTTS_TEST_SLOW_WORKER="slot0-w0",
-                     CONVTTS_TEST_SLOW_FACTOR=8)
-    result = run_all("--input", hundred_segments, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1",
-                     "--workers", 4, *PACED, env=env)
+    env = script_env(
+        CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS,
+        CONVTTS_TEST_SLOW_WORKER="slot0-w0",
+        CONVTTS_TEST_SLOW_FACTOR=8,
+    )
+    result = run_all(
+        "--input",
+        hundred_segments,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        4,
+        *PACED,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     rows = assert_complete(out)
     assert re.search(r"worker 0 handed back \d+ utterances it had not begun", slot_log(log)), slot_log(log)
@@ -168,11 +221,29 @@ def test_batched_rows_stay_full_across_pieces_and_the_tail_is_short(tmp_path, hu
     asks for its next piece before its rows run dry, so they stay full across pieces and shards,
     and the two end within about one utterance of each other."""
     out, log = tmp_path / "out", tmp_path / "log"
-    env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=0.3, CONVTTS_TEST_ROWS=4, CONVTTS_TEST_SLOW_WORKER="slot0-w1",
-                     CONVTTS_TEST_SLOW_FACTOR=3)
-    result = run_all("--input", hundred_segments, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1",
-                     "--workers", 2, "--set", "tts.backend=paced_backend:PacedBatchTone",
-                     "--set", "shards.segments_per_shard=20", env=env)
+    env = script_env(
+        CONVTTS_TEST_UTTERANCE_SECONDS=0.3,
+        CONVTTS_TEST_ROWS=4,
+        CONVTTS_TEST_SLOW_WORKER="slot0-w1",
+        CONVTTS_TEST_SLOW_FACTOR=3,
+    )
+    result = run_all(
+        "--input",
+        hundred_segments,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        2,
+        "--set",
+        "tts.backend=paced_backend:PacedBatchTone",
+        "--set",
+        "shards.segments_per_shard=20",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     rows = assert_complete(out)
     assert len(list((out / "plan" / "shards").glob("shard-?????.jsonl"))) >= 5

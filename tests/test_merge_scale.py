@@ -1,4 +1,5 @@
 """Merge lists work/ once for all shards (the same files as a glob per shard) and can skip the audio check."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,16 +18,34 @@ pytestmark = pytest.mark.e2e
 def silence_run(tmp_path):
     source = write_input(tmp_path / "in.json", llava_conversations(3))
     out = tmp_path / "out"
-    result = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "2",
-                     "--set", "tts.backend=silence", "--set", "shards.segments_per_shard=8",
-                     "--log-dir", tmp_path / "log")
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "2",
+        "--set",
+        "tts.backend=silence",
+        "--set",
+        "shards.segments_per_shard=8",
+        "--log-dir",
+        tmp_path / "log",
+    )
     assert result.returncode == 0, result.stderr
     return Layout(out)
 
 
 def merge(out, *flags):
-    return subprocess.run([sys.executable, "-m", "convtts.results.merge", str(out), *flags], env=script_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "convtts.results.merge", str(out), *flags],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_one_listing_finds_what_a_glob_per_shard_finds(tmp_path):

@@ -1,5 +1,6 @@
 """Several nodes' run_all.sh on one output directory, as examples/slurm/convtts.sbatch runs them: here
 two local processes, each a "node" with one CPU slot, the Piper voice, and a real SIGKILL of one."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    REPO, assert_complete, llava_conversations, read_jsonl_tolerant, run_all, script_env, wait_for, write_input,
+    REPO,
+    assert_complete,
+    llava_conversations,
+    read_jsonl_tolerant,
+    run_all,
+    script_env,
+    wait_for,
+    write_input,
 )
 
 pytestmark = pytest.mark.e2e
@@ -24,9 +32,23 @@ def start_node(source: Path, out: Path, log: Path, rank: int, slurm: bool = Fals
     env = script_env(SLURM_NODEID=rank, SLURM_NNODES=2) if slurm else script_env()
     share = ["--slurm"] if slurm else ["--node-rank", str(rank), "--nodes", "2"]
     return subprocess.Popen(
-        ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log),
-         *ARGS, *share],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(source),
+            "--output-dir",
+            str(out),
+            "--log-dir",
+            str(log),
+            *ARGS,
+            *share,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
@@ -80,9 +102,26 @@ def test_a_killed_node_is_finished_by_its_rerun(tmp_path):
     assert not summary["complete"] and summary["pending"] > 0
 
     again = subprocess.run(
-        ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log),
-         *ARGS, "--node-rank", "1", "--nodes", "2"],
-        env=script_env(), capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(source),
+            "--output-dir",
+            str(out),
+            "--log-dir",
+            str(log),
+            *ARGS,
+            "--node-rank",
+            "1",
+            "--nodes",
+            "2",
+        ],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        stdin=subprocess.DEVNULL,
     )
     assert again.returncode == 0, again.stderr
     assert_complete(out)

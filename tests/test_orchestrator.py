@@ -3,6 +3,7 @@
 A stand-in nvidia-cuda-mps-control on PATH records what run_all.sh asks of it (no GPU here); the
 slots, workers and Piper voice are the real ones.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,18 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    REPO, alive, assert_complete, llava_conversations, mps_requests, run_all, script_env, spoken_so_far, wait_for,
-    worker_pids, write_fake_mps, write_input,
+    REPO,
+    alive,
+    assert_complete,
+    llava_conversations,
+    mps_requests,
+    run_all,
+    script_env,
+    spoken_so_far,
+    wait_for,
+    worker_pids,
+    write_fake_mps,
+    write_input,
 )
 
 pytestmark = pytest.mark.e2e
@@ -63,8 +74,19 @@ def test_gpus_the_machine_lacks_exit_2_before_anything_is_written(tmp_path, smal
 def test_mps_starts_before_the_slots_and_stops_after_success(tmp_path, small_input, mps_env):
     env, record = mps_env
     log = tmp_path / "log"
-    result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "2",
-                     "--log-dir", log, env=env)
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "0",
+        "--workers",
+        "2",
+        "--log-dir",
+        log,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert mps_requests(record) == ["start", "get_server_list", "quit"]
     start = record.read_text().splitlines()[0]
@@ -79,8 +101,21 @@ def test_mps_stops_after_failures_and_is_skipped_when_off(tmp_path, mps_env):
     records[0]["conversations"][1]["value"] = "The zebra is grazing. " + records[0]["conversations"][1]["value"]
     source = write_input(tmp_path / "in.json", records)
     failing = dict(env, CONVTTS_TEST_FAIL_WORD="zebra")
-    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "0", "--workers", "1",
-                     "--set", "tts.backend=flaky_backend:FlakyPiper", "--set", "workers.max_attempts=1", env=failing)
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "0",
+        "--workers",
+        "1",
+        "--set",
+        "tts.backend=flaky_backend:FlakyPiper",
+        "--set",
+        "workers.max_attempts=1",
+        env=failing,
+    )
     assert result.returncode == 1, result.stderr
     assert mps_requests(record) == ["start", "get_server_list", "quit"]
 
@@ -105,9 +140,26 @@ def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, smal
     # A bystander in the same process group, as under cron or a shell script: it must survive.
     bystander = subprocess.Popen(["sleep", "300"], process_group=0)
     run = subprocess.Popen(
-        ["bash", str(REPO / "run_all.sh"), "--input", str(small_input), "--output-dir", str(out), "--gpus", "0",
-         "--workers", "2", "--log-dir", str(log), "--set", "shards.segments_per_shard=8"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(small_input),
+            "--output-dir",
+            str(out),
+            "--gpus",
+            "0",
+            "--workers",
+            "2",
+            "--log-dir",
+            str(log),
+            "--set",
+            "shards.segments_per_shard=8",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
         preexec_fn=lambda: os.setpgid(0, bystander.pid),
     )
     try:
@@ -125,8 +177,20 @@ def test_sigterm_stops_the_run_its_slots_and_mps_but_nothing_else(tmp_path, smal
         bystander.kill()
         run.kill()
 
-    again = run_all("--input", small_input, "--output-dir", out, "--gpus", "0", "--workers", "2", "--log-dir", log,
-                    "--set", "shards.segments_per_shard=8", env=env)
+    again = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        out,
+        "--gpus",
+        "0",
+        "--workers",
+        "2",
+        "--log-dir",
+        log,
+        "--set",
+        "shards.segments_per_shard=8",
+        env=env,
+    )
     assert again.returncode == 0, again.stderr
     assert_complete(out)
-

@@ -1,4 +1,5 @@
 """End-to-end runs of run_all.sh with the real Piper voice on CPU slots: outputs, reruns, exit codes."""
+
 from __future__ import annotations
 
 import fcntl
@@ -16,15 +17,36 @@ SMALL_SHARDS = "shards.segments_per_shard=8"
 @pytest.mark.slow
 def test_end_to_end_two_cpu_slots(tmp_path, small_input):
     out = tmp_path / "out"
-    result = run_all("--input", small_input, "--output-dir", out, "--gpus", "cpu:2", "--set", SMALL_SHARDS,
-                     "--log-dir", tmp_path / "log")
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:2",
+        "--set",
+        SMALL_SHARDS,
+        "--log-dir",
+        tmp_path / "log",
+    )
     assert result.returncode == 0, result.stderr
     rows = assert_complete(out)
     plan = orjson.loads((out / "plan" / "plan.json").read_bytes())
     assert len(rows) == plan["segments"] and len(plan["shards"]) >= 4
     row = rows[0]
-    for key in ("id", "conversation_id", "turn", "role", "speaker", "text", "source_text", "audio",
-                "duration", "sample_rate", "backend"):
+    for key in (
+        "id",
+        "conversation_id",
+        "turn",
+        "role",
+        "speaker",
+        "text",
+        "source_text",
+        "audio",
+        "duration",
+        "sample_rate",
+        "backend",
+    ):
         assert key in row
     assert row["backend"] == "piper" and row["sample_rate"] == 22050
     # by_role: within a conversation the two sides speak with different voices
@@ -49,8 +71,18 @@ def test_end_to_end_two_cpu_slots(tmp_path, small_input):
 
     # A second run on the finished output does nothing and exits 0.
     before = {p: p.stat().st_mtime_ns for p in (out / "audio").rglob("*.wav")}
-    again = run_all("--input", small_input, "--output-dir", out, "--gpus", "cpu:2", "--set", SMALL_SHARDS,
-                    "--log-dir", tmp_path / "log")
+    again = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:2",
+        "--set",
+        SMALL_SHARDS,
+        "--log-dir",
+        tmp_path / "log",
+    )
     assert again.returncode == 0, again.stderr
     assert {p: p.stat().st_mtime_ns for p in (out / "audio").rglob("*.wav")} == before
     assert read_jsonl(out / "manifest.jsonl") == rows
@@ -62,8 +94,20 @@ def test_failed_utterances_exit_1_and_rerun_retries_them(tmp_path):
     records[0]["conversations"][1]["value"] = "The zebra is grazing quietly. " + records[0]["conversations"][1]["value"]
     source = write_input(tmp_path / "in.jsonl", records, jsonl=True)
     out = tmp_path / "out"
-    args = ("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "2",
-            "--set", "tts.backend=flaky_backend:FlakyPiper", "--set", "workers.max_attempts=2")
+    args = (
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "2",
+        "--set",
+        "tts.backend=flaky_backend:FlakyPiper",
+        "--set",
+        "workers.max_attempts=2",
+    )
     failing = script_env(CONVTTS_TEST_FAIL_WORD="zebra")
     first = run_all(*args, env=failing)
     assert first.returncode == 1, first.stderr
@@ -86,9 +130,21 @@ def test_segfaulting_utterance_costs_only_itself(tmp_path):
     records[0]["conversations"][3]["value"] = "A walrus appears. " + records[0]["conversations"][3]["value"]
     source = write_input(tmp_path / "in.json", records)
     out = tmp_path / "out"
-    result = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "2",
-                     "--set", "tts.backend=flaky_backend:FlakyPiper", "--log-dir", tmp_path / "log",
-                     env=script_env(CONVTTS_TEST_CRASH_WORD="walrus"))
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "2",
+        "--set",
+        "tts.backend=flaky_backend:FlakyPiper",
+        "--log-dir",
+        tmp_path / "log",
+        env=script_env(CONVTTS_TEST_CRASH_WORD="walrus"),
+    )
     assert result.returncode == 1, result.stderr
     failed = [f for f in read_jsonl(out / "failures.jsonl") if f["status"] == "failed"]
     assert len(failed) == 1 and "walrus" in failed[0]["text"] and "died" in failed[0]["reason"]

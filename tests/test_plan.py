@@ -1,4 +1,5 @@
 """The plan: ids, selection, skipped turns, voices, shard coverage, freshness, and bad input through preprocess.py."""
+
 from __future__ import annotations
 
 import os
@@ -11,12 +12,11 @@ import orjson
 import pytest
 
 from conftest import REPO, llava_conversations, read_jsonl, script_env, write_input
-from convtts.plan import planner
-from convtts.plan import reader
 from convtts.config import load_config
-from convtts.state.layout import Layout
+from convtts.plan import planner, reader
 from convtts.plan.planner import make_plan, plan_is_fresh, safe_id, select, side_voices, unique_ids
 from convtts.plan.reader import InputError
+from convtts.state.layout import Layout
 
 SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
@@ -37,26 +37,37 @@ def convo(cid, *values, roles=("human", "gpt")) -> dict:
 
 
 def preprocess(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "preprocess.py"), *map(str, args)], env=script_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # --- reading --------------------------------------------------------------------------------------
 
 TRICKY = [
-    {"id": "q", "conversations": [{"from": "human", "value": 'quote \" and ] } [ { brackets \\'}]},
+    {"id": "q", "conversations": [{"from": "human", "value": 'quote " and ] } [ { brackets \\'}]},
     {"id": 2, "conversations": [{"from": "gpt", "value": "naïve 東京 \u2028 🎉", "x": [[[[[[[[[[1]]]]]]]]]]}]},
-    7, "text", None, [1, {"a": "}"}],
+    7,
+    "text",
+    None,
+    [1, {"a": "}"}],
     {"nested": {"deeper": {"deepest": {"a": [{"b": [{"c": "]"}]}]}}}},
 ]
 
 
-@pytest.mark.parametrize("encode", [
-    lambda rs: orjson.dumps(rs),
-    lambda rs: orjson.dumps(rs, option=orjson.OPT_INDENT_2),
-    lambda rs: b"\xef\xbb\xbf \r\n" + orjson.dumps(rs, option=orjson.OPT_INDENT_2) + b"\n\n",
-    lambda rs: b"\xef\xbb\xbf" + b"\n\n".join(orjson.dumps(r) for r in rs) + b"\n",  # JSON lines
-])
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda rs: orjson.dumps(rs),
+        lambda rs: orjson.dumps(rs, option=orjson.OPT_INDENT_2),
+        lambda rs: b"\xef\xbb\xbf \r\n" + orjson.dumps(rs, option=orjson.OPT_INDENT_2) + b"\n\n",
+        lambda rs: b"\xef\xbb\xbf" + b"\n\n".join(orjson.dumps(r) for r in rs) + b"\n",  # JSON lines
+    ],
+)
 @pytest.mark.parametrize("chunk", [3, 64, 1 << 20])
 def test_reader_streams_records_with_their_spans(tmp_path, monkeypatch, encode, chunk):
     monkeypatch.setattr(reader, "CHUNK", chunk)  # records cross the edges of the read window
@@ -68,17 +79,20 @@ def test_reader_streams_records_with_their_spans(tmp_path, monkeypatch, encode, 
     assert [orjson.loads(raw) for raw in raws] == TRICKY
 
 
-@pytest.mark.parametrize("content, where", [
-    (b'[{"a": 1},\n {"b": 2,, }]', "line 2, column 10"),
-    (b'[{"a": 1}\n{"b": 2}]', "expected ',' or ']'"),
-    (b'[{"a": 1},]', "found ']'"),
-    (b'[{"a": "never closed}]', "cut off by the end of the file"),
-    (b'[{"a": 1}', "not closed"),
-    (b'[{"a": 1}] trailing', "after the closing ']'"),
-    (b'{"a": 1}\n{"b": \n', "line 2"),
-    (b'{\n  "a": 1\n}\n', "pretty-printed single object"),
-    (b"  \n", "empty"),
-])
+@pytest.mark.parametrize(
+    "content, where",
+    [
+        (b'[{"a": 1},\n {"b": 2,, }]', "line 2, column 10"),
+        (b'[{"a": 1}\n{"b": 2}]', "expected ',' or ']'"),
+        (b'[{"a": 1},]', "found ']'"),
+        (b'[{"a": "never closed}]', "cut off by the end of the file"),
+        (b'[{"a": 1}', "not closed"),
+        (b'[{"a": 1}] trailing', "after the closing ']'"),
+        (b'{"a": 1}\n{"b": \n', "line 2"),
+        (b'{\n  "a": 1\n}\n', "pretty-printed single object"),
+        (b"  \n", "empty"),
+    ],
+)
 def test_reader_says_where_the_json_breaks(tmp_path, content, where):
     path = tmp_path / "in.json"
     path.write_bytes(content)
@@ -87,6 +101,7 @@ def test_reader_says_where_the_json_breaks(tmp_path, content, where):
 
 
 # --- ids ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("raw", ["../../x", "..\\x", "a/b", "日本語", "con dé", ".hidden", "-rf", "x" * 1000, "..."])
 def test_safe_id_is_a_bounded_file_name(raw):
@@ -107,9 +122,17 @@ def test_unique_ids_suffix_repeats_in_file_order():
 
 
 def test_plan_ids_are_unique_safe_and_stable(tmp_path):
-    records = [convo("dup", "Hi."), convo("dup", "Hello."), convo(7, "Seven."), convo(None, "No id here."),
-               convo(None, "No id here."), convo("../../x", "Escape?"), convo("..\\x", "Escape too?"),
-               convo("Ünïcode id", "Name."), convo("y" * 500, "Long.")]
+    records = [
+        convo("dup", "Hi."),
+        convo("dup", "Hello."),
+        convo(7, "Seven."),
+        convo(None, "No id here."),
+        convo(None, "No id here."),
+        convo("../../x", "Escape?"),
+        convo("..\\x", "Escape too?"),
+        convo("Ünïcode id", "Name."),
+        convo("y" * 500, "Long."),
+    ]
     source = write_input(tmp_path / "in.json", records)
     make_plan(source, Layout(tmp_path / "out"), load_config(None))
     ids = [c["conversation_id"] for c in plan_conversations(tmp_path / "out")]
@@ -158,6 +181,7 @@ def test_selection_does_not_depend_on_record_order(tmp_path, how):
 
 # --- shards ---------------------------------------------------------------------------------------
 
+
 def test_every_selected_segment_is_in_exactly_one_shard(tmp_path):
     records = llava_conversations()  # real LLaVA text: lists, quotes, long answers
     config = load_config(None, ["shards.segments_per_shard=25", "select.fraction=0.7", "text.max_words=20"])
@@ -200,8 +224,19 @@ def test_shard_line_fields(tmp_path):
     first = plan_conversations(tmp_path / "out")[0]
     assert first["conversation_id"] == row["conversation_id"]
     assert orjson.dumps(first["record"]) == source.read_bytes().splitlines()[0]  # the record, byte for byte
-    assert list(row) == ["id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker",
-                         "text", "source_text", "words"]
+    assert list(row) == [
+        "id",
+        "conversation_id",
+        "source_id",
+        "turn",
+        "segment",
+        "role",
+        "side",
+        "speaker",
+        "text",
+        "source_text",
+        "words",
+    ]
     assert row["source_text"].startswith("<image>\n") and "<image>" not in row["text"]
     assert (row["role"], row["side"], row["turn"], row["segment"]) == ("human", "human", 0, 0)
 
@@ -217,28 +252,34 @@ def test_parallel_planning_writes_the_same_plan(tmp_path, monkeypatch):
     for name in Layout(tmp_path / "serial").shard_names():
         for path in (Layout(tmp_path / n).shard_file(name) for n in ("serial", "parallel")):
             assert path.is_file()
-        assert (Layout(tmp_path / "serial").shard_file(name).read_bytes()
-                == Layout(tmp_path / "parallel").shard_file(name).read_bytes())
+        assert (
+            Layout(tmp_path / "serial").shard_file(name).read_bytes()
+            == Layout(tmp_path / "parallel").shard_file(name).read_bytes()
+        )
     assert Layout(tmp_path / "serial").shard_names() == Layout(tmp_path / "parallel").shard_names()
 
 
 # --- skipped turns and bad items ------------------------------------------------------------------
 
+
 def test_bad_turns_are_skipped_with_reasons(tmp_path):
     records = [
         convo("ok", "<image>\nWhat is this?", "A cat on a mat."),
-        {"id": "mixed", "conversations": [
-            {"from": "human", "value": ""},
-            {"from": "gpt", "value": 42},
-            {"from": "human", "value": "word " * 20_000},
-            {"from": "gpt", "value": "\x00\x01\x02"},
-            {"from": "system", "value": "You are helpful."},
-            {"from": "narrator", "value": "Once upon a time."},
-            {"from": "human", "value": "<image>"},
-            {"from": "gpt", "value": "```\ncode()\n```"},
-            "not a turn",
-            {"from": "USER", "value": "Still \x07speaks\u200b fine 🎉."},
-        ]},
+        {
+            "id": "mixed",
+            "conversations": [
+                {"from": "human", "value": ""},
+                {"from": "gpt", "value": 42},
+                {"from": "human", "value": "word " * 20_000},
+                {"from": "gpt", "value": "\x00\x01\x02"},
+                {"from": "system", "value": "You are helpful."},
+                {"from": "narrator", "value": "Once upon a time."},
+                {"from": "human", "value": "<image>"},
+                {"from": "gpt", "value": "```\ncode()\n```"},
+                "not a turn",
+                {"from": "USER", "value": "Still \x07speaks\u200b fine 🎉."},
+            ],
+        },
         {"id": "no-conversations"},
         ["not", "a", "record"],
     ]
@@ -263,6 +304,7 @@ def test_bad_turns_are_skipped_with_reasons(tmp_path):
 
 # --- voices ---------------------------------------------------------------------------------------
 
+
 def test_by_role_voices_differ_within_and_vary_across_conversations():
     cfg = load_config(None).speakers
     pairs = [side_voices(f"c{i}", cfg) for i in range(200)]
@@ -272,8 +314,10 @@ def test_by_role_voices_differ_within_and_vary_across_conversations():
     reseeded = load_config(None, ["speakers.seed=9"]).speakers
     assert pairs != [side_voices(f"c{i}", reseeded) for i in range(200)]
     fixed = load_config(None, ["speakers.human=[joe]"]).speakers
-    assert all(side_voices(f"c{i}", fixed) == {"human": "joe", "assistant": "joe-slow", "system": "joe-slow"}
-               for i in range(50))
+    assert all(
+        side_voices(f"c{i}", fixed) == {"human": "joe", "assistant": "joe-slow", "system": "joe-slow"}
+        for i in range(50)
+    )
 
 
 def test_voice_policies_in_the_plan(tmp_path):
@@ -290,13 +334,16 @@ def test_voice_policies_in_the_plan(tmp_path):
 
 # --- freshness and atomic replacement -------------------------------------------------------------
 
+
 def test_plan_freshness(tmp_path):
     source = write_input(tmp_path / "in.json", llava_conversations(3))
     layout, config = Layout(tmp_path / "out"), load_config(None)
     assert not plan_is_fresh(source, layout, config)
     make_plan(source, layout, config)
     assert plan_is_fresh(source, layout, config)
-    assert plan_is_fresh(source, layout, load_config(None, ["workers.per_slot=3", "workers.seed=7", "output.audio_format=flac"]))
+    assert plan_is_fresh(
+        source, layout, load_config(None, ["workers.per_slot=3", "workers.seed=7", "output.audio_format=flac"])
+    )
     for change in ("text.max_words=10", "select.fraction=0.5", "speakers.seed=1", "shards.segments_per_shard=7"):
         assert not plan_is_fresh(source, layout, load_config(None, [change]))
     stat = source.stat()
@@ -351,8 +398,12 @@ def test_preprocess_rejects_a_config_typo_and_a_directory(tmp_path):
 
 
 def test_preprocess_runs_on_through_bad_items_and_replans_only_when_needed(tmp_path):
-    records = llava_conversations(4) + [convo("../../x", "", 7, "Fine words."), convo("..\\x", "\x1b[31mred"),
-                                        {"id": "nothing"}, convo("long", "x " * 60_000, "Short.")]
+    records = llava_conversations(4) + [
+        convo("../../x", "", 7, "Fine words."),
+        convo("..\\x", "\x1b[31mred"),
+        {"id": "nothing"},
+        convo("long", "x " * 60_000, "Short."),
+    ]
     source = write_input(tmp_path / "in.jsonl", records, jsonl=True)
     out = tmp_path / "out"
     assert preprocess("--input", source, "--output-dir", out, "--validate").returncode == 0
@@ -363,8 +414,9 @@ def test_preprocess_runs_on_through_bad_items_and_replans_only_when_needed(tmp_p
     ids = {c["conversation_id"] for c in plan_conversations(out)}
     assert len(ids) == 6 and all(SAFE.match(i) for i in ids)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out"]  # nothing escaped
-    again = preprocess("--input", source, "--output-dir", out, "--count", "6", "--seed", "3",
-                       "--set", "workers.per_slot=2")
+    again = preprocess(
+        "--input", source, "--output-dir", out, "--count", "6", "--seed", "3", "--set", "workers.per_slot=2"
+    )
     assert again.returncode == 0 and "up to date" in again.stderr
     assert "per_slot: 2" in (out / "config.yaml").read_text()
     # synthesis work from this plan blocks a different plan unless forced

@@ -1,4 +1,5 @@
 """The plan and manifest grow with the text (a turn's source text once), and outputs of plan version 1 resume."""
+
 from __future__ import annotations
 
 import orjson
@@ -6,8 +7,8 @@ import pytest
 
 from conftest import assert_complete, llava_conversations, read_jsonl, run_all, write_input
 from convtts.config import load_config
-from convtts.state.layout import Layout
 from convtts.plan.planner import PLAN_VERSION, fingerprint, make_plan
+from convtts.state.layout import Layout
 
 SETTINGS = ("tts.backend=silence", "shards.segments_per_shard=8")
 
@@ -15,8 +16,10 @@ SETTINGS = ("tts.backend=silence", "shards.segments_per_shard=8")
 def test_a_long_turn_is_stored_once_in_the_plan(tmp_path):
     # One answer of 3000 words: 100 segments of 30. Repeating it on each would make the plan 50x the input.
     answer = " ".join(f"Sentence number {i} says something plain about the picture." for i in range(300))
-    record = {"id": "long", "conversations": [{"from": "human", "value": "Describe it."},
-                                              {"from": "gpt", "value": answer}]}
+    record = {
+        "id": "long",
+        "conversations": [{"from": "human", "value": "Describe it."}, {"from": "gpt", "value": answer}],
+    }
     source = write_input(tmp_path / "in.jsonl", [record], jsonl=True)
     layout = Layout(tmp_path / "out")
     plan = make_plan(source, layout, load_config(None))

@@ -1,4 +1,5 @@
 """Progress as people see it: bars on a terminal (even one that reports no size), plain lines under cron."""
+
 from __future__ import annotations
 
 import os
@@ -32,12 +33,25 @@ def test_monitor_draws_a_bar_per_slot_on_a_terminal_without_a_size(tmp_path):
     slots.mkdir(parents=True)
     now = time.time()
     for rank, (done, total) in enumerate([(31, 31), (7, 26)]):
-        status = {"rank": rank, "total": total, "done": done, "failed": 0, "audio_seconds": 40.0 * (rank + 1),
-                  "started": now - 20, "updated": now - 10, "finished": done == total}
+        status = {
+            "rank": rank,
+            "total": total,
+            "done": done,
+            "failed": 0,
+            "audio_seconds": 40.0 * (rank + 1),
+            "started": now - 20,
+            "updated": now - 10,
+            "finished": done == total,
+        }
         (slots / f"slot-{rank}.json").write_bytes(orjson.dumps(status))
     parent, child = pty.openpty()  # a fresh pty reports 0 columns and 0 rows
-    monitor = subprocess.Popen([sys.executable, "-m", "convtts.run.progress", str(tmp_path / "out"), "--slots", "2"],
-                               cwd=REPO, stdin=subprocess.DEVNULL, stdout=child, stderr=child)
+    monitor = subprocess.Popen(
+        [sys.executable, "-m", "convtts.run.progress", str(tmp_path / "out"), "--slots", "2"],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+    )
     os.close(child)
     try:
         screen = read_pty(parent, 3.0)
@@ -53,8 +67,21 @@ def test_monitor_draws_a_bar_per_slot_on_a_terminal_without_a_size(tmp_path):
 @pytest.mark.e2e
 def test_under_cron_progress_is_plain_lines_in_the_slot_log_and_stdout_is_the_summary(tmp_path, small_input):
     log = tmp_path / "log"
-    result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--workers", "2",
-                     "--set", "workers.progress_interval=0.5", "--log-dir", log, env=script_env())
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "2",
+        "--set",
+        "workers.progress_interval=0.5",
+        "--log-dir",
+        log,
+        env=script_env(),
+    )
     assert result.returncode == 0, result.stderr
     lines = next(log.rglob("slot-0.log")).read_text().splitlines()
     progress = [line for line in lines if " utterances (" in line and "audio s/s" in line and "eta" in line]
@@ -68,9 +95,23 @@ def test_progress_counts_planned_audio_and_says_while_workers_load(tmp_path, sma
     """The share done and the time left come from the plan's words (estimated audio), not from
     utterance counts; while workers load their model the line says so and gives no estimate."""
     out, log = tmp_path / "out", tmp_path / "log"
-    result = run_all("--input", small_input, "--output-dir", out, "--gpus", "cpu:1", "--workers", "2", "--log-dir", log,
-                     "--set", "workers.progress_interval=0.3", "--set", "tts.backend=paced_backend:PacedTone",
-                     env=script_env(CONVTTS_TEST_LOAD_SECONDS=3, CONVTTS_TEST_UTTERANCE_SECONDS=0.1))
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "2",
+        "--log-dir",
+        log,
+        "--set",
+        "workers.progress_interval=0.3",
+        "--set",
+        "tts.backend=paced_backend:PacedTone",
+        env=script_env(CONVTTS_TEST_LOAD_SECONDS=3, CONVTTS_TEST_UTTERANCE_SECONDS=0.1),
+    )
     assert result.returncode == 0, result.stderr
     lines = [line for line in next(log.rglob("slot-0.log")).read_text().splitlines() if " utterances (" in line]
     loading = [line for line in lines if "still loading their model" in line]

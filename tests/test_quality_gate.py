@@ -4,6 +4,7 @@ tests/bad_audio_backend.py gives chosen ids wrong audio on their first takes (si
 sentence spoken), and one id wrong audio on every take: the gate must re-speak the first ones with
 new seeds, record the last in failures.jsonl with its check and figure, and let a rerun finish.
 """
+
 from __future__ import annotations
 
 import base64
@@ -20,7 +21,14 @@ import pytest
 from conftest import assert_complete, need, read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import (
-    QualityFailure, align_words, english_lexicon, looks_english, open_gate, split_heard, spoken_words, take_seed,
+    QualityFailure,
+    align_words,
+    english_lexicon,
+    looks_english,
+    open_gate,
+    split_heard,
+    spoken_words,
+    take_seed,
     word_error_rate,
 )
 
@@ -29,55 +37,79 @@ BASE_SEED = 1234  # workers.seed's default
 # every run, so what pocketsphinx hears of a good take does not change from run to run (bad takes are
 # injected by seed, tests/bad_audio_backend.py)
 STEADY = "{length_scale: 1.0, noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0}"
-GATE = ("--set", "validate.enabled=true", "--set", f"tts.piper.voices.joe={STEADY}",
-        "--set", "tts.piper.voices.joe-slow={length_scale: 1.15, noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0}")
+GATE = (
+    "--set",
+    "validate.enabled=true",
+    "--set",
+    f"tts.piper.voices.joe={STEADY}",
+    "--set",
+    "tts.piper.voices.joe-slow={length_scale: 1.15, noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0}",
+)
 
 
 def short_conversations() -> list[dict]:
     """Two conversations of short English turns: six segments, each long enough for the ASR check."""
     return [
-        {"id": "street", "conversations": [
-            {"from": "human", "value": "What is the man holding in his left hand?"},
-            {"from": "gpt", "value": "He is holding a small red umbrella and a newspaper."},
-            {"from": "human", "value": "Where is he standing right now?"},
-            {"from": "gpt", "value": "He is standing at a bus stop near the park."}]},
-        {"id": "garage", "conversations": [
-            {"from": "human", "value": "How many bicycles are hanging on the wall?"},
-            {"from": "gpt", "value": "There are three bicycles hanging on the wall."}]},
+        {
+            "id": "street",
+            "conversations": [
+                {"from": "human", "value": "What is the man holding in his left hand?"},
+                {"from": "gpt", "value": "He is holding a small red umbrella and a newspaper."},
+                {"from": "human", "value": "Where is he standing right now?"},
+                {"from": "gpt", "value": "He is standing at a bus stop near the park."},
+            ],
+        },
+        {
+            "id": "garage",
+            "conversations": [
+                {"from": "human", "value": "How many bicycles are hanging on the wall?"},
+                {"from": "gpt", "value": "There are three bicycles hanging on the wall."},
+            ],
+        },
     ]
 
 
 # -- text and scores --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, words", [
-    ("It costs $12.50, 20% off!", "it costs twelve point five zero dollars twenty percent off"),
-    ("About 1,500 people, at 20°C.", "about one thousand five hundred people at twenty degrees c"),
-    ("Don't SHOUT: it's 3 AM.", "don't shout it's three am"),
-    ("这是测试", "这 是 测 试"),
-])
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("It costs $12.50, 20% off!", "it costs twelve point five zero dollars twenty percent off"),
+        ("About 1,500 people, at 20°C.", "about one thousand five hundred people at twenty degrees c"),
+        ("Don't SHOUT: it's 3 AM.", "don't shout it's three am"),
+        ("这是测试", "这 是 测 试"),
+    ],
+)
 def test_spoken_words_normalise_case_punctuation_and_numbers(text, words):
     assert spoken_words(text) == words.split()
 
 
-@pytest.mark.parametrize("text, english", [
-    ("What is the man doing in the picture?", True),
-    ("It costs $12.50 at 06:45 on the 3rd floor.", True),
-    ("Quelle est la meilleure saison pour visiter Paris ?", False),
-    ("Die Katze ist in dem Haus und schläft.", False),
-    ("Привет, как у тебя дела сегодня?", False),
-    ("今天天气很好，我们去公园吧。", False),
-])
+@pytest.mark.parametrize(
+    "text, english",
+    [
+        ("What is the man doing in the picture?", True),
+        ("It costs $12.50 at 06:45 on the 3rd floor.", True),
+        ("Quelle est la meilleure saison pour visiter Paris ?", False),
+        ("Die Katze ist in dem Haus und schläft.", False),
+        ("Привет, как у тебя дела сегодня?", False),
+        ("今天天气很好，我们去公园吧。", False),
+    ],
+)
 def test_only_english_segments_get_the_asr_check(text, english):
     assert looks_english(text) is english
     assert looks_english(text, english_lexicon()) is english
 
 
-@pytest.mark.parametrize("text", [  # English with none of the few common words: the dictionary knows them
-    "Jagged peaks rise on both sides under a clear blue sky.",
-    "Indoor cats need both physical exercise and mental stimulation.",
-    "Libraries offer much more than shelves of books.",
-    "What trick is the skateboarder performing?",  # one word the dictionary lacks
-])
+@pytest.mark.parametrize(
+    "text",
+    [  # English with none of the few common words: the dictionary knows them
+        "Jagged peaks rise on both sides under a clear blue sky.",
+        "Indoor cats need both physical exercise and mental stimulation.",
+        "Libraries offer much more than shelves of books.",
+        "What trick is the skateboarder performing?",  # one word the dictionary lacks
+    ],
+)
 def test_the_recognisers_dictionary_knows_plain_english(text):
     need("pocketsphinx", "validate")
     assert looks_english(text, english_lexicon())
@@ -104,16 +136,22 @@ def test_word_alignment_pairs_deletes_and_inserts_in_order():
 PACKED = [["the", "cat", "sat"], ["on", "a", "mat"], ["by", "the", "door"]]  # three takes' words, one window
 
 
-@pytest.mark.parametrize("heard, shares", [
-    ("the cat sat on a mat by the door", ["the cat sat", "on a mat", "by the door"]),
-    ("the cat sat by the door", ["the cat sat", "", "by the door"]),  # the middle take unheard: all deleted
-    ("um the cat sat uh er on a mat by the door", ["um the cat sat uh er", "on a mat", "by the door"]),  # babble
-    ("the cat sad in a mat by the door", ["the cat sad", "in a mat", "by the door"]),  # substitutions at a boundary
-    ("the cat sat seven purple engines hum by the door", ["the cat sat", "seven purple engines hum", "by the door"]),
-    ("seven purple engines hum on a mat by the door", ["seven purple engines hum", "on a mat", "by the door"]),
-    ("the cat sat uh by the door", ["the cat sat", "uh", "by the door"]),
-    ("", ["", "", ""]),
-])
+@pytest.mark.parametrize(
+    "heard, shares",
+    [
+        ("the cat sat on a mat by the door", ["the cat sat", "on a mat", "by the door"]),
+        ("the cat sat by the door", ["the cat sat", "", "by the door"]),  # the middle take unheard: all deleted
+        ("um the cat sat uh er on a mat by the door", ["um the cat sat uh er", "on a mat", "by the door"]),  # babble
+        ("the cat sad in a mat by the door", ["the cat sad", "in a mat", "by the door"]),  # substitutions at a boundary
+        (
+            "the cat sat seven purple engines hum by the door",
+            ["the cat sat", "seven purple engines hum", "by the door"],
+        ),
+        ("seven purple engines hum on a mat by the door", ["seven purple engines hum", "on a mat", "by the door"]),
+        ("the cat sat uh by the door", ["the cat sat", "uh", "by the door"]),
+        ("", ["", "", ""]),
+    ],
+)
 def test_a_packed_windows_words_are_shared_out_among_its_takes(heard, shares):
     """Each take gets the heard words aligned to its own: a take said wrong, or not at all, takes the
     blame (WER 1), and its good neighbours keep what they said (WER 0 here, or the babble beside them)."""
@@ -191,24 +229,30 @@ def test_asr_share_samples_ids_deterministically(voice_and_gate):
     text = "There are three bicycles hanging on the wall."
     sampled = Gate(dataclasses.replace(gate.cfg, asr_share=0.25), gate.recogniser)
     left_out = next(uid for uid in ids if uid not in chosen)
-    assert sampled.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text, left_out)["asr"] == "skipped: not sampled"
+    assert (
+        sampled.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text, left_out)["asr"]
+        == "skipped: not sampled"
+    )
     assert sampled.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text, chosen[0])["asr"] == "pocketsphinx"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("validate.max_respeaks=-1", "validate.max_respeaks"),
-    ("validate.max_wer=0", "validate.max_wer"),
-    ("validate.asr_share=0", "validate.asr_share"),
-    ("validate.max_silence_share=1.5", "validate.max_silence_share"),
-    ("validate.min_seconds_per_word=2", "validate.min_seconds_per_word"),
-    ("validate.silence_db=10", "validate.silence_db"),
-    ("validate.recogniser=kaldi", "validate.recogniser must be one of"),
-    ("validate.recogniser=whisper", "validate.model_path is required"),
-    ("validate.recogniser=faster-whisper", "validate.model_path is required"),
-    ("validate.model_path=/x.pt", "only for the Whisper recognisers"),
-    ("validate.max_respeak=2", "did you mean 'max_respeaks'"),
-    ("validate.asr_pack=maybe", "validate.asr_pack must be true or false"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("validate.max_respeaks=-1", "validate.max_respeaks"),
+        ("validate.max_wer=0", "validate.max_wer"),
+        ("validate.asr_share=0", "validate.asr_share"),
+        ("validate.max_silence_share=1.5", "validate.max_silence_share"),
+        ("validate.min_seconds_per_word=2", "validate.min_seconds_per_word"),
+        ("validate.silence_db=10", "validate.silence_db"),
+        ("validate.recogniser=kaldi", "validate.recogniser must be one of"),
+        ("validate.recogniser=whisper", "validate.model_path is required"),
+        ("validate.recogniser=faster-whisper", "validate.model_path is required"),
+        ("validate.model_path=/x.pt", "only for the Whisper recognisers"),
+        ("validate.max_respeak=2", "did you mean 'max_respeaks'"),
+        ("validate.asr_pack=maybe", "validate.asr_pack must be true or false"),
+    ],
+)
 def test_validate_config_is_checked_up_front(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, [override])
@@ -226,12 +270,25 @@ def test_whisper_weights_must_exist_locally(tmp_path):
 
 # -- whole runs -----------------------------------------------------------------------------------
 
+
 def gated_run(tmp_path, backend: str, bad: str, *extra) -> tuple[subprocess.CompletedProcess, tuple]:
     need("pocketsphinx", "validate")  # the workers' recogniser
     need("soxr", "validate")
     source = write_input(tmp_path / "in.json", short_conversations())
-    args = ("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", "--workers", "1",
-            "--set", f"tts.backend={backend}", *GATE, *extra)
+    args = (
+        "--input",
+        source,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "1",
+        "--set",
+        f"tts.backend={backend}",
+        *GATE,
+        *extra,
+    )
     return run_all(*args, env=script_env(CONVTTS_TEST_BAD=bad)), args
 
 
@@ -276,8 +333,13 @@ def test_gate_respeaks_bad_takes_and_records_the_hopeless_one(tmp_path):
 def check_report(out):
     """python -m convtts.results.report writes a page with a real PNG holding the three figures."""
     image = need("matplotlib.image", "validate")
-    result = subprocess.run([sys.executable, "-m", "convtts.results.report", str(out)], env=script_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "convtts.results.report", str(out)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     page = (out / "report.html").read_text()
     png = base64.b64decode(re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1))
@@ -304,8 +366,19 @@ def test_missing_recogniser_package_is_a_config_error(tmp_path):
     """validate on with a recogniser that is not installed: exit 2 before anything is spoken."""
     assert not _installed("faster_whisper"), "this test needs an environment without faster-whisper"
     source = write_input(tmp_path / "in.json", short_conversations())
-    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1", *GATE,
-                     "--set", "validate.recogniser=faster-whisper", "--set", f"validate.model_path={tmp_path}")
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "cpu:1",
+        *GATE,
+        "--set",
+        "validate.recogniser=faster-whisper",
+        "--set",
+        f"validate.model_path={tmp_path}",
+    )
     assert result.returncode == 2 and "pip install faster-whisper" in result.stderr
     assert not (tmp_path / "out" / "audio").exists()
 
@@ -323,12 +396,24 @@ def test_whisper_recogniser_loads_a_local_checkpoint(tmp_path):
     import torch
 
     whisper = need("whisper.model", "cosyvoice")  # openai-whisper
-    dims = whisper.ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
-                                   n_vocab=51865, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=1)
+    dims = whisper.ModelDimensions(
+        n_mels=80,
+        n_audio_ctx=1500,
+        n_audio_state=64,
+        n_audio_head=2,
+        n_audio_layer=1,
+        n_vocab=51865,
+        n_text_ctx=448,
+        n_text_state=64,
+        n_text_head=2,
+        n_text_layer=1,
+    )
     torch.manual_seed(0)
     checkpoint = tmp_path / "whisper-random.pt"
     torch.save({"dims": dataclasses.asdict(dims), "model_state_dict": whisper.Whisper(dims).state_dict()}, checkpoint)
-    config = load_config(None, ["validate.enabled=true", "validate.recogniser=whisper", f"validate.model_path={checkpoint}"])
+    config = load_config(
+        None, ["validate.enabled=true", "validate.recogniser=whisper", f"validate.model_path={checkpoint}"]
+    )
     gate = open_gate(config.validate)
     text = "There are three bicycles hanging on the wall."
     speech = (np.random.default_rng(0).standard_normal(22050 * 3) * 0.1).astype(np.float32)
@@ -343,11 +428,13 @@ def test_report_names_speakers_the_chart_font_cannot_draw(tmp_path):
     import warnings
 
     need("matplotlib", "validate")
-    from convtts.state.layout import Layout
     from convtts.results.report import chart_labels, figures_png, page
+    from convtts.state.layout import Layout
 
-    rows = [{"id": f"c-000-0{i}", "speaker": name, "duration": 3600.0 * (i + 1)}
-            for i, name in enumerate(["英文女", "英文男", "joe"])]
+    rows = [
+        {"id": f"c-000-0{i}", "speaker": name, "duration": 3600.0 * (i + 1)}
+        for i, name in enumerate(["英文女", "英文男", "joe"])
+    ]
     assert chart_labels(["英文女", "joe", "英文男"]) == {"英文女": "speaker 1", "joe": "joe", "英文男": "speaker 3"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for a name it cannot draw

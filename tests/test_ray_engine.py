@@ -1,5 +1,6 @@
 """run_all.sh --engine ray on a real local Ray cluster: several raylet nodes on this machine, a custom
 resource (or declared GPUs) standing in for GPUs, the Piper voice, real kills of a node and of the driver."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,18 @@ import orjson
 import pytest
 
 from conftest import (
-    REPO, alive, assert_complete, llava_conversations, mps_requests, need, read_jsonl_tolerant, run_all, script_env,
-    wait_for, write_fake_mps, write_input,
+    REPO,
+    alive,
+    assert_complete,
+    llava_conversations,
+    mps_requests,
+    need,
+    read_jsonl_tolerant,
+    run_all,
+    script_env,
+    wait_for,
+    write_fake_mps,
+    write_input,
 )
 
 Cluster = need("ray.cluster_utils", "ray").Cluster
@@ -44,14 +55,37 @@ def cluster(monkeypatch):
 
 
 def ray_args(address: str, resource: str = SLOT, workers: int = 1) -> list[str]:
-    return ["--engine", "ray", "--address", address, "--slot-resource", resource, "--workers", str(workers),
-            "--set", "shards.segments_per_shard=5"]
+    return [
+        "--engine",
+        "ray",
+        "--address",
+        address,
+        "--slot-resource",
+        resource,
+        "--workers",
+        str(workers),
+        "--set",
+        "shards.segments_per_shard=5",
+    ]
 
 
 def start(source: Path, out: Path, log: Path, args: list[str], env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log), *args],
-        env=env or script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(source),
+            "--output-dir",
+            str(out),
+            "--log-dir",
+            str(log),
+            *args,
+        ],
+        env=env or script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,  # its own group: the test kills run_all.sh and its driver together
     )
 
@@ -103,7 +137,9 @@ def test_a_node_killed_mid_run_has_its_shards_redone_by_the_others(tmp_path, clu
     assert re.search(r"slot \d+ on \S+ lost: .*node", text), text
     assert re.search(r"slot \d+ lost: \d+ pieces \(\d+ utterances\).* go back in line", text), text
     slot_logs = "\n".join(p.read_text() for p in log.rglob("slot-?.log"))
-    assert re.search(r"piece \d+ of shard-\d+ \(a lost slot's\): \d+ already spoken, \d+ to speak", slot_logs), slot_logs
+    assert re.search(r"piece \d+ of shard-\d+ \(a lost slot's\): \d+ already spoken, \d+ to speak", slot_logs), (
+        slot_logs
+    )
     lost_pid = [pid for node, pid, _ in slots_started(text).values() if victim.node_id.startswith(node)]
     wait_for(lambda: not alive(lost_pid[0]), timeout=30)  # the lost slot's process did not outlive its node
     # Nothing was spoken twice, but for at most the one utterance the lost slot's worker had in flight.
@@ -118,14 +154,24 @@ def test_one_shard_is_spoken_by_every_slot_in_pieces_and_its_stats_written_once(
     source = write_input(tmp_path / "in.json", llava_conversations(4))
     head, _ = cluster({"resources": {SLOT: 1}}, {"resources": {SLOT: 1}})
     out, log = tmp_path / "out", tmp_path / "log"
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, *ray_args(head.address),
-                     "--set", "shards.segments_per_shard=200")
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        *ray_args(head.address),
+        "--set",
+        "shards.segments_per_shard=200",
+    )
     text = driver_log(log)
     assert result.returncode == 0, result.stderr + text
     rows = assert_complete(out)
     assert len(list((out / "plan" / "shards").glob("shard-?????.jsonl"))) == 1
-    by_slot = Counter(name.split(".")[1].rsplit("-w", 1)[0][-2:] for name, file_rows in writer_rows(out).items()
-                      for _ in file_rows)
+    by_slot = Counter(
+        name.split(".")[1].rsplit("-w", 1)[0][-2:] for name, file_rows in writer_rows(out).items() for _ in file_rows
+    )
     assert set(by_slot) == {"s0", "s1"} and min(by_slot.values()) >= 0.25 * len(rows), by_slot
     finished = re.findall(r"shard-00000 finished: (\d+) of (\d+) spoken \((\d+) now, in (\d+) pieces\), 0 failed", text)
     assert len(finished) == 1 and finished[0][0] == finished[0][1] == str(len(rows)) and int(finished[0][3]) >= 4, text
@@ -138,8 +184,15 @@ def test_driver_killed_then_rerun_completes_and_a_second_driver_is_refused(tmp_p
     head, _ = cluster({"resources": {SLOT: 1}})
     out, log = tmp_path / "out", tmp_path / "log"
 
-    missing = run_all("--input", source, "--output-dir", tmp_path / "other", "--log-dir", tmp_path / "log-other",
-                      *ray_args(head.address, "no_such_thing"))
+    missing = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        tmp_path / "other",
+        "--log-dir",
+        tmp_path / "log-other",
+        *ray_args(head.address, "no_such_thing"),
+    )
     assert missing.returncode == 2 and "no 'no_such_thing' resource" in missing.stderr, missing.stderr
 
     run = start(source, out, log, ray_args(head.address))
@@ -182,8 +235,10 @@ def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, mo
     assert result.returncode == 0, result.stderr + text
     assert_complete(out)
     started = slots_started(text)
-    by_node = {n.node_id[:8]: sorted(gpu for node, _, gpu in started.values() if n.node_id.startswith(node))
-               for n in (two, one)}
+    by_node = {
+        n.node_id[:8]: sorted(gpu for node, _, gpu in started.values() if n.node_id.startswith(node))
+        for n in (two, one)
+    }
     assert by_node == {two.node_id[:8]: ["0", "1"], one.node_id[:8]: ["0"]}, text
     assert sorted(mps_requests(record)) == sorted(["start", "get_server_list", "quit"] * 2)
     pipes = [line.split()[1] for line in record.read_text().splitlines() if line.startswith("start")]

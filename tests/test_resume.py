@@ -1,4 +1,5 @@
 """Kill real runs with SIGKILL (the whole run, or one worker), rerun, and check nothing is lost or redone."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,21 @@ ARGS = ("--gpus", "cpu:2", "--set", "shards.segments_per_shard=8")
 
 def start_run(source: Path, out: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log), *ARGS],
-        env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(source),
+            "--output-dir",
+            str(out),
+            "--log-dir",
+            str(log),
+            *ARGS,
+        ],
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, so the test can kill the whole run at once
     )
 

@@ -1,4 +1,5 @@
 """The benchmarking backend end to end through run_all.sh: silence of the planned length, every id once."""
+
 from __future__ import annotations
 
 import orjson
@@ -14,8 +15,19 @@ SILENCE = ("--set", "tts.backend=silence", "--set", "shards.segments_per_shard=8
 
 def test_silence_backend_runs_the_whole_pipeline(tmp_path, small_input):
     out = tmp_path / "out"
-    result = run_all("--input", small_input, "--output-dir", out, "--gpus", "cpu:2", *SILENCE,
-                     "--set", "tts.silence.sample_rate=16000", "--log-dir", tmp_path / "log")
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:2",
+        *SILENCE,
+        "--set",
+        "tts.silence.sample_rate=16000",
+        "--log-dir",
+        tmp_path / "log",
+    )
     assert result.returncode == 0, result.stderr
     rows = assert_complete(out)  # each planned id once; each file decodes to the frames its row says
     assert len(rows) > 40 and {r["backend"] for r in rows} == {"silence"}

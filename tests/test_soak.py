@@ -3,6 +3,7 @@
 The engine is bench/soak.py (its long form: `python bench/soak.py --kills 100`); here it runs on the
 repository's LLaVA-style sample with two CPU slots of two workers and the default Piper voice.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -48,8 +49,12 @@ def test_a_merge_killed_before_its_renames_leaves_nothing_behind_after_the_rerun
     assert run_all(*args).returncode == 0
     deadline = time.time() + 120  # a merge of one conversation takes milliseconds: watch for its files, kill at once
     while time.time() < deadline:  # until one is caught: about 50 tries on an idle machine, more under load
-        merge = subprocess.Popen([sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        merge = subprocess.Popen(
+            [sys.executable, "-m", "convtts.results.merge", str(out)],
+            env=script_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         while merge.poll() is None and not temporary_files(out):
             pass
         merge.send_signal(signal.SIGKILL)

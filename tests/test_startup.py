@@ -1,5 +1,6 @@
 """Start-up of real runs: workers load while the plan is made, the timeline says where the time went,
 every worker holds the same weights, and a worker that dies while loading neither loses work nor hangs the slot."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,16 @@ import orjson
 import pytest
 
 from conftest import (
-    REPO, alive, assert_complete, forked_workers, llava_conversations, parent_of, run_all, script_env, wait_for, worker_pids,
+    REPO,
+    alive,
+    assert_complete,
+    forked_workers,
+    llava_conversations,
+    parent_of,
+    run_all,
+    script_env,
+    wait_for,
+    worker_pids,
     write_input,
 )
 
@@ -34,10 +44,19 @@ def test_workers_load_while_the_plan_is_made_and_the_timeline_says_so(tmp_path):
     """The orchestrator as run_all.sh runs it (python -m convtts), with a plan that takes 3 s
     (tests/slow_plan.py): the workers are spawned and loaded before it is done, and start at once."""
     source = write_input(tmp_path / "in.json", llava_conversations(2))
-    env = script_env(CONVTTS_PLAN_SCRIPT=REPO / "tests" / "slow_plan.py", CONVTTS_TEST_LOAD_SECONDS=1,
-                     CONVTTS_TEST_UTTERANCE_SECONDS=0.05)
-    done = subprocess.run([sys.executable, "-m", "convtts", "--input", str(source), "--output-dir", "out",
-                           "--workers", "3", *PACED], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = script_env(
+        CONVTTS_PLAN_SCRIPT=REPO / "tests" / "slow_plan.py",
+        CONVTTS_TEST_LOAD_SECONDS=1,
+        CONVTTS_TEST_UTTERANCE_SECONDS=0.05,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "convtts", "--input", str(source), "--output-dir", "out", "--workers", "3", *PACED],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     out = tmp_path / "out"
     assert_complete(out)
@@ -58,10 +77,24 @@ def test_workers_load_while_the_plan_is_made_and_the_timeline_says_so(tmp_path):
 def test_a_worker_killed_while_loading_is_replaced_and_nothing_is_lost(tmp_path, small_input):
     out, log = tmp_path / "out", tmp_path / "log"
     run = subprocess.Popen(
-        ["bash", str(REPO / "run_all.sh"), "--input", str(small_input), "--output-dir", str(out), "--log-dir", str(log),
-         "--workers", "2", *PACED],
+        [
+            "bash",
+            str(REPO / "run_all.sh"),
+            "--input",
+            str(small_input),
+            "--output-dir",
+            str(out),
+            "--log-dir",
+            str(log),
+            "--workers",
+            "2",
+            *PACED,
+        ],
         env=script_env(CONVTTS_TEST_LOAD_SECONDS=4, CONVTTS_TEST_UTTERANCE_SECONDS=0.05),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_for(lambda: len(worker_pids(run.pid)) == 2, timeout=60)
@@ -78,8 +111,19 @@ def test_a_worker_killed_while_loading_is_replaced_and_nothing_is_lost(tmp_path,
 
 def test_workers_that_die_loading_every_time_end_the_slot_without_hanging(tmp_path, small_input):
     started = time.time()
-    result = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--log-dir", tmp_path / "log",
-                     "--workers", "2", *PACED, env=script_env(CONVTTS_TEST_LOAD_DIES=1), timeout=120)
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        tmp_path / "out",
+        "--log-dir",
+        tmp_path / "log",
+        "--workers",
+        "2",
+        *PACED,
+        env=script_env(CONVTTS_TEST_LOAD_DIES=1),
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr
     assert time.time() - started < 90
     assert "died 3 times in a row without speaking; giving up" in slot_log(tmp_path / "log")
@@ -89,7 +133,9 @@ def test_workers_that_die_loading_every_time_end_the_slot_without_hanging(tmp_pa
 def tiny_model(tmp_path_factory):
     from convtts.testing.cosyvoice_model import build_model_dir
 
-    return build_model_dir(tmp_path_factory.mktemp("cv") / "tiny", "tiny", ("英文女", "英文男"), tokens_per_text_token=3)
+    return build_model_dir(
+        tmp_path_factory.mktemp("cv") / "tiny", "tiny", ("英文女", "英文男"), tokens_per_text_token=3
+    )
 
 
 @pytest.mark.cosyvoice
@@ -102,11 +148,27 @@ def test_every_worker_holds_the_same_weights_as_the_files(tmp_path, tiny_model):
     source = write_input(tmp_path / "in.json", llava_conversations(1))
     out, log = tmp_path / "out", tmp_path / "log"
     sets = [f"tts.cosyvoice.model_dir={tiny_model}", "tts.cosyvoice.batch_size=1", "workers.rebuild_every=3"]
-    result = run_all("--input", source, "--output-dir", out, "--log-dir", log, "--gpus", "cpu:1", "--workers", "2",
-                     "--config", REPO / "configs" / "cosyvoice.yaml", *[x for s in sets for x in ("--set", s)], timeout=600)
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--log-dir",
+        log,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "2",
+        "--config",
+        REPO / "configs" / "cosyvoice.yaml",
+        *[x for s in sets for x in ("--set", s)],
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr + slot_log(log)
     assert_complete(out)
-    builds = [line for p in log.rglob("slot-0-worker-*.log") for line in p.read_text().splitlines() if "model built" in line]
+    builds = [
+        line for p in log.rglob("slot-0-worker-*.log") for line in p.read_text().splitlines() if "model built" in line
+    ]
     digests = {line.rsplit("weights ", 1)[1] for line in builds}
     assert len(builds) >= 4 and any("(every 3 utterances)" in line for line in builds), builds
     assert digests == {files_digest(tiny_model)}, (digests, builds)
@@ -146,11 +208,31 @@ def test_forked_workers_skip_the_imports_are_replaced_and_die_with_their_slot(tm
     source = write_input(tmp_path / "in.json", llava_conversations(4))
     out, log = tmp_path / "out", tmp_path / "log"
     sets = [f"tts.cosyvoice.model_dir={tiny_model}", "tts.cosyvoice.batch_size=1"]
-    command = ["bash", str(REPO / "run_all.sh"), "--input", str(source), "--output-dir", str(out), "--log-dir", str(log),
-               "--gpus", "cpu:1", "--workers", "2", "--config", str(REPO / "configs" / "cosyvoice.yaml"),
-               *[x for s in sets for x in ("--set", s)]]
-    run = subprocess.Popen(command, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           stdin=subprocess.DEVNULL, start_new_session=True)
+    command = [
+        "bash",
+        str(REPO / "run_all.sh"),
+        "--input",
+        str(source),
+        "--output-dir",
+        str(out),
+        "--log-dir",
+        str(log),
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "2",
+        "--config",
+        str(REPO / "configs" / "cosyvoice.yaml"),
+        *[x for s in sets for x in ("--set", s)],
+    ]
+    run = subprocess.Popen(
+        command,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: len(forked_workers(run.pid)) == 2, timeout=120)
         first = forked_workers(run.pid)

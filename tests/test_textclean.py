@@ -1,4 +1,5 @@
 """Cleaning rules as a table of input -> speakable text, and the segment splitter's guarantees."""
+
 from __future__ import annotations
 
 import time
@@ -14,7 +15,7 @@ CLEAN_CASES = [
     ("<Image_1> <ImageHere> <|image|> The dog.", "The dog."),
     ("<|im_start|>user Hi<|im_end|>", "user Hi"),
     # HTML
-    ("A <b>bold</b> <span class=\"x\">move</span>.", "A bold move."),
+    ('A <b>bold</b> <span class="x">move</span>.', "A bold move."),
     ("One<br>Two<br/>Three", "One\nTwo\nThree"),
     ("<p>First.</p><p>Second.</p>", "First.\nSecond."),
     ("Salt &amp; pepper&nbsp;only.", "Salt & pepper only."),
@@ -53,7 +54,7 @@ CLEAN_CASES = [
     # whitespace and punctuation
     ("  lots   of\t\tspace  \n\n\n  here  ", "lots of space\nhere"),
     ("Non\u00a0breaking\u3000spaces.", "Non breaking spaces."),
-    ("Keep: commas, colons; quotes \"yes\" and (parens)!", "Keep: commas, colons; quotes \"yes\" and (parens)!"),
+    ('Keep: commas, colons; quotes "yes" and (parens)!', 'Keep: commas, colons; quotes "yes" and (parens)!'),
     ("Café, naïve, Straße, 東京, Москва.", "Café, naïve, Straße, 東京, Москва."),
     ("It costs $3.50 (about 3.5 euros), 50% off.", "It costs $3.50 (about 3.5 euros), 50% off."),
 ]
@@ -146,13 +147,16 @@ def test_long_turn_is_fast():
     assert all(len(s.split()) <= 30 for s in segments)
 
 
-@pytest.mark.parametrize("text", [
-    "*a " * 33_000,  # asterisks that never close: the emphasis rule must stay linear
-    "x" * 100_000,  # one huge word
-    "[" * 50_000 + "]" * 50_000,
-    "<b" * 50_000,
-    "_" * 100_000,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "*a " * 33_000,  # asterisks that never close: the emphasis rule must stay linear
+        "x" * 100_000,  # one huge word
+        "[" * 50_000 + "]" * 50_000,
+        "<b" * 50_000,
+        "_" * 100_000,
+    ],
+)
 def test_pathological_turns_are_fast(text):
     start = time.perf_counter()
     cleaned, _ = clean(text)

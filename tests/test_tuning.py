@@ -1,4 +1,5 @@
 """The automatic worker count: cores on CPU; on a GPU also free memory over a worker's peak, logged with reasons."""
+
 from __future__ import annotations
 
 import logging
@@ -68,12 +69,15 @@ def test_a_batched_worker_counts_its_rows_and_the_log_says_so(caplog):
     from convtts.config import load_config
     from convtts.speak import backend_rows
 
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml", ["tts.cosyvoice.model_dir=m"])
+    config = load_config(
+        Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml", ["tts.cosyvoice.model_dir=m"]
+    )
     w = config.workers
     assert int(143156 * 0.9 // worker_gpu_mb(w.gpu_mb_per_worker, w.gpu_mb_per_row, backend_rows(config))) == 14
 
 
 # -- automatic rows (tts.cosyvoice.batch_size: 0) -------------------------------------------------
+
 
 def test_automatic_rows_fill_a_gpu_with_eight_workers(free_gpu, caplog, monkeypatch):
     from convtts.run.tuning import choose_layout
@@ -108,24 +112,31 @@ def test_a_rows_memory_follows_the_model_the_text_and_the_precision(tmp_path):
     released = tmp_path / "released"
     released.mkdir()
     (released / "cosyvoice.yaml").write_text(
-        "llm_output_size: 1024\nllm: !new:cosyvoice.llm.llm.TransformerLM\n    llm_output_size: !ref <llm_output_size>\n"
+        "llm_output_size: 1024\nllm: !new:cosyvoice.llm.llm.TransformerLM\n    llm_output_size: !ref "
+        "<llm_output_size>\n"
         "    sampling: !name:cosyvoice.utils.common.ras_sampling\n        top_k: 25\n"
         "    llm: !new:cosyvoice.transformer.encoder.TransformerEncoder\n        output_size: !ref <llm_output_size>\n"
-        "        num_blocks: 14\n        attention_heads: 16\n")
+        "        num_blocks: 14\n        attention_heads: 16\n"
+    )
     assert llm_shape(str(released)) == (14, 1024)
     config = load_config(None, [f"tts.cosyvoice.model_dir={released}", "text.max_words=10"])
     assert row_tokens(config) == 3 + 28 + 28 * 20  # specials, 2 text tokens a word + 8, 20 speech tokens each
     fp32 = row_kv_mb(config)
     assert fp32 == 14 * 2 * 1024 * row_tokens(config) * 4 / 2**20
-    half = load_config(None, [f"tts.cosyvoice.model_dir={released}", "text.max_words=10", "tts.cosyvoice.precision.llm=bf16"])
+    half = load_config(
+        None, [f"tts.cosyvoice.model_dir={released}", "text.max_words=10", "tts.cosyvoice.precision.llm=bf16"]
+    )
     assert row_kv_mb(half) == fp32 / 2
-    fixed = load_config(None, [f"tts.cosyvoice.model_dir={released}", "tts.cosyvoice.max_row_tokens=2048", "tts.backend=cosyvoice"])
+    fixed = load_config(
+        None, [f"tts.cosyvoice.model_dir={released}", "tts.cosyvoice.max_row_tokens=2048", "tts.backend=cosyvoice"]
+    )
     assert row_tokens(fixed) == 2048 and backend_row_mb(fixed) == row_kv_mb(fixed) + FLOW_MB_PER_ROW
     qwen = tmp_path / "qwen"
     (qwen / "CosyVoice-BlankEN").mkdir(parents=True)
     (qwen / "cosyvoice2.yaml").write_text("{}\n")
     (qwen / "CosyVoice-BlankEN" / "config.json").write_text(
-        '{"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2}')
+        '{"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2}'
+    )
     assert llm_shape(str(qwen)) == (24, 128)
 
 
@@ -135,10 +146,14 @@ def test_the_slot_hands_its_workers_the_rows_it_chose(tmp_path):
     from convtts.config import load_config
     from convtts.run.command import size_workers
 
-    config = load_config(None, ["tts.backend=cosyvoice", f"tts.cosyvoice.model_dir={tmp_path}", "tts.cosyvoice.batch_size=0"])
+    config = load_config(
+        None, ["tts.backend=cosyvoice", f"tts.cosyvoice.model_dir={tmp_path}", "tts.cosyvoice.batch_size=0"]
+    )
     args = argparse.Namespace(workers=2, slots_on_node=1, world=1, device="cpu")
     workers, resolved = size_workers(config, args)
     assert (workers, resolved.tts.cosyvoice.batch_size) == (2, 8)
     assert resolved.tts.cosyvoice.model_dir == str(tmp_path) and resolved.workers == config.workers
-    fixed = load_config(None, ["tts.backend=cosyvoice", f"tts.cosyvoice.model_dir={tmp_path}", "tts.cosyvoice.batch_size=16"])
+    fixed = load_config(
+        None, ["tts.backend=cosyvoice", f"tts.cosyvoice.model_dir={tmp_path}", "tts.cosyvoice.batch_size=16"]
+    )
     assert size_workers(fixed, args) == (2, fixed)

@@ -2,6 +2,7 @@
 assigned by the seeded policy, checked before anything starts, and spoken by tiny random CosyVoice
 v1 and v2 models of the real architecture through the installed runtime (a worker keeps only a few
 voices' prompt features at a time)."""
+
 from __future__ import annotations
 
 import csv
@@ -27,15 +28,28 @@ from convtts.testing.cosyvoice_v1 import SPEAKERS
 
 VOICES = 1000
 RATIO = 3  # speech tokens per text token: short audio keeps the tests fast
-TEXTS = ["The weather was lovely this morning.", "A cat sat on the mat by the door.",
-         "We walked to the harbour and watched the boats.", "It weighs three kilograms.",
-         "The library opens at nine every day.", "Yes, that is the right answer."]
+TEXTS = [
+    "The weather was lovely this morning.",
+    "A cat sat on the mat by the door.",
+    "We walked to the harbour and watched the boats.",
+    "It weighs three kilograms.",
+    "The library opens at nine every day.",
+    "Yes, that is the right answer.",
+]
 
 
 def conversations(count: int) -> list[dict]:
-    return [{"id": f"c{n:03d}", "conversations": [
-        {"from": "human", "value": TEXTS[n % 6]}, {"from": "gpt", "value": TEXTS[(n + 1) % 6]},
-        {"from": "human", "value": TEXTS[(n + 2) % 6]}]} for n in range(count)]
+    return [
+        {
+            "id": f"c{n:03d}",
+            "conversations": [
+                {"from": "human", "value": TEXTS[n % 6]},
+                {"from": "gpt", "value": TEXTS[(n + 1) % 6]},
+                {"from": "human", "value": TEXTS[(n + 2) % 6]},
+            ],
+        }
+        for n in range(count)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +82,7 @@ def pool(tmp_path_factory, recordings):
 
 # -- reading a pool ------------------------------------------------------------------------------
 
+
 def test_a_pool_reads_from_jsonl_csv_or_a_directory_sorted_by_name(tmp_path, pool):
     voices = read_pool(pool)
     assert len(voices) == VOICES and [v.name for v in voices] == sorted(v.name for v in voices)
@@ -79,7 +94,9 @@ def test_a_pool_reads_from_jsonl_csv_or_a_directory_sorted_by_name(tmp_path, poo
         writer.writerow(["audio", "text"])  # no name column: the file name is the voice's name
         writer.writerows([[str(pool.parent / "audio" / "v0002.wav"), "Two."], ["../x/b.wav", "Bee."]])
     assert [(v.name, v.audio, v.text) for v in read_pool(table)] == [
-        ("b", str((tmp_path.parent / "x" / "b.wav").resolve()), "Bee."), ("v0002", str(pool.parent / "audio" / "v0002.wav"), "Two.")]
+        ("b", str((tmp_path.parent / "x" / "b.wav").resolve()), "Bee."),
+        ("v0002", str(pool.parent / "audio" / "v0002.wav"), "Two."),
+    ]
 
     folder = tmp_path / "dir"
     (folder / "en").mkdir(parents=True)
@@ -92,13 +109,18 @@ def test_a_pool_reads_from_jsonl_csv_or_a_directory_sorted_by_name(tmp_path, poo
         read_pool(folder)
 
 
-@pytest.mark.parametrize("lines, message", [
-    ([{"name": "a", "audio": "a.wav", "text": "A."}, {"name": "a", "audio": "b.wav", "text": "B."}],
-     "voice 'a' is defined twice (voices.jsonl line 1 and voices.jsonl line 2)"),
-    ([{"name": "a", "text": "A."}], "voices.jsonl line 1: no audio path"),
-    ([{"name": "a", "audio": "a.wav"}], "voices.jsonl line 1: no text"),
-    ([], "holds no voices"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (
+            [{"name": "a", "audio": "a.wav", "text": "A."}, {"name": "a", "audio": "b.wav", "text": "B."}],
+            "voice 'a' is defined twice (voices.jsonl line 1 and voices.jsonl line 2)",
+        ),
+        ([{"name": "a", "text": "A."}], "voices.jsonl line 1: no audio path"),
+        ([{"name": "a", "audio": "a.wav"}], "voices.jsonl line 1: no text"),
+        ([], "holds no voices"),
+    ],
+)
 def test_a_malformed_pool_is_named_where_it_is_wrong(tmp_path, lines, message):
     manifest = tmp_path / "voices.jsonl"
     manifest.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
@@ -108,6 +130,7 @@ def test_a_malformed_pool_is_named_where_it_is_wrong(tmp_path, lines, message):
 
 
 # -- assigning voices ----------------------------------------------------------------------------
+
 
 def list_rule(cid: str, config: SpeakerConfig) -> dict[str, str]:
     """The rule as the planner wrote it before pools: filtered copies of the voice lists (O(voices) a pick)."""
@@ -121,20 +144,29 @@ def list_rule(cid: str, config: SpeakerConfig) -> dict[str, str]:
 
 
 def test_constant_time_picks_are_the_list_rule():
-    """Plans made before pools keep their voices: the same pick for every mix of voices, repeats and side restrictions."""
+    """Plans made before pools keep their voices: the same pick for every mix of voices, repeats and side
+    restrictions."""
     rng = random.Random(0)
     for trial in range(300):
         voices = tuple(rng.choice("abcdefg") for _ in range(rng.randint(1, 6)))
         sides = [tuple(rng.sample(voices, rng.randint(0, len(voices)))) if rng.random() < 0.5 else () for _ in "ha"]
-        config = SpeakerConfig(voices=voices, human=sides[0], assistant=sides[1], seed=trial,
-                               policy=rng.choice(["by_role", "per_turn", "single"]))
+        config = SpeakerConfig(
+            voices=voices,
+            human=sides[0],
+            assistant=sides[1],
+            seed=trial,
+            policy=rng.choice(["by_role", "per_turn", "single"]),
+        )
         casting = Casting.of(config)
         assert all(casting.sides(f"c{n}") == list_rule(f"c{n}", config) for n in range(50)), config
 
 
 def plan_speakers(out) -> dict[str, str]:
-    return {row["id"]: row["speaker"] for shard in sorted((out / "plan" / "shards").glob("shard-?????.jsonl"))
-            for row in read_jsonl(shard)}
+    return {
+        row["id"]: row["speaker"]
+        for shard in sorted((out / "plan" / "shards").glob("shard-?????.jsonl"))
+        for row in read_jsonl(shard)
+    }
 
 
 def test_pool_voices_are_assigned_by_the_seeded_policy_and_stay_on_a_rerun(tmp_path, pool):
@@ -166,26 +198,38 @@ def test_pool_voices_are_assigned_by_the_seeded_policy_and_stay_on_a_rerun(tmp_p
 
 
 def test_sides_restricted_to_pool_voices(tmp_path, pool):
-    config = load_config(None, [f"speakers.pool={pool}", "tts.backend=silence", "speakers.human=[voice-0007, voice-0008]"])
+    config = load_config(
+        None, [f"speakers.pool={pool}", "tts.backend=silence", "speakers.human=[voice-0007, voice-0008]"]
+    )
     casting = Casting.of(config.speakers, voice_names(config.speakers))
     assert {casting.sides(f"c{n}")["human"] for n in range(40)} == {"voice-0007", "voice-0008"}
     with pytest.raises(ConfigError, match="not in speakers.pool"):
-        voice_names(load_config(None, [f"speakers.pool={pool}", "tts.backend=silence", "speakers.assistant=[anna]"]).speakers)
+        voice_names(
+            load_config(None, [f"speakers.pool={pool}", "tts.backend=silence", "speakers.assistant=[anna]"]).speakers
+        )
     with pytest.raises(ConfigError, match="needs tts.backend cosyvoice"):
         load_config(None, [f"speakers.pool={pool}", "tts.backend=piper"])
 
 
 # -- speaking from a pool --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
 def model_dir(request, tmp_path_factory):
-    return build_model_dir(tmp_path_factory.mktemp(f"cv{request.param}") / "tiny", "tiny",
-                           SPEAKERS if request.param == 1 else [], tokens_per_text_token=RATIO, version=request.param)
+    return build_model_dir(
+        tmp_path_factory.mktemp(f"cv{request.param}") / "tiny",
+        "tiny",
+        SPEAKERS if request.param == 1 else [],
+        tokens_per_text_token=RATIO,
+        version=request.param,
+    )
 
 
 def pool_backend(model_dir, pool, cache: int, batch_size: int = 1) -> CosyVoiceBackend:
     cosy = CosyVoiceConfig(model_dir=str(model_dir), batch_size=batch_size, prompt_cache=cache)
-    return CosyVoiceBackend(Config(speakers=SpeakerConfig(pool=str(pool)), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy)))
+    return CosyVoiceBackend(
+        Config(speakers=SpeakerConfig(pool=str(pool)), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
+    )
 
 
 def registered(backend) -> list[str]:
@@ -238,9 +282,28 @@ def test_run_all_speaks_a_pool_and_exports_name_and_prompt(tmp_path, pool):
     model = build_model_dir(tmp_path / "cv2", "tiny", [], tokens_per_text_token=RATIO, version=2)
     source = write_input(tmp_path / "in.json", conversations(4))
     out = tmp_path / "out"
-    args = ("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1", "--log-dir", tmp_path / "log",
-            "--config", REPO / "configs" / "cosyvoice2.yaml", "--set", f"tts.cosyvoice.model_dir={model}",
-            "--set", f"speakers.pool={pool}", "--set", "tts.cosyvoice.batch_size=2", "--set", "tts.cosyvoice.prompt_cache=2")
+    args = (
+        "--input",
+        source,
+        "--output-dir",
+        out,
+        "--gpus",
+        "cpu:1",
+        "--workers",
+        "1",
+        "--log-dir",
+        tmp_path / "log",
+        "--config",
+        REPO / "configs" / "cosyvoice2.yaml",
+        "--set",
+        f"tts.cosyvoice.model_dir={model}",
+        "--set",
+        f"speakers.pool={pool}",
+        "--set",
+        "tts.cosyvoice.batch_size=2",
+        "--set",
+        "tts.cosyvoice.prompt_cache=2",
+    )
     first = run_all(*args, timeout=900)
     assert first.returncode == 0, first.stderr
     rows = assert_complete(out)
@@ -252,13 +315,21 @@ def test_run_all_speaks_a_pool_and_exports_name_and_prompt(tmp_path, pool):
 
     again = run_all(*args, timeout=900)
     assert again.returncode == 0 and "is up to date" in again.stdout + again.stderr + "".join(
-        p.read_text() for p in (tmp_path / "log").rglob("*.log"))
+        p.read_text() for p in (tmp_path / "log").rglob("*.log")
+    )
 
-    exported = subprocess.run([sys.executable, str(REPO / "export.py"), "--format", "nemo", str(out)],
-                              env=script_env(), capture_output=True, text=True, timeout=300)
+    exported = subprocess.run(
+        [sys.executable, str(REPO / "export.py"), "--format", "nemo", str(out)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert exported.returncode == 0, exported.stderr
     lines = read_jsonl(out / "export" / "nemo" / "manifest.json")
-    assert {(line["speaker"], line["prompt_audio"]) for line in lines} == {(r["speaker"], r["prompt_audio"]) for r in rows}
+    assert {(line["speaker"], line["prompt_audio"]) for line in lines} == {
+        (r["speaker"], r["prompt_audio"]) for r in rows
+    }
 
 
 @pytest.mark.e2e
@@ -272,19 +343,36 @@ def test_a_broken_recording_in_the_pool_stops_the_run_before_it_starts(tmp_path,
     target.write_bytes(b"RIFF, but not audio at all")
     model = build_model_dir(tmp_path / "cv2", "tiny", [], tokens_per_text_token=RATIO, version=2)
     source = write_input(tmp_path / "in.json", conversations(2))
-    result = run_all("--input", source, "--output-dir", tmp_path / "out", "--gpus", "cpu:1",
-                     "--config", REPO / "configs" / "cosyvoice2.yaml", "--set", f"tts.cosyvoice.model_dir={model}",
-                     "--set", f"speakers.pool={manifest}", timeout=300)
+    result = run_all(
+        "--input",
+        source,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "cpu:1",
+        "--config",
+        REPO / "configs" / "cosyvoice2.yaml",
+        "--set",
+        f"tts.cosyvoice.model_dir={model}",
+        "--set",
+        f"speakers.pool={manifest}",
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr
-    assert "voices.jsonl line 614: voice 'voice-0613'" in result.stderr and f"{target} is not readable as audio" in result.stderr
+    assert (
+        "voices.jsonl line 614: voice 'voice-0613'" in result.stderr
+        and f"{target} is not readable as audio" in result.stderr
+    )
     assert not (tmp_path / "out" / "audio").exists()
 
     samples, rate = sf.read(pool.parent / "audio" / "v0613.wav", dtype="float32")
     sf.write(target.with_suffix(".flac"), samples, rate)
     whole = target.with_suffix(".flac").read_bytes()
     manifest.write_text(manifest.read_text().replace("v0613.wav", "v0613.flac"))
-    cases = [(whole[: len(whole) // 2], "is not readable as audio"),  # FLAC cut: the decoder loses sync
-             (None, "file not found")]
+    cases = [
+        (whole[: len(whole) // 2], "is not readable as audio"),  # FLAC cut: the decoder loses sync
+        (None, "file not found"),
+    ]
     for data, message in cases:
         target.with_suffix(".flac").unlink(missing_ok=True)
         if data is not None:

@@ -7,6 +7,7 @@ end). When every piece of a shard is done, the driver writes the shard's stats, 
 pieces go back in line after a grace period as rechecks: the slot that takes one first keeps the
 ids the lost slot finished (a whole row and audio) and speaks the rest.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,9 +43,16 @@ class OpenShard:
 
     def stats(self, run_id: str) -> dict:
         return {
-            "shard": self.name, "segments": self.segments, "done": self.already + self.new, "failed": self.failed,
-            "pending": len(self.pending), "new": self.new, "pieces": self.pieces, "audio_seconds": round(self.audio, 3),
-            "seconds": round(time.time() - self.started, 3), "run": run_id,
+            "shard": self.name,
+            "segments": self.segments,
+            "done": self.already + self.new,
+            "failed": self.failed,
+            "pending": len(self.pending),
+            "new": self.new,
+            "pieces": self.pieces,
+            "audio_seconds": round(self.audio, 3),
+            "seconds": round(time.time() - self.started, 3),
+            "run": run_id,
         }
 
 
@@ -119,8 +127,15 @@ class Book:
             write_json_atomic(self.layout.stats(work.name), work.stats(self.run_id))  # last: the done marker
             del self.open[work.name]
             self.finished.add(work.name)
-            log.info("%s finished: %d of %d spoken (%d now, in %d pieces), %d failed", work.name, work.already + work.new,
-                     work.segments, work.new, work.pieces, work.failed)
+            log.info(
+                "%s finished: %d of %d spoken (%d now, in %d pieces), %d failed",
+                work.name,
+                work.already + work.new,
+                work.segments,
+                work.new,
+                work.pieces,
+                work.failed,
+            )
 
     def held_by(self, rank: int) -> list[PieceOut]:
         return [p for p in self.pieces.values() if p.holder == rank]
@@ -148,7 +163,8 @@ class Book:
                 self.unopened.appendleft(item)  # first in line again
 
     def busy(self) -> bool:
-        """Something is out that may yet come back (a slot holds pieces or is opening a shard, or a lost slot's are due)."""
+        """Something is out that may yet come back (a slot holds pieces or is opening a shard, or a lost slot's are
+        due)."""
         return bool(self.returning or self.rechecks or any(p.holder is not None for p in self.pieces.values()))
 
     def left(self) -> bool:

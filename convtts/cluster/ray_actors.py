@@ -3,6 +3,7 @@
 Both are plain classes; convtts.cluster.ray_engine makes them Ray actors. They run in Ray's worker
 processes, so they use the node's own Python and its own copy of the repository.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,8 +37,14 @@ class SlotProcess:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "ab") as log:
             self.proc = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=slot_env(env),
-                text=True, bufsize=1, preexec_fn=_die_with_parent,
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=slot_env(env),
+                text=True,
+                bufsize=1,
+                preexec_fn=_die_with_parent,
             )
         return self.proc.pid, socket.gethostname(), os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
@@ -66,10 +73,13 @@ class NodeMPS:
     def start(self, mode: str, folder: str) -> tuple[dict, str]:
         """Returns the variables the node's slots need to reach the daemon ({} without MPS), and
         what mps.sh said."""
-        script = ('source "$0"; mps_start "$1" "$2"; '
-                  'if [[ -n "$MPS_STARTED" ]]; then echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY"; fi')
-        done = subprocess.run(["bash", "-c", script, str(MPS_SCRIPT), mode, folder],
-                              capture_output=True, text=True, timeout=120)
+        script = (
+            'source "$0"; mps_start "$1" "$2"; '
+            'if [[ -n "$MPS_STARTED" ]]; then echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY"; fi'
+        )
+        done = subprocess.run(
+            ["bash", "-c", script, str(MPS_SCRIPT), mode, folder], capture_output=True, text=True, timeout=120
+        )
         fields = done.stdout.split()
         if len(fields) == 2:
             self.env = {"CUDA_MPS_PIPE_DIRECTORY": fields[0], "CUDA_MPS_LOG_DIRECTORY": fields[1]}
@@ -77,8 +87,14 @@ class NodeMPS:
 
     def stop(self) -> None:
         if self.env:
-            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env={**os.environ, **self.env},
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                ["nvidia-cuda-mps-control"],
+                input="quit\n",
+                text=True,
+                env={**os.environ, **self.env},
+                capture_output=True,
+                timeout=60,
+            )
             self.env = {}
 
 

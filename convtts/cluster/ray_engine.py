@@ -8,15 +8,17 @@ more and all finish close together; a slot keeps its workers and models across h
 whose actor or node dies has its pieces put back in line for the others. The output directory and
 the log folder must be on a filesystem every node shares.
 
-Exit codes: 0 every shard finished (merge counts failed utterances); 1 some shards were left unfinished; 2 no cluster, or
+Exit codes: 0 every shard finished (merge counts failed utterances); 1 some shards were left unfinished; 2 no
+cluster, or
 no slot resource in it; 4 the output's disk is full (run_all.sh says so and exits 1).
 """
+
 from __future__ import annotations
 
 import argparse
-import os
 import hashlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -24,11 +26,11 @@ from dataclasses import dataclass, field
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
-from convtts.config import ConfigError, load_config
-from convtts.state.layout import Layout
 from convtts.cluster.handout import HANDBACK_GRACE, Book
 from convtts.cluster.ray_actors import NodeMPS, SlotProcess
+from convtts.config import ConfigError, load_config
 from convtts.run.startup import plan_exit_code
+from convtts.state.layout import Layout
 from convtts.state.shardio import read_json
 
 log = logging.getLogger("ray_engine")
@@ -103,8 +105,11 @@ class Driver:
         mine = f"slot-{self.key}-"
         deadline = time.time() + 60
         while time.time() < deadline:
-            left = [a["name"] for a in self.ray.util.list_named_actors(all_namespaces=True)
-                    if a["namespace"] == NAMESPACE and a["name"].startswith(mine)]
+            left = [
+                a["name"]
+                for a in self.ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == NAMESPACE and a["name"].startswith(mine)
+            ]
             if not left:
                 return
             log.warning("slots of an earlier driver on this output are still alive: %s; ending them", left)
@@ -119,9 +124,24 @@ class Driver:
     def slot_args(self, slot: SlotState) -> list[str]:
         on_node = self.slots_on_node(slot.node)
         ready = ["--plan-ready", self.o.plan_ready] if self.o.plan_ready else []
-        return ["--output-dir", self.o.out, "--rank", str(slot.rank), "--world", str(len(self.slots)),
-                "--device", "cuda" if self.o.resource == "GPU" else "cpu", "--run-id", self.o.run_id,
-                "--log-dir", self.o.log_dir, "--slots-on-node", str(on_node), *ready, *self.o.settings]
+        return [
+            "--output-dir",
+            self.o.out,
+            "--rank",
+            str(slot.rank),
+            "--world",
+            str(len(self.slots)),
+            "--device",
+            "cuda" if self.o.resource == "GPU" else "cpu",
+            "--run-id",
+            self.o.run_id,
+            "--log-dir",
+            self.o.log_dir,
+            "--slots-on-node",
+            str(on_node),
+            *ready,
+            *self.o.settings,
+        ]
 
     def slots_on_node(self, node: str) -> int:
         """Slots that will share this node's cores: its units of the slot resource."""
@@ -137,8 +157,11 @@ class Driver:
         if node not in self.mps:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            actor = self.ray.remote(NodeMPS).options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            actor = (
+                self.ray.remote(NodeMPS)
+                .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                .remote()
+            )
             try:
                 env, said = self.ray.get(actor.start.remote(self.o.mps, f"{self.o.log_dir}/mps-{node[:8]}"))
             except self.ray.exceptions.RayError as exc:  # the node went meanwhile: its slot's start fails next
@@ -195,11 +218,21 @@ class Driver:
             log_file = f"{self.o.log_dir}/slot-{rank}.log"
             # the command's start, so that the slots' start-up timelines count from it as on one node
             env = {k: os.environ[k] for k in ("CONVTTS_RUN_STARTED", "CONVTTS_VALIDATED") if k in os.environ}
-            self.call(rank, "start", slot.actor.start.remote(self.slot_args(slot), {**env, **self.node_env(value)}, log_file))
+            self.call(
+                rank, "start", slot.actor.start.remote(self.slot_args(slot), {**env, **self.node_env(value)}, log_file)
+            )
         elif what == "start":
             pid, slot.host, gpu = value
-            log.info("slot %d running on %s (node %s, pid %d, CUDA_VISIBLE_DEVICES=%s); log %s/slot-%d.log", rank,
-                     slot.host, slot.node[:8], pid, gpu, self.o.log_dir, rank)
+            log.info(
+                "slot %d running on %s (node %s, pid %d, CUDA_VISIBLE_DEVICES=%s); log %s/slot-%d.log",
+                rank,
+                slot.host,
+                slot.node[:8],
+                pid,
+                gpu,
+                self.o.log_dir,
+                rank,
+            )
             self.answer(slot, None)
         else:
             self.on_line(slot, value)
@@ -247,7 +280,9 @@ class Driver:
             self.disk_full = True  # its log names the file; the others get no more work
             log.error("slot %d: the output's disk is full; handing out no more work", slot.rank)
         elif code != EXIT_OK:
-            log.error("slot %d on %s exited %d; see %s/slot-%d.log", slot.rank, slot.host, code, self.o.log_dir, slot.rank)
+            log.error(
+                "slot %d on %s exited %d; see %s/slot-%d.log", slot.rank, slot.host, code, self.o.log_dir, slot.rank
+            )
         self.hand_back(slot, f"exited {code} holding them")
 
     def lose(self, slot: SlotState, why: str) -> None:
@@ -261,8 +296,15 @@ class Driver:
         opening, slot.opening = slot.opening, None
         pieces, ids = self.book.give_back(slot.rank, opening)
         if pieces or opening:
-            log.warning("slot %d %s: %d pieces (%d utterances)%s go back in line in %.0f s", slot.rank, why, pieces, ids,
-                        f" and {opening}, which it was opening," if opening else "", HANDBACK_GRACE)
+            log.warning(
+                "slot %d %s: %d pieces (%d utterances)%s go back in line in %.0f s",
+                slot.rank,
+                why,
+                pieces,
+                ids,
+                f" and {opening}, which it was opening," if opening else "",
+                HANDBACK_GRACE,
+            )
 
     def give_up_on_unplaced(self) -> None:
         """Slots Ray has not placed (no free GPU) are not waited for once nothing needs them."""
@@ -277,8 +319,12 @@ class Driver:
             self.slots[rank].lost = "never placed"
         self.calls.clear()
         if left:
-            log.error("no slot is running and %d were never placed in %.0f s: the cluster has no free %s",
-                      len(waiting), PLACEMENT_TIMEOUT, self.o.resource)
+            log.error(
+                "no slot is running and %d were never placed in %.0f s: the cluster has no free %s",
+                len(waiting),
+                PLACEMENT_TIMEOUT,
+                self.o.resource,
+            )
 
     # -- reporting and the end -----------------------------------------------------------------
     def report(self) -> None:
@@ -292,11 +338,17 @@ class Driver:
         lost = sum(s.lost is not None for s in self.slots.values())
         rate = audio / max(time.time() - self.started, 1e-6)
         book = self.book
-        shards = ("waiting for the plan" if book is None else
-                  f"shards {len(book.finished)}/{book.total} finished, {len(book.open)} open, {len(book.unopened)} not opened, "
-                  f"{book.held_ids()} utterances in pieces out")
-        line = (f"{shards}; this run {done} utterances ({failed} failed), {audio / 3600:.3f} h audio, "
-                f"{rate:.2f} audio s/s; slots {running} running, {lost} lost")
+        shards = (
+            "waiting for the plan"
+            if book is None
+            else f"shards {len(book.finished)}/{book.total} finished, {len(book.open)} open, "
+            f"{len(book.unopened)} not opened, "
+            f"{book.held_ids()} utterances in pieces out"
+        )
+        line = (
+            f"{shards}; this run {done} utterances ({failed} failed), {audio / 3600:.3f} h audio, "
+            f"{rate:.2f} audio s/s; slots {running} running, {lost} lost"
+        )
         log.info("%s", line)
         if self.o.progress:
             print(line, flush=True)
@@ -323,7 +375,7 @@ class Driver:
         for actor, _ in self.mps.values():
             try:
                 self.ray.get(actor.stop.remote(), timeout=60)
-            except Exception as exc:  # noqa: BLE001 - its node may be gone; say so and go on
+            except Exception as exc:
                 log.warning("MPS daemon not stopped: %s", _first_line(exc))
 
 
@@ -344,8 +396,10 @@ def connect(address: str):
         else:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        fail(f"cannot join the Ray cluster at {address!r}: {_first_line(exc)} "
-             "(start one with `ray start --head`, or pass --address local)")
+        fail(
+            f"cannot join the Ray cluster at {address!r}: {_first_line(exc)} "
+            "(start one with `ray start --head`, or pass --address local)"
+        )
     return ray
 
 
@@ -353,13 +407,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="run the slots of a planned output directory on a Ray cluster")
     p.add_argument("--output-dir", required=True, help="planned output directory, on a filesystem every node shares")
     p.add_argument("--address", default="auto", help="auto, HOST:PORT of the cluster's head, or local")
-    p.add_argument("--slot-resource", default="GPU", help="one slot per unit of this resource (GPU: a CUDA slot per GPU)")
+    p.add_argument(
+        "--slot-resource", default="GPU", help="one slot per unit of this resource (GPU: a CUDA slot per GPU)"
+    )
     p.add_argument("--mps", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"))
     p.add_argument("--log-dir", required=True, help="slot logs go here: a folder every node can write")
     p.add_argument("--progress", action="store_true", help="print the progress lines on stdout too")
-    p.add_argument("--plan-ready", metavar="FILE", help="start the slots at once, and hand out work once FILE holds "
-                   "the plan's exit code (run_all.sh); the slots then take this command's --config and --set")
+    p.add_argument(
+        "--plan-ready",
+        metavar="FILE",
+        help="start the slots at once, and hand out work once FILE holds "
+        "the plan's exit code (run_all.sh); the slots then take this command's --config and --set",
+    )
     add_config_args(p)
     return p.parse_args(argv)
 
@@ -379,10 +439,20 @@ def main(argv=None) -> int:
     ray = connect(args.address)
     count = int(ray.cluster_resources().get(args.slot_resource, 0))
     if count < 1:
-        fail(f"the Ray cluster has no {args.slot_resource!r} resource to run slots on "
-             f"(it has {sorted(k for k in ray.cluster_resources() if not k.startswith('node:'))})")
-    options = Options(str(layout.root.resolve()), args.run_id, os.path.abspath(args.log_dir), args.slot_resource, args.mps,
-                      args.progress, settings, os.path.abspath(args.plan_ready) if args.plan_ready else None)
+        fail(
+            f"the Ray cluster has no {args.slot_resource!r} resource to run slots on "
+            f"(it has {sorted(k for k in ray.cluster_resources() if not k.startswith('node:'))})"
+        )
+    options = Options(
+        str(layout.root.resolve()),
+        args.run_id,
+        os.path.abspath(args.log_dir),
+        args.slot_resource,
+        args.mps,
+        args.progress,
+        settings,
+        os.path.abspath(args.plan_ready) if args.plan_ready else None,
+    )
     driver = Driver(ray, options, config.workers.progress_interval)
     _install_stop_handlers()
     try:

@@ -5,6 +5,7 @@ the caller speaks the utterance again with the next take's seed (take_seed) up t
 validate.max_respeaks times, then records the failure. Errors (exceptions, crashes) are counted apart,
 by workers.max_attempts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,8 +43,10 @@ class QualityFailure(Exception):
 
 # -- text: what the recogniser should hear --------------------------------------------------------
 
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-         "sixteen seventeen eighteen nineteen").split()
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen"
+).split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 _SCALES = ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (1000, "thousand"), (100, "hundred"))
 _CURRENCY = {"$": "dollars", "€": "euros", "£": "pounds"}
@@ -80,7 +83,8 @@ def _spell_number(match: re.Match) -> str:
 
 
 def spoken_words(text: str) -> list[str]:
-    """The words a listener hears, lower case: `It costs $12.50, 20% off` -> it costs twelve point five zero dollars twenty percent off."""
+    """The words a listener hears, lower case: `It costs $12.50, 20% off` -> it costs twelve point five zero dollars
+    twenty percent off."""
     text = _MONEY.sub(lambda m: f"{m.group(2)} {_CURRENCY[m.group(1)]}", text.lower().replace("’", "'"))
     text = _NUMBER.sub(_spell_number, text)
     for symbol, word in _SYMBOLS.items():
@@ -174,6 +178,7 @@ def split_heard(references: list[list[str]], heard: list[str]) -> list[list[str]
 
 # -- audio ----------------------------------------------------------------------------------------
 
+
 def silence_share(audio: np.ndarray, rate: int, level_db: float) -> float:
     """Share of 20 ms frames whose RMS level is below `level_db` dBFS."""
     frame = max(1, rate // 50)
@@ -198,10 +203,13 @@ def check_gate(cfg: ValidateConfig, device: str | None = None) -> None:
         return
     check_recogniser_installed(cfg)
     if device == "cpu" and cfg.recogniser == "hf-whisper" and cfg.asr_device == "cuda":
-        raise ConfigError("validate.asr_device=cuda, but this slot runs on the CPU: set validate.asr_device=auto or cpu")
+        raise ConfigError(
+            "validate.asr_device=cuda, but this slot runs on the CPU: set validate.asr_device=auto or cpu"
+        )
 
 
 # -- the gate -------------------------------------------------------------------------------------
+
 
 @dataclass
 class Take:
@@ -254,7 +262,9 @@ class Gate:
         own checks' time plus its share of that call.
         """
         verdicts = [self._signal(take) for take in takes]
-        asked = [i for i, verdict in enumerate(verdicts) if isinstance(verdict, dict) and self._asr_wanted(takes[i], verdict)]
+        asked = [
+            i for i, verdict in enumerate(verdicts) if isinstance(verdict, dict) and self._asr_wanted(takes[i], verdict)
+        ]
         started = time.perf_counter()
         heard, packed = self._transcribe([takes[i] for i in asked])
         share = (time.perf_counter() - started) / max(1, len(asked))
@@ -268,9 +278,11 @@ class Gate:
         started = time.perf_counter()
         cfg, words = self.cfg, spoken_words(take.text)
         per_word = len(take.audio) / take.rate / max(1, len(words))
-        scores = {"seconds_per_word": round(per_word, 4),
-                  "silence": round(silence_share(take.audio, take.rate, cfg.silence_db), 4),
-                  "clipped": round(float(np.mean(np.abs(take.audio) >= cfg.clip_level)), 5)}
+        scores = {
+            "seconds_per_word": round(per_word, 4),
+            "silence": round(silence_share(take.audio, take.rate, cfg.silence_db), 4),
+            "clipped": round(float(np.mean(np.abs(take.audio) >= cfg.clip_level)), 5),
+        }
         try:
             self._limit("short", per_word, cfg.min_seconds_per_word, scores, below=True)
             self._limit("long", per_word, cfg.max_seconds_per_word, scores)
@@ -304,8 +316,12 @@ class Gate:
             try:
                 heard = many(audio, pack=True) if self.packs else many(audio)
             except Exception as exc:  # e.g. out of GPU memory at this batch size
-                log.warning("the recogniser failed on %d takes at once (%s: %s); trying them one at a time",
-                            len(audio), type(exc).__name__, exc)
+                log.warning(
+                    "the recogniser failed on %d takes at once (%s: %s); trying them one at a time",
+                    len(audio),
+                    type(exc).__name__,
+                    exc,
+                )
             else:
                 return unpack(takes, heard) if self.packs else (heard, [0] * len(audio))
         heard = []
@@ -317,8 +333,11 @@ class Gate:
         return heard, [0] * len(audio)
 
     def _scored(self, take: Take, scores: dict, heard: str, packed: int = 0):
-        scores.update(asr=self.cfg.recogniser, heard=heard[:1000],
-                      wer=round(word_error_rate(spoken_words(take.text), spoken_words(heard)), 4))
+        scores.update(
+            asr=self.cfg.recogniser,
+            heard=heard[:1000],
+            wer=round(word_error_rate(spoken_words(take.text), spoken_words(heard)), 4),
+        )
         if packed:
             scores["asr_packed"] = packed
         try:
@@ -366,6 +385,7 @@ def open_gate(cfg: ValidateConfig) -> Gate | None:
     lexicon = english_lexicon() if recogniser is not None else None
     gate = Gate(cfg, recogniser, lexicon)
     at_once = f"{gate.batch_rows} windows of packed takes" if gate.packs else f"{gate.batch_rows} takes"
-    log.info("quality gate on (recogniser %s, %s at a time), loaded in %.2fs", cfg.recogniser, at_once,
-             time.time() - started)
+    log.info(
+        "quality gate on (recogniser %s, %s at a time), loaded in %.2fs", cfg.recogniser, at_once, time.time() - started
+    )
     return gate

@@ -4,6 +4,7 @@
 convtts/gate/whisper.py), `whisper` (openai-whisper) and `faster-whisper` (CTranslate2) on local
 weights. A recogniser has transcribe(audio); a batched one also transcribe_many(takes).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,8 +42,9 @@ class OpenAIWhisper:
         self.fp16 = self.model.device.type == "cuda"
 
     def transcribe(self, audio16k: np.ndarray) -> str:
-        result = self.model.transcribe(audio16k, language="en", temperature=0.0, fp16=self.fp16,
-                                       condition_on_previous_text=False)
+        result = self.model.transcribe(
+            audio16k, language="en", temperature=0.0, fp16=self.fp16, condition_on_previous_text=False
+        )
         return result["text"]
 
 
@@ -60,10 +62,12 @@ class FasterWhisper:
 
 
 # name -> (class, module it imports, what to pip install)
-RECOGNISER_CLASSES = {"pocketsphinx": (PocketSphinx, "pocketsphinx", "pocketsphinx==5.0.4"),
-                      "hf-whisper": (TransformersWhisper, "transformers", "transformers>=5"),
-                      "whisper": (OpenAIWhisper, "whisper", "openai-whisper"),
-                      "faster-whisper": (FasterWhisper, "faster_whisper", "faster-whisper")}
+RECOGNISER_CLASSES = {
+    "pocketsphinx": (PocketSphinx, "pocketsphinx", "pocketsphinx==5.0.4"),
+    "hf-whisper": (TransformersWhisper, "transformers", "transformers>=5"),
+    "whisper": (OpenAIWhisper, "whisper", "openai-whisper"),
+    "faster-whisper": (FasterWhisper, "faster_whisper", "faster-whisper"),
+}
 
 
 def check_recogniser_installed(cfg: ValidateConfig) -> None:
@@ -75,8 +79,10 @@ def check_recogniser_installed(cfg: ValidateConfig) -> None:
         if importlib.util.find_spec(module) is None:
             extra = "validate-gpu" if cfg.recogniser == "hf-whisper" else "validate"
             spec = f"'{package}'" if any(c in package for c in "<>") else package  # quoted for the shell
-            raise ConfigError(f"validate.recogniser={cfg.recogniser} needs {package}: pip install {spec} "
-                              f"(or pip install 'convtts[{extra}]'), or set validate.recogniser=none")
+            raise ConfigError(
+                f"validate.recogniser={cfg.recogniser} needs {package}: pip install {spec} "
+                f"(or pip install 'convtts[{extra}]'), or set validate.recogniser=none"
+            )
 
 
 def load_recogniser(cfg: ValidateConfig):

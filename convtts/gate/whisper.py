@@ -14,6 +14,7 @@ transcribe and no timestamps. Each row stops at end-of-text or at a length bound
 audio's duration (for a packed window, the sum of its takes' bounds), so a take that babbles, or a
 random-weight decoder, cannot run to the model's 448 positions.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ def token_limit(samples: int, room: int) -> int:
 
 def windows(audio: np.ndarray) -> list[np.ndarray]:
     """The take in windows of at most 30 s (one, almost always: segments are short)."""
-    return [audio[start:start + WINDOW] for start in range(0, max(len(audio), 1), WINDOW)]
+    return [audio[start : start + WINDOW] for start in range(0, max(len(audio), 1), WINDOW)]
 
 
 def pack_takes(lengths: list[int]) -> list[list[int]]:
@@ -88,14 +89,23 @@ class TransformersWhisper:
         self.device = pick_device(cfg)
         self.dtype = getattr(torch, DTYPES[cfg.asr_precision]) if self.device != "cpu" else torch.float32
         path = cfg.model_path
-        self.model = WhisperForConditionalGeneration.from_pretrained(
-            path, dtype=self.dtype, local_files_only=True).to(self.device).eval()
+        self.model = (
+            WhisperForConditionalGeneration.from_pretrained(path, dtype=self.dtype, local_files_only=True)
+            .to(self.device)
+            .eval()
+        )
         self.features = WhisperFeatureExtractor.from_pretrained(path, local_files_only=True)
         self.tokenizer = WhisperTokenizer.from_pretrained(path, local_files_only=True)
         self.batch = cfg.asr_batch
         self._token_rules()
-        log.info("Whisper from %s on %s in %s, %d windows a batch, loaded in %.1fs", path, self.device,
-                 str(self.dtype).removeprefix("torch."), self.batch, time.time() - started)
+        log.info(
+            "Whisper from %s on %s in %s, %d windows a batch, loaded in %.1fs",
+            path,
+            self.device,
+            str(self.dtype).removeprefix("torch."),
+            self.batch,
+            time.time() - started,
+        )
 
     def _token_rules(self) -> None:
         """The decoder's prompt and what it may not say, from the checkpoint's generation config."""
@@ -104,7 +114,11 @@ class TransformersWhisper:
         settings, tokens = self.model.generation_config, self.tokenizer.convert_tokens_to_ids
         self.end = tokens("<|endoftext|>")
         task = [tokens("<|en|>"), tokens("<|transcribe|>")] if getattr(settings, "is_multilingual", True) else []
-        self.prompt = [tokens("<|startoftranscript|>"), *task, tokens("<|notimestamps|>")]  # an .en model: no task tokens
+        self.prompt = [
+            tokens("<|startoftranscript|>"),
+            *task,
+            tokens("<|notimestamps|>"),
+        ]  # an .en model: no task tokens
         vocab = self.model.config.vocab_size
         # Text only: no special token or timestamp after the prompt, and the checkpoint's own list
         # (the released ones suppress symbols Whisper was not trained to say).
@@ -121,11 +135,14 @@ class TransformersWhisper:
         """A transcript per take (16 kHz mono float), asr_batch windows at a time. With `pack`, takes
         share windows (pack_takes), and the answer is a Heard per window, naming its takes."""
         groups = pack_takes([len(take) for take in takes]) if pack else [[number] for number in range(len(takes))]
-        pieces = [(number, audio, limit) for number, group in enumerate(groups)
-                  for audio, limit in self._windows(group, takes)]
+        pieces = [
+            (number, audio, limit)
+            for number, group in enumerate(groups)
+            for audio, limit in self._windows(group, takes)
+        ]
         texts = [""] * len(groups)
         for start in range(0, len(pieces), self.batch):
-            part = pieces[start:start + self.batch]
+            part = pieces[start : start + self.batch]
             heard = self._recognise([audio for _, audio, _ in part], [limit for _, _, limit in part])
             for (number, _, _), text in zip(part, heard):
                 texts[number] = f"{texts[number]} {text.strip()}".lstrip()
@@ -169,7 +186,9 @@ class TransformersWhisper:
         done = torch.zeros(rows, dtype=torch.bool, device=device)
         cache, said = None, []
         for step in range(max(limits)):
-            out = self.model(encoder_outputs=encoder, decoder_input_ids=step_input, past_key_values=cache, use_cache=True)
+            out = self.model(
+                encoder_outputs=encoder, decoder_input_ids=step_input, past_key_values=cache, use_cache=True
+            )
             cache, logits = out.past_key_values, out.logits[:, -1].float()
             logits[:, self.never] = -math.inf
             if step == 0:
@@ -206,6 +225,12 @@ def recogniser_gpu_mb(cfg: ValidateConfig) -> int:
     width = 2 if cfg.asr_precision in ("bf16", "fp16") else 4
     frames = dims.get("max_source_positions", 1500)
     tokens = dims.get("max_target_positions", 448)
-    per_window = width * 2 * (frames * (dims["decoder_layers"] * dims["d_model"] + dims["encoder_ffn_dim"])
-                              + tokens * dims["decoder_layers"] * dims["d_model"])
+    per_window = (
+        width
+        * 2
+        * (
+            frames * (dims["decoder_layers"] * dims["d_model"] + dims["encoder_ffn_dim"])
+            + tokens * dims["decoder_layers"] * dims["d_model"]
+        )
+    )
     return round((checkpoint_parameters(path) * width + cfg.asr_batch * per_window) / 2**20)

@@ -1,1 +1,2 @@
-"""Reading and planning: the input file, text cleaning and splitting, ids, voices, shards (entry: python -m convtts.plan)."""
+"""Reading and planning: the input file, text cleaning and splitting, ids, voices, shards (entry: python -m
+convtts.plan)."""

@@ -1,4 +1,5 @@
 """python -m convtts.plan: the same as preprocess.py."""
+
 import sys
 
 from convtts.plan.command import main

@@ -1,4 +1,5 @@
 """Check the config and input, then make (or keep) the plan: which segments to speak, in which shards."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,15 +9,20 @@ import sys
 from pathlib import Path
 
 from convtts import EXIT_DISK_FULL, EXIT_OK
-from convtts.gate.quality import check_gate
-from convtts.speak import check_backend
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
-from convtts.state.layout import Layout
+from convtts.gate.quality import check_gate
 from convtts.plan.planner import (
-    PLAN_VERSION, earlier_version_with_same_ids, make_plan, missing_plan_files, plan_is_fresh, plan_matches,
+    PLAN_VERSION,
+    earlier_version_with_same_ids,
+    make_plan,
+    missing_plan_files,
+    plan_is_fresh,
+    plan_matches,
 )
 from convtts.plan.reader import InputError
+from convtts.speak import check_backend
+from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full, write_atomic
 
 log = logging.getLogger("preprocess")
@@ -32,8 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     chosen.add_argument("--count", type=int, help="speak this many conversations (select.count)")
     parser.add_argument("--seed", type=int, help="selection seed (select.seed)")
     parser.add_argument("--validate", action="store_true", help="check config and input, write nothing")
-    parser.add_argument("--force", action="store_true",
-                        help="replan even though synthesis work from another plan exists (that work is deleted)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replan even though synthesis work from another plan exists (that work is deleted)",
+    )
     return parser.parse_args(argv)
 
 
@@ -84,13 +93,22 @@ def update_plan(source: Path, layout: Layout, config, force: bool) -> None:
         return
     missing = missing_plan_files(layout) if plan_matches(source, layout, config) else []
     if missing:
-        log.warning("plan files missing: %s; remaking the plan from %s: the same input and settings give the "
-                    "same shards, so the work spoken for them is kept", ", ".join(p.name for p in missing), source)
+        log.warning(
+            "plan files missing: %s; remaking the plan from %s: the same input and settings give the "
+            "same shards, so the work spoken for them is kept",
+            ", ".join(p.name for p in missing),
+            source,
+        )
     older = earlier_version_with_same_ids(source, layout, config)
     if older is not None:
-        log.warning("the plan in %s is in the format of plan version %d; remaking it in version %d from %s: "
-                    "the ids are the same, so the work spoken for them is kept", layout.plan_dir, older,
-                    PLAN_VERSION, source)
+        log.warning(
+            "the plan in %s is in the format of plan version %d; remaking it in version %d from %s: "
+            "the ids are the same, so the work spoken for them is kept",
+            layout.plan_dir,
+            older,
+            PLAN_VERSION,
+            source,
+        )
     print(describe(build(source, layout, config, force, same_plan=bool(missing) or older is not None)))
 
 
@@ -98,9 +116,11 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
     """Make a new plan; refuse to orphan audio spoken from a different plan unless forced."""
     stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
     if stale_work and not force:
-        fail(f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
-             "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
-             "or --force to replan and delete that work")
+        fail(
+            f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
+            "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
+            "or --force to replan and delete that work"
+        )
     created = not layout.root.exists()
     try:
         return make_plan(source, layout, config, before_install=lambda: discard_work(layout) if stale_work else None)

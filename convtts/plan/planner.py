@@ -1,4 +1,5 @@
 """Make the plan: stable ids, a seeded selection, cleaned segments with voices, packed into shard files."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,10 +19,10 @@ from pathlib import Path
 import orjson
 
 from convtts.config import PLAN_GROUPS, Config, SelectConfig, to_dict
-from convtts.state.layout import Layout, shard_name
 from convtts.plan.reader import InputError, json_type, read_spans, records
 from convtts.plan.textclean import clean, split_segments
 from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
+from convtts.state.layout import Layout, shard_name
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +34,20 @@ SAME_IDS_SINCE = 1
 PROGRESS_EVERY = 100_000
 MAX_ID_CHARS = 96  # room for '-000-00.flac' and a duplicate suffix within any file-name limit
 ROLES = {
-    "human": "human", "user": "human",
-    "gpt": "assistant", "assistant": "assistant", "model": "assistant", "chatgpt": "assistant",
-    "bing": "assistant", "bard": "assistant",
+    "human": "human",
+    "user": "human",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
     "system": "system",
 }
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 # --- ids ---------------------------------------------------------------------------------------
+
 
 def _digest(text: str, size: int) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).digest()
@@ -92,6 +99,7 @@ def unique_ids(bases: list[str]) -> list[str]:
 
 # --- selection (voices: convtts/plan/voices.py) ---------------------------------------------
 
+
 def id_hash(seed: int, cid: str) -> int:
     return int.from_bytes(_digest(f"{seed}\0{cid}", 8), "big")
 
@@ -111,6 +119,7 @@ def select(ids: list[str], config: SelectConfig) -> list[int]:
 
 # --- one conversation ----------------------------------------------------------------------------
 
+
 def turn_problem(item, side: str | None, config: Config) -> str | None:
     """Why a turn is not spoken before its text is even cleaned, or None."""
     if not isinstance(item, dict):
@@ -128,7 +137,9 @@ def turn_problem(item, side: str | None, config: Config) -> str | None:
     return None
 
 
-def plan_conversation(cid: str, record: dict, config: Config, casting: Casting | None = None) -> tuple[list[dict], list[dict]]:
+def plan_conversation(
+    cid: str, record: dict, config: Config, casting: Casting | None = None
+) -> tuple[list[dict], list[dict]]:
     """(segments to speak, skipped turns) of one record; ids are {conversation}-{turn:03d}-{segment:02d}.
 
     `casting` is Casting.of(config.speakers, voice_names(...)) when there is a pool.
@@ -144,15 +155,32 @@ def plan_conversation(cid: str, record: dict, config: Config, casting: Casting |
             source = item.get("value", item.get("content"))
             text, reason = clean(source)
         if reason is not None:
-            skipped.append({"id": f"{cid}-{turn:03d}", "conversation_id": cid, "source_id": record.get("id"),
-                            "turn": turn, "role": role, "status": "skipped", "reason": reason})
+            skipped.append(
+                {
+                    "id": f"{cid}-{turn:03d}",
+                    "conversation_id": cid,
+                    "source_id": record.get("id"),
+                    "turn": turn,
+                    "role": role,
+                    "status": "skipped",
+                    "reason": reason,
+                }
+            )
             continue
         speaker = casting.turn(cid, turn, side, voices)
         for number, piece in enumerate(split_segments(text, config.text.max_words)):
             segment = {
-                "id": f"{cid}-{turn:03d}-{number:02d}", "conversation_id": cid, "source_id": record.get("id"),
-                "turn": turn, "segment": number, "role": role, "side": side, "speaker": speaker,
-                "text": piece, "source_text": source, "words": len(piece.split()),
+                "id": f"{cid}-{turn:03d}-{number:02d}",
+                "conversation_id": cid,
+                "source_id": record.get("id"),
+                "turn": turn,
+                "segment": number,
+                "role": role,
+                "side": side,
+                "speaker": speaker,
+                "text": piece,
+                "source_text": source,
+                "words": len(piece.split()),
             }
             if number:  # the turn's text once, on its first segment: the plan grows with the text
                 del segment["source_text"]
@@ -178,12 +206,17 @@ def plan_batch(batch: list[tuple[str, bytes]], config: Config, casting: Casting)
         # The record as it came, byte for byte, when it fits on one line (compact arrays, JSON lines).
         raw = raw.strip()
         body = raw if b"\n" not in raw and b"\r" not in raw else orjson.dumps(record)
-        out.append((
-            len(segments), b"".join(orjson.dumps(s) + b"\n" for s in segments),
-            b'{"conversation_id":' + orjson.dumps(cid) + b',"record":' + body + b"}\n",
-            b"".join(orjson.dumps(s) + b"\n" for s in skipped),
-            len({s["turn"] for s in segments}), sum(s["words"] for s in segments), len(skipped),
-        ))
+        out.append(
+            (
+                len(segments),
+                b"".join(orjson.dumps(s) + b"\n" for s in segments),
+                b'{"conversation_id":' + orjson.dumps(cid) + b',"record":' + body + b"}\n",
+                b"".join(orjson.dumps(s) + b"\n" for s in skipped),
+                len({s["turn"] for s in segments}),
+                sum(s["words"] for s in segments),
+                len(skipped),
+            )
+        )
     return out
 
 
@@ -229,6 +262,7 @@ def _planned(items, config: Config, total: int, workers: int):
 
 
 # --- writing the plan ---------------------------------------------------------------------------
+
 
 class ShardWriter:
     """Packs whole conversations, in order, into shards of about `target` segments."""
@@ -327,8 +361,13 @@ def _read_plan(layout: Layout) -> dict:
     return plan if isinstance(plan, dict) else {}
 
 
-def make_plan(input_path: str | Path, layout: Layout, config: Config,
-              before_install: Callable[[], None] | None = None, workers: int | None = None) -> dict:
+def make_plan(
+    input_path: str | Path,
+    layout: Layout,
+    config: Config,
+    before_install: Callable[[], None] | None = None,
+    workers: int | None = None,
+) -> dict:
     """Build the plan in a staging directory and swap it in whole; InputError leaves the old one."""
     started = time.monotonic()
     info = input_info(input_path)
@@ -344,8 +383,11 @@ def make_plan(input_path: str | Path, layout: Layout, config: Config,
             log.info("selected %d of %d conversations", len(chosen), len(ids))
             writer = ShardWriter(staging, config.shards.segments_per_shard)
             try:
-                counts.update(_write_shards(input_path, ids, spans, chosen, config, writer, skipped,
-                                            workers or min(os.cpu_count() or 1, 8)))
+                counts.update(
+                    _write_shards(
+                        input_path, ids, spans, chosen, config, writer, skipped, workers or min(os.cpu_count() or 1, 8)
+                    )
+                )
             finally:
                 writer.close()
         if input_info(input_path) != info:
@@ -357,8 +399,12 @@ def make_plan(input_path: str | Path, layout: Layout, config: Config,
         _install(staging.plan_dir, layout.plan_dir)
     finally:
         shutil.rmtree(staging.root, ignore_errors=True)
-    log.info("plan made in %.1f s: %d segments in %d shards", time.monotonic() - started,
-             plan["segments"], len(plan["shards"]))
+    log.info(
+        "plan made in %.1f s: %d segments in %d shards",
+        time.monotonic() - started,
+        plan["segments"],
+        len(plan["shards"]),
+    )
     return plan
 
 
@@ -374,9 +420,21 @@ def _index(path, skipped) -> tuple[list[str], tuple[array, array], Counter]:
             lengths.append(length)
         else:
             source = value.get("id") if isinstance(value, dict) else None
-            skipped.write(orjson.dumps({"id": f"record-{index}", "conversation_id": None, "source_id": source,
-                                        "record": index, "turn": None, "role": None, "status": "skipped",
-                                        "reason": problem}) + b"\n")
+            skipped.write(
+                orjson.dumps(
+                    {
+                        "id": f"record-{index}",
+                        "conversation_id": None,
+                        "source_id": source,
+                        "record": index,
+                        "turn": None,
+                        "role": None,
+                        "status": "skipped",
+                        "reason": problem,
+                    }
+                )
+                + b"\n"
+            )
         if records_read % PROGRESS_EVERY == 0:
             log.info("read %d records", records_read)
     counts = Counter(records=records_read, skipped_records=records_read - len(bases))
@@ -390,7 +448,8 @@ def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter,
     items = zip((ids[i] for i in chosen), raws)
     totals = [0, 0, 0, 0, 0]  # conversations, segments, turns, words, skipped turns
     for segments, segment_lines, conversation_line, skipped_lines, turns, words, skips in _planned(
-            items, config, len(chosen), workers):
+        items, config, len(chosen), workers
+    ):
         writer.add(segments, segment_lines, conversation_line)
         skipped.write(skipped_lines)
         for i, n in enumerate((1, segments, turns, words, skips)):
@@ -398,20 +457,29 @@ def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter,
         if totals[0] % PROGRESS_EVERY == 0:
             log.info("planned %d/%d conversations, %d segments", totals[0], len(chosen), totals[1])
     if not totals[1]:
-        raise InputError(f"{path}: nothing to speak: none of the {totals[0]} selected conversations has a turn "
-                         f"with speakable text ({totals[4]} turns skipped: empty, only placeholders, code or links, "
-                         "or roles not in text.speak_roles)")
+        raise InputError(
+            f"{path}: nothing to speak: none of the {totals[0]} selected conversations has a turn "
+            f"with speakable text ({totals[4]} turns skipped: empty, only placeholders, code or links, "
+            "or roles not in text.speak_roles)"
+        )
     return Counter(dict(zip(("conversations", "segments", "turns", "words", "skipped_turns"), totals)))
 
 
 def _summary(fp: str, info: dict, counts: Counter, shards: list[str], config: Config) -> dict:
     return {
-        "version": PLAN_VERSION, "fingerprint": fp, "input": info,
-        "records": counts["records"], "skipped_records": counts["skipped_records"],
-        "conversations": counts["conversations"], "turns": counts["turns"],
-        "skipped_turns": counts["skipped_turns"], "segments": counts["segments"], "words": counts["words"],
+        "version": PLAN_VERSION,
+        "fingerprint": fp,
+        "input": info,
+        "records": counts["records"],
+        "skipped_records": counts["skipped_records"],
+        "conversations": counts["conversations"],
+        "turns": counts["turns"],
+        "skipped_turns": counts["skipped_turns"],
+        "segments": counts["segments"],
+        "words": counts["words"],
         "estimated_hours": round(counts["words"] / config.text.words_per_minute / 60, 3),
-        "shards": shards, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "shards": shards,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 

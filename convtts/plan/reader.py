@@ -1,4 +1,5 @@
 """Stream records out of a JSON array or JSON lines file, with their byte spans, in bounded memory."""
+
 from __future__ import annotations
 
 import re
@@ -14,6 +15,7 @@ CHUNK = 1 << 23  # bytes read at a time from a JSON array
 # regex engine, so the Python loop runs about a dozen times per LLaVA record. A lone '"' is a
 # string cut off by the end of the buffer.
 _NEXT_BRACKET = re.compile(rb'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+([\[\]{}"])', re.S)
+
 
 # The same, for a whole record at once: a value nested up to 8 deep (a LLaVA record is 3), matched
 # inside the regex engine. Bracket kinds are not paired here; orjson checks the record after.
@@ -69,11 +71,14 @@ def records(path: str | Path) -> Iterator[tuple[int, int, int, object, str | Non
         raise InputError(f"{path}: the file holds no records (an empty array?)")
     if not kinds["an object"]:
         found = ", ".join(f"{n} x {kind}" for kind, n in kinds.most_common())
-        raise InputError(f"{path}: expected a JSON array of conversation records or one record object per line, "
-                         f"but found no object ({found})")
+        raise InputError(
+            f"{path}: expected a JSON array of conversation records or one record object per line, "
+            f"but found no object ({found})"
+        )
     if not usable:
-        raise InputError(f"{path}: no record has a usable 'conversations' list "
-                         f"({sum(kinds.values())} read; {first_problem})")
+        raise InputError(
+            f"{path}: no record has a usable 'conversations' list ({sum(kinds.values())} read; {first_problem})"
+        )
 
 
 def record_problem(value) -> str | None:
@@ -88,8 +93,15 @@ def record_problem(value) -> str | None:
     return None if turns else "'conversations' is empty"
 
 
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-               bool: "a boolean", type(None): "null"}
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 def json_type(value) -> str:
@@ -130,7 +142,9 @@ def _scan_lines(fh, path) -> Iterator[tuple[int, int, object]]:
                 hint = ""
                 if lineno == 1 and line.strip() in (b"{", b"["):
                     hint = " (a pretty-printed single object? records must be a JSON array or one per line)"
-                raise InputError(f"{path}: invalid JSON on line {lineno}, column {exc.colno}: {exc.msg}{hint}") from None
+                raise InputError(
+                    f"{path}: invalid JSON on line {lineno}, column {exc.colno}: {exc.msg}{hint}"
+                ) from None
             yield offset, len(line), value
         offset += len(line)
 

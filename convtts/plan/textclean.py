@@ -1,4 +1,5 @@
 """Turn chat text (markdown, HTML, placeholders, emoji) into plain speakable text, then into short segments."""
+
 from __future__ import annotations
 
 import html
@@ -10,14 +11,14 @@ import re
 # Emoji and other pictographs: the emoji planes, misc symbols and dingbats (☀ ✔), arrows (→),
 # geometric shapes used as bullets (■ ▶ ●), stars (⭐), variation selectors, ZWJ, keycaps, tags.
 _PICTOGRAPH = re.compile(
-    "[\U0001F000-\U0001FAFF\U0001FC00-\U0001FFFD\u2600-\u27BF\u2B00-\u2BFF\u2300-\u23FF"
-    "\u25A0-\u25FF\u2190-\u21FF\uFE00-\uFE0F\u200D\u20E3\U000E0000-\U000E007F\u3030\u303D\u3297\u3299]+"
+    "[\U0001f000-\U0001faff\U0001fc00-\U0001fffd\u2600-\u27bf\u2b00-\u2bff\u2300-\u23ff"
+    "\u25a0-\u25ff\u2190-\u21ff\ufe00-\ufe0f\u200d\u20e3\U000e0000-\U000e007f\u3030\u303d\u3297\u3299]+"
 )
 # C0/C1 controls except tab and newline, soft hyphen, zero-width and bidi marks, BOM, private use,
 # lone surrogates.
 _CONTROL = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
-    "\ufeff\ufff9-\ufffb\ue000-\uf8ff\U000F0000-\U0010FFFF\ud800-\udfff]+"
+    "\ufeff\ufff9-\ufffb\ue000-\uf8ff\U000f0000-\U0010ffff\ud800-\udfff]+"
 )
 _NEWLINES = re.compile("\r\n?|[\x85\u2028\u2029]")
 # ```python ... ``` (or ~~~); an unclosed fence runs to the end, as markdown renders it.

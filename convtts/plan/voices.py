@@ -11,6 +11,7 @@ Relative audio paths are read from the manifest's folder. The voices are kept so
 order of the lines does not change which conversation gets which voice. Reading a pool checks its
 structure (every voice has a transcript, no name twice); the backend checks the recordings.
 """
+
 from __future__ import annotations
 
 import csv
@@ -56,7 +57,9 @@ def read_pool(path: str | Path) -> list[PoolVoice]:
 def _unique(voices: list[PoolVoice]) -> list[PoolVoice]:
     for before, voice in zip(voices, voices[1:]):
         if before.name == voice.name:
-            raise ConfigError(f"speakers.pool: voice {voice.name!r} is defined twice ({before.where} and {voice.where})")
+            raise ConfigError(
+                f"speakers.pool: voice {voice.name!r} is defined twice ({before.where} and {voice.where})"
+            )
     return voices
 
 
@@ -65,8 +68,9 @@ def _from_directory(root: Path) -> list[PoolVoice]:
     for audio in sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file()):
         transcripts = [audio.with_suffix(s) for s in TRANSCRIPT_SUFFIXES if audio.with_suffix(s).is_file()]
         if not transcripts:
-            raise ConfigError(f"speakers.pool {root}: {audio.name} has no transcript beside it "
-                              f"({audio.with_suffix('.txt').name})")
+            raise ConfigError(
+                f"speakers.pool {root}: {audio.name} has no transcript beside it ({audio.with_suffix('.txt').name})"
+            )
         name = audio.relative_to(root).with_suffix("").as_posix()
         text = transcripts[0].read_text(encoding="utf-8", errors="replace").strip()
         voices.append(_voice(name, str(audio.resolve()), text, str(transcripts[0])))
@@ -92,8 +96,10 @@ def _from_csv(path: Path) -> list[PoolVoice]:
     rows = csv.DictReader(_read(path).splitlines())
     missing = {"audio", "text"} - set(rows.fieldnames or ())
     if missing:
-        raise ConfigError(f"speakers.pool {path}: its header row must name the columns audio and text "
-                          f"(and name); it has {rows.fieldnames}")
+        raise ConfigError(
+            f"speakers.pool {path}: its header row must name the columns audio and text "
+            f"(and name); it has {rows.fieldnames}"
+        )
     return [_entry(row, path, f"{path.name} line {number}") for number, row in enumerate(rows, 2)]
 
 
@@ -126,6 +132,7 @@ def _voice(name: str, audio: str, text: str, where: str) -> PoolVoice:
 
 # --- what the plan sees of a pool --------------------------------------------------------------
 
+
 def voice_names(config: SpeakerConfig) -> tuple[str, ...]:
     """The voices the plan assigns: the pool's (sorted by name), or speakers.voices without a pool.
 
@@ -153,6 +160,7 @@ def names_digest(names: tuple[str, ...]) -> str:
 
 # --- who speaks what --------------------------------------------------------------------------
 
+
 def _number(*key) -> int:
     """The seeded number a pick takes: blake2b of the key's parts (the planner's ids use the same hash)."""
     text = "\0".join(map(str, key))
@@ -163,7 +171,9 @@ def _pick(pool: Sequence[str], *key) -> str:
     return pool[_number(*key) % len(pool)]
 
 
-def _pick_without(pool: Sequence[str], places: dict[str, tuple[int, ...]], left_out: tuple[str, ...], *key) -> str | None:
+def _pick_without(
+    pool: Sequence[str], places: dict[str, tuple[int, ...]], left_out: tuple[str, ...], *key
+) -> str | None:
     """_pick from `pool` with the voices `left_out` taken out of it, without copying it (None if none is left).
 
     The same voice as _pick([v for v in pool if v not in left_out], *key), in constant time for a pool
@@ -210,8 +220,9 @@ class Casting:
         if self.config.policy == "single":
             return dict.fromkeys(("human", "assistant", "system"), self.voices[0])
         human = _pick(self.human, seed, cid, "human")
-        assistant = (_pick_without(self.assistant, self.assistant_places, (human,), seed, cid, "assistant")
-                     or _pick(self.assistant, seed, cid, "assistant"))
+        assistant = _pick_without(self.assistant, self.assistant_places, (human,), seed, cid, "assistant") or _pick(
+            self.assistant, seed, cid, "assistant"
+        )
         system = _pick_without(self.voices, self.voice_places, (human, assistant), seed, cid, "system") or assistant
         return {"human": human, "assistant": assistant, "system": system}
 

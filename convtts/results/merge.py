@@ -1,4 +1,5 @@
 """Merge the per-shard work files into the outputs people load: manifest, failures, conversations, summary."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
-from convtts.state.layout import Layout, WorkListing
 from convtts.results.report import QualityTally
+from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import disk_full_text, is_disk_full, load_done, load_failures, read_json, read_jsonl
 
 
@@ -146,7 +147,9 @@ def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failur
             totals.failed += 1
             totals.quality.add_failure(failed[uid])
         else:
-            pending = {k: segment.get(k) for k in ("id", "conversation_id", "turn", "segment", "role", "speaker", "text")}
+            pending = {
+                k: segment.get(k) for k in ("id", "conversation_id", "turn", "segment", "role", "speaker", "text")
+            }
             pending.update(status="pending", reason="not synthesised yet (the run stopped before it)")
             failures.write(orjson.dumps(pending) + b"\n")
             totals.pending += 1
@@ -177,13 +180,21 @@ def make_summary(layout: Layout, t: Totals, started: float | None) -> dict:
     wall = time.time() - started if started else None
     rate = t.run_audio_seconds / wall if wall else None
     return {
-        "conversations": t.conversations, "segments": t.segments, "done": t.done, "failed": t.failed,
-        "pending": t.pending, "skipped_turns": t.skipped_turns, "audio_seconds": round(t.audio_seconds, 3),
-        "audio_hours": round(t.audio_seconds / 3600, 4), "backends": sorted(b for b in t.backends if b),
-        "estimated_hours": plan.get("estimated_hours"), "complete": t.failed == 0 and t.pending == 0,
+        "conversations": t.conversations,
+        "segments": t.segments,
+        "done": t.done,
+        "failed": t.failed,
+        "pending": t.pending,
+        "skipped_turns": t.skipped_turns,
+        "audio_seconds": round(t.audio_seconds, 3),
+        "audio_hours": round(t.audio_seconds / 3600, 4),
+        "backends": sorted(b for b in t.backends if b),
+        "estimated_hours": plan.get("estimated_hours"),
+        "complete": t.failed == 0 and t.pending == 0,
         "quality": t.quality.summary(),
         "this_run": {
-            "utterances": t.run_utterances, "audio_seconds": round(t.run_audio_seconds, 3),
+            "utterances": t.run_utterances,
+            "audio_seconds": round(t.run_audio_seconds, 3),
             "wall_seconds": round(wall, 3) if wall else None,
             "audio_seconds_per_second": round(rate, 4) if rate else None,
             "real_time_factor": round(wall / t.run_audio_seconds, 4) if wall and t.run_audio_seconds else None,
@@ -202,25 +213,38 @@ def summary_text(s: dict) -> str:
     ]
     if run["wall_seconds"]:
         factor = run["real_time_factor"]
-        lines.append(f"wall time {run['wall_seconds']:.1f} s, {run['audio_seconds_per_second'] or 0:.2f} audio s/s, "
-                     f"real-time factor {factor if factor is not None else 'n/a'}")
+        lines.append(
+            f"wall time {run['wall_seconds']:.1f} s, {run['audio_seconds_per_second'] or 0:.2f} audio s/s, "
+            f"real-time factor {factor if factor is not None else 'n/a'}"
+        )
     quality = s.get("quality") or {}
     if quality.get("gated") or quality.get("failed_by_reason"):
         wer = quality["wer"]
-        heard = f"ASR WER mean {wer['mean']:.3f}, p90 {wer['p90']:.3f} over {wer['scored']}" if wer["scored"] else "no ASR scores"
-        lines.append(f"quality gate: {quality['gated']} passed, {quality['respoken']} of them re-spoken; {heard}; "
-                     f"failed by reason {quality['failed_by_reason'] or 'none'} (python -m convtts.results.report for a page)")
+        heard = (
+            f"ASR WER mean {wer['mean']:.3f}, p90 {wer['p90']:.3f} over {wer['scored']}"
+            if wer["scored"]
+            else "no ASR scores"
+        )
+        lines.append(
+            f"quality gate: {quality['gated']} passed, {quality['respoken']} of them re-spoken; {heard}; "
+            f"failed by reason {quality['failed_by_reason'] or 'none'} (python -m convtts.results.report for a page)"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="merge shard results into manifest.jsonl, failures.jsonl, conversations.json, summary.json")
+    p = argparse.ArgumentParser(
+        description="merge shard results into manifest.jsonl, failures.jsonl, conversations.json, summary.json"
+    )
     p.add_argument("output_dir")
     p.add_argument("--run-id")
     p.add_argument("--started", type=float, help="epoch seconds the run started, for wall time and rate")
-    p.add_argument("--no-audio-check", action="store_true",
-                   help="count each manifest row without opening its audio (saves 0.2 to 0.35 ms of CPU a "
-                        "file, most of a large merge; for benchmarks, or audio checked otherwise)")
+    p.add_argument(
+        "--no-audio-check",
+        action="store_true",
+        help="count each manifest row without opening its audio (saves 0.2 to 0.35 ms of CPU a "
+        "file, most of a large merge; for benchmarks, or audio checked otherwise)",
+    )
     args = p.parse_args(argv)
     layout = Layout(args.output_dir)
     if not layout.plan_file.is_file():
@@ -231,8 +255,10 @@ def main(argv=None) -> int:
     except OSError as exc:
         if not is_disk_full(exc):
             raise
-        print(f"error: {disk_full_text(exc)}; the previous results in {layout.root} are left as they were",
-              file=sys.stderr)
+        print(
+            f"error: {disk_full_text(exc)}; the previous results in {layout.root} are left as they were",
+            file=sys.stderr,
+        )
         return EXIT_DISK_FULL
     print(summary_text(summary))
     return EXIT_OK if summary["complete"] else EXIT_FAILURES

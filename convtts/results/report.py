@@ -1,4 +1,6 @@
-"""Quality figures for summary.json (QualityTally, fed by merge) and report.html: `python -m convtts.results.report OUT`."""
+"""Quality figures for summary.json (QualityTally, fed by merge) and report.html: `python -m convtts.results.report
+OUT`."""
+
 from __future__ import annotations
 
 import argparse
@@ -52,13 +54,22 @@ class QualityTally:
             return None
         wers = np.asarray(self.wers, dtype=float)
         return {
-            "gated": self.gated, "respoken": self.respoken,
+            "gated": self.gated,
+            "respoken": self.respoken,
             "respoken_share": round(self.respoken / self.gated, 4) if self.gated else None,
             "respeaks": self.respeaks,
-            "wer": {"scored": int(wers.size), "mean": _round(wers.mean()), "p50": _round(np.percentile(wers, 50)),
-                    "p90": _round(np.percentile(wers, 90)), "p99": _round(np.percentile(wers, 99)),
-                    "max": _round(wers.max())} if wers.size else {"scored": 0},
-            "asr_skipped": dict(self.asr_skipped), "failed_by_reason": dict(self.failed_by_reason),
+            "wer": {
+                "scored": int(wers.size),
+                "mean": _round(wers.mean()),
+                "p50": _round(np.percentile(wers, 50)),
+                "p90": _round(np.percentile(wers, 90)),
+                "p99": _round(np.percentile(wers, 99)),
+                "max": _round(wers.max()),
+            }
+            if wers.size
+            else {"scored": 0},
+            "asr_skipped": dict(self.asr_skipped),
+            "failed_by_reason": dict(self.failed_by_reason),
             "gate_seconds": round(self.gate_seconds, 3),
         }
 
@@ -68,6 +79,7 @@ def _round(value) -> float:
 
 
 # -- the page ------------------------------------------------------------------------------------
+
 
 def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
     """Durations, WER (where scored) and hours per speaker, side by side, as one PNG."""
@@ -115,8 +127,10 @@ def chart_labels(names: list[str]) -> dict[str, str]:
     from matplotlib import font_manager, ft2font
 
     charmap = ft2font.FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap()
-    return {name: name if all(ord(c) in charmap for c in name) else f"speaker {number}"
-            for number, name in enumerate(names, 1)}
+    return {
+        name: name if all(ord(c) in charmap for c in name) else f"speaker {number}"
+        for number, name in enumerate(names, 1)
+    }
 
 
 def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> str:
@@ -131,15 +145,21 @@ def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> 
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}</style>",
         f"<h1>{html.escape(str(layout.root))}</h1>",
-        f"<img alt='duration and WER histograms, hours per speaker' src='data:image/png;base64,{base64.b64encode(png).decode()}'>",
-        "<h2>Summary</h2>", _table(["figure", "value"], figures.items()),
-        "<h2>Hours per speaker</h2>", _speaker_table(rows),
-        "<h2>Quality gate</h2>", _table(["figure", "value"], _flat(quality)) if quality else "<p>validate was off.</p>",
+        f"<img alt='duration and WER histograms, hours per speaker' "
+        f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>",
+        "<h2>Summary</h2>",
+        _table(["figure", "value"], figures.items()),
+        "<h2>Hours per speaker</h2>",
+        _speaker_table(rows),
+        "<h2>Quality gate</h2>",
+        _table(["figure", "value"], _flat(quality)) if quality else "<p>validate was off.</p>",
         f"<h2>Failed ({len(failed)})</h2>",
         _table(["id", "reason", "text"], [(f["id"], f.get("reason"), f.get("text")) for f in failed[:200]]),
         f"<h2>Re-spoken ({len(respoken)})</h2>",
-        _table(["id", "takes refused", "heard at last"],
-               [(r["id"], "; ".join(r.get("respoken_for", [])), r["quality"].get("heard", "")) for r in respoken[:200]]),
+        _table(
+            ["id", "takes refused", "heard at last"],
+            [(r["id"], "; ".join(r.get("respoken_for", [])), r["quality"].get("heard", "")) for r in respoken[:200]],
+        ),
     ]
     return "\n".join(parts) + "\n"
 
@@ -159,7 +179,9 @@ def _flat(data: dict, prefix: str = ""):
 
 
 def _table(header, rows) -> str:
-    cells = lambda tag, values: "<tr>" + "".join(f"<{tag}>{html.escape(str(v))}</{tag}>" for v in values) + "</tr>"
+    def cells(tag, values):
+        return "<tr>" + "".join(f"<{tag}>{html.escape(str(v))}</{tag}>" for v in values) + "</tr>"
+
     return "<table>" + cells("th", header) + "".join(cells("td", r) for r in rows) + "</table>"
 
 
@@ -184,12 +206,17 @@ def write_report(layout: Layout, target=None):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="write OUT/report.html: duration and WER histograms, hours per speaker, failures")
+    p = argparse.ArgumentParser(
+        description="write OUT/report.html: duration and WER histograms, hours per speaker, failures"
+    )
     p.add_argument("output_dir")
     args = p.parse_args(argv)
     layout = Layout(args.output_dir)
     if not layout.manifest_file.is_file():
-        print(f"error: no manifest.jsonl in {layout.root} (run run_all.sh, or python -m convtts.results.merge, first)", file=sys.stderr)
+        print(
+            f"error: no manifest.jsonl in {layout.root} (run run_all.sh, or python -m convtts.results.merge, first)",
+            file=sys.stderr,
+        )
         return 2
     try:
         print(write_report(layout))

@@ -3,13 +3,15 @@
 The batch is fed from the worker's queue, which its slot tops up before it runs dry (the worker's
 refill), so rows stay full across pieces and shards; a batch ends when the queue is empty, a
 rebuild is due, or an utterance must be spoken alone. Each utterance keeps what the one-at-a-time
-path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is retried in a later batch up to workers.max_attempts;
+path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is retried in a later
+batch up to workers.max_attempts;
 a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks
 (finished takes are judged in groups that fill the recogniser's batch, validate.asr_batch takes or,
 packed, windows, before any is written);
 a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
 killed a worker before is spoken alone, so it cannot take a batch down with it again.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,7 +23,15 @@ from typing import Protocol
 import numpy as np
 
 from convtts.run.utterance import (
-    Attempt, Context, Host, check_audio, failure_row, note_error, quality_failure_row, respeak, write_take,
+    Attempt,
+    Context,
+    Host,
+    check_audio,
+    failure_row,
+    note_error,
+    quality_failure_row,
+    respeak,
+    write_take,
 )
 from convtts.speak.base import OutOfMemory, SynthesisError
 from convtts.state.shardio import is_disk_full
@@ -107,19 +117,24 @@ def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception
             retry_or_fail(host, ctx, item, exc, queue)
         return
     # no single utterance is known to be at fault
-    log.warning("a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight))
+    log.warning(
+        "a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight)
+    )
     for item in in_flight.values():
         note_error(item.segment["id"], item.attempt, ctx.settings.max_attempts, exc, item.errors)
         item.attempt += 1  # this attempt counts, as a crash would
         if item.attempt <= ctx.settings.max_attempts:
             host.speak(item)
         else:
-            host.record(item.shard, item.segment["id"], None, failure_row(ctx, item.segment, item.errors, item.attempt - 1))
+            host.record(
+                item.shard, item.segment["id"], None, failure_row(ctx, item.segment, item.errors, item.attempt - 1)
+            )
 
 
 @dataclass
 class HeldTake:
     """A take the backend finished, its samples checked, not yet judged or written."""
+
     item: Attempt
     audio: np.ndarray
     seconds: float  # synthesis time: from the feed handing it over to the backend's result
@@ -132,7 +147,8 @@ def gate_full(ctx: Context, held: list[HeldTake]) -> bool:
     decodes about ten times the tokens of one take, so fuller calls cost less a take: with the tiny
     Whisper on the CPU, 2.5 s takes, 16 windows a batch (bench/whisper_cost.py), 78 ms a take in
     calls of 16 takes, 28 in calls of 64 (the rows of a GPU worker), 19 in calls of 160 (16 full
-    windows); 49 unpacked (noisy: shared cores; single-threaded under load 74, 41, 19 and 62). By audio, not a count of takes: takes of 30 words fill windows three
+    windows); 49 unpacked (noisy: shared cores; single-threaded under load 74, 41, 19 and 62). By audio, not a count
+    of takes: takes of 30 words fill windows three
     times as fast as takes of 10. (Takes the ASR check will skip count too: an estimate.)"""
     if ctx.gate is None:
         return True
@@ -183,7 +199,9 @@ def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> N
     try:
         if isinstance(verdict, BaseException):  # the recogniser failed on this take
             raise verdict
-        row = write_take(ctx, shard, item.segment, take.audio, (item.attempt, item.seed, take.seconds), verdict, item.refused)
+        row = write_take(
+            ctx, shard, item.segment, take.audio, (item.attempt, item.seed, take.seconds), verdict, item.refused
+        )
     except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
         if is_disk_full(exc):
             raise

@@ -1,4 +1,5 @@
 """One device slot: synthesise this slot's shards with K worker processes (started by run_all.sh)."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,11 +10,11 @@ import sys
 import time
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES
+from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
+from convtts.config import ConfigError, load_config
 from convtts.gate.quality import check_gate
 from convtts.gate.whisper import recogniser_gpu_mb
 from convtts.speak import backend_row_mb, backend_rows, check_backend, with_rows
-from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
-from convtts.config import ConfigError, load_config
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full
 
@@ -24,18 +25,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=0, help="this slot's index: it takes shards[rank::world]")
     p.add_argument("--world", type=int, default=1, help="number of slots sharing the shards")
     p.add_argument("--shards", help="comma-separated shard names instead of rank/world")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's index: the node takes shards[node_rank::nodes]")
+    p.add_argument(
+        "--node-rank", type=int, default=0, help="this node's index: the node takes shards[node_rank::nodes]"
+    )
     p.add_argument("--nodes", type=int, default=1, help="nodes sharing the shards; rank/world split the node's share")
-    p.add_argument("--feed", action="store_true",
-                   help="take shards one at a time from a driver: requests on stdout, answers on stdin (convtts.run.feed)")
+    p.add_argument(
+        "--feed",
+        action="store_true",
+        help="take shards one at a time from a driver: requests on stdout, answers on stdin (convtts.run.feed)",
+    )
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: config, else automatic)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu"
+    )
     p.add_argument("--slots-on-node", type=int, default=0, help="slots sharing this node's cores (default: world)")
     p.add_argument("--log-dir", help="folder for the workers' own log files")
     p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"), help="tags this run's manifest rows")
-    p.add_argument("--plan-ready", metavar="FILE",
-                   help="start the workers at once and read the plan once FILE holds its maker's exit code (run_all.sh); "
-                        "the config is then this command's own (--config, --set), not the output's config.yaml")
+    p.add_argument(
+        "--plan-ready",
+        metavar="FILE",
+        help="start the workers at once and read the plan once FILE holds its maker's exit code (run_all.sh); "
+        "the config is then this command's own (--config, --set), not the output's config.yaml",
+    )
     add_config_args(p)
     return p.parse_args(argv)
 
@@ -71,7 +82,7 @@ def main(argv=None) -> int:
     except SlotStopped as exc:
         print(f"slot {args.rank}: stopped by {exc}", file=sys.stderr)
         return 130 if str(exc) == "SIGINT" else 143
-    except Exception as exc:  # noqa: BLE001 - logged, and the exit code tells cron
+    except Exception as exc:
         import logging
 
         if is_disk_full(exc):  # outside the run loop, e.g. making the status folder before workers start
@@ -129,11 +140,16 @@ def check_plan_config(layout: Layout, config) -> None:
     """The workers started before the plan was made, with this slot's own config: it must be the
     plan's (config.yaml, written with it) in everything but the selection."""
     planned = load_config(layout.config_file)
-    differ = [group for group in ("text", "speakers", "shards", "tts", "workers", "output", "validate")
-              if getattr(planned, group) != getattr(config, group)]
+    differ = [
+        group
+        for group in ("text", "speakers", "shards", "tts", "workers", "output", "validate")
+        if getattr(planned, group) != getattr(config, group)
+    ]
     if differ:
-        raise ConfigError(f"the plan in {layout.plan_dir} was made with other {', '.join(differ)} settings "
-                          f"than this slot was given ({layout.config_file})")
+        raise ConfigError(
+            f"the plan in {layout.plan_dir} was made with other {', '.join(differ)} settings "
+            f"than this slot was given ({layout.config_file})"
+        )
 
 
 def node_share(layout: Layout, args: argparse.Namespace) -> list[str]:

@@ -18,6 +18,7 @@ The slot writes requests on one pipe and reads answers on another, a line each:
 "opened" asks for the next answer too; "done" gets none. A closed pipe reads as "": a driver that
 is gone hands out nothing more. The driver writes a shard's stats once every piece of it is done.
 """
+
 from __future__ import annotations
 
 import logging
@@ -171,14 +172,18 @@ class FedWork:
                 piece.new += 1
                 piece.audio += done[uid]["duration"]
             ids = [uid for uid in ids if uid not in done]
-            log.info("piece %d of %s (a lost slot's): %d already spoken, %d to speak", number, shard, piece.new, len(ids))
+            log.info(
+                "piece %d of %s (a lost slot's): %d already spoken, %d to speak", number, shard, piece.new, len(ids)
+            )
         if not ids:
             self.feed.done(number, piece.new, piece.failed, piece.audio)
             return None
         work = self.shards.setdefault(shard, FedShard(shard))
         if not work.words:
-            work.words = {row["id"]: row.get("words") or len(row.get("text", "").split())
-                          for row in read_jsonl(self.layout.shard_file(shard))}
+            work.words = {
+                row["id"]: row.get("words") or len(row.get("text", "").split())
+                for row in read_jsonl(self.layout.shard_file(shard))
+            }
         work.pending.extend(ids)
         for uid in ids:
             self.owner[uid] = piece
@@ -209,8 +214,10 @@ class FedWork:
         charged = piece.in_flight()
         work = self.shards[piece.shard]
         for uid in charged:
-            append_line(self.layout.crashes(piece.shard, self.writer),
-                        {"id": uid, "run": self.run_id, "exitcode": exitcode, "time": time.time()})
+            append_line(
+                self.layout.crashes(piece.shard, self.writer),
+                {"id": uid, "run": self.run_id, "exitcode": exitcode, "time": time.time()},
+            )
             work.crashes[uid] += 1
         remove_temporaries_of(self.layout, piece.shard, pid, tag)
         back = piece.unreported()

@@ -1,4 +1,5 @@
 """A worker's memory, read without extra packages: resident memory from /proc, GPU memory from its backend."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ Returned in answer to HandBack, DiskFull when it had to stop.
 Slot to worker: SpeakPiece (a piece of a shard), Nothing (no ids now: ask again once idle),
 HandBack (give back ids not begun yet: an idle worker will speak them), or Stop.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

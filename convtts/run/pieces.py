@@ -11,6 +11,7 @@ batch, batched) of each other.
 Only the slot opens a shard (the resume bookkeeping, before any worker of this run is on it) and
 writes its stats file, once every id of every piece of it has been reported or handed back.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,14 @@ from dataclasses import dataclass, field
 
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
-    append_line, crash_counts, drop_torn_tail, load_done, read_json, read_jsonl, read_rows_checked, write_atomic,
+    append_line,
+    crash_counts,
+    drop_torn_tail,
+    load_done,
+    read_json,
+    read_jsonl,
+    read_rows_checked,
+    write_atomic,
     write_json_atomic,
 )
 
@@ -103,16 +111,25 @@ class ShardWork:
 
     def stats(self, run_id: str) -> dict:
         return {
-            "shard": self.name, "segments": self.segments, "done": self.already + self.new, "failed": self.failed,
-            "pending": len(self.pending), "new": self.new, "pieces": self.pieces,
-            "audio_seconds": round(self.audio_seconds, 3), "seconds": round(time.time() - self.started, 3), "run": run_id,
+            "shard": self.name,
+            "segments": self.segments,
+            "done": self.already + self.new,
+            "failed": self.failed,
+            "pending": len(self.pending),
+            "new": self.new,
+            "pieces": self.pieces,
+            "audio_seconds": round(self.audio_seconds, 3),
+            "seconds": round(time.time() - self.started, 3),
+            "run": run_id,
         }
 
 
 class WorkQueue:
     """The pending shards of one slot, opened as workers need work, and the pieces handed out."""
 
-    def __init__(self, layout: Layout, shards: list[str], run_id: str, workers: int, listing: WorkListing | None = None):
+    def __init__(
+        self, layout: Layout, shards: list[str], run_id: str, workers: int, listing: WorkListing | None = None
+    ):
         self.layout, self.run_id, self.workers = layout, run_id, workers
         self.taken: list[str] = []  # shards handed to this slot beyond its own (none: see feed.FedWork)
         self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
@@ -185,7 +202,10 @@ class WorkQueue:
         """
         charged = piece.in_flight()
         for uid in charged:
-            append_line(self.layout.crashes(piece.shard), {"id": uid, "run": self.run_id, "exitcode": exitcode, "time": time.time()})
+            append_line(
+                self.layout.crashes(piece.shard),
+                {"id": uid, "run": self.run_id, "exitcode": exitcode, "time": time.time()},
+            )
             self.open[piece.shard].crashes[uid] += 1
         remove_temporaries_of(self.layout, piece.shard, pid, tag)
         back = piece.unreported()
@@ -205,8 +225,15 @@ class WorkQueue:
         stats = work.stats(self.run_id)
         write_json_atomic(self.layout.stats(work.name), stats)  # last: the shard's done marker
         del self.open[work.name]
-        log.info("%s finished: %d of %d spoken (%d now, in %d pieces), %d failed", work.name, stats["done"],
-                 work.segments, work.new, work.pieces, work.failed)
+        log.info(
+            "%s finished: %d of %d spoken (%d now, in %d pieces), %d failed",
+            work.name,
+            stats["done"],
+            work.segments,
+            work.new,
+            work.pieces,
+            work.failed,
+        )
 
 
 def remove_temporaries_of(layout: Layout, shard: str, pid: int, tag: str = "") -> None:
@@ -235,8 +262,12 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
     spoken = [row["id"] for row in rows if row["id"] in done]
     todo = [row for row in rows if row["id"] not in done]
     return ShardWork(
-        shard, len(rows), deque(row["id"] for row in todo), already=len(spoken),
-        audio_seconds=sum(done[uid]["duration"] for uid in spoken), crashes=crash_counts(layout, shard, run_id),
+        shard,
+        len(rows),
+        deque(row["id"] for row in todo),
+        already=len(spoken),
+        audio_seconds=sum(done[uid]["duration"] for uid in spoken),
+        crashes=crash_counts(layout, shard, run_id),
         words={row["id"]: row.get("words") or len(row.get("text", "").split()) for row in todo},
     )
 

@@ -10,6 +10,7 @@ the slot before the server starts) says what to import: JSON {"cosyvoice_root": 
 "whisper": bool}. A failure here is only logged: each worker then imports for itself and reports
 its own error, as it does under spawn.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ def preload(wanted: dict) -> None:
     import torch  # noqa: F401  (every backend that wants a forkserver runs on torch)
 
     import convtts.run.worker  # noqa: F401
+
     if wanted.get("cosyvoice"):
         from convtts.config import CosyVoiceConfig
         from convtts.speak.cosyvoice.runtime import import_runtime
@@ -45,9 +47,12 @@ def _run() -> None:
         return
     try:
         preload(json.loads(raw))
-    except BaseException as exc:  # noqa: BLE001  (never take the server down: the workers will say what is wrong)
-        print(f"convtts: the workers' forkserver could not preload ({type(exc).__name__}: {exc}); "
-              "each worker imports for itself", file=sys.stderr)
+    except BaseException as exc:
+        print(
+            f"convtts: the workers' forkserver could not preload ({type(exc).__name__}: {exc}); "
+            "each worker imports for itself",
+            file=sys.stderr,
+        )
 
 
 _run()

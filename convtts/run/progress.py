@@ -1,4 +1,5 @@
 """Progress: a bar per slot on a terminal, a plain periodic line under cron, a status file for run_all."""
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,14 @@ class SlotProgress:
     def rebuild(self, reason: str, seconds: float, rss_mb: float, gpu_mb: float) -> None:
         if reason != "start":
             self.rebuilds += 1
-        log.info("slot %d: model built (%s) in %.2fs; worker rss %.0f MiB, gpu %.0f MiB", self.rank, reason, seconds, rss_mb, gpu_mb)
+        log.info(
+            "slot %d: model built (%s) in %.2fs; worker rss %.0f MiB, gpu %.0f MiB",
+            self.rank,
+            reason,
+            seconds,
+            rss_mb,
+            gpu_mb,
+        )
 
     def busy_seconds(self) -> float:
         """Seconds since the first worker began an utterance (start-up does not count against the rate)."""
@@ -93,20 +101,35 @@ class SlotProgress:
         planned, share, eta = self.estimate()
         loading = f" ({self.loading} still loading their model)" if self.loading else ""
         left = f"eta {eta / 60:.1f} min" if eta is not None else "eta not known yet"
-        return (f"{handled}/{self.total} utterances ({self.failed} failed), {self.audio_seconds / 3600:.3f} h audio, "
-                f"{self.rate_text()}, {self.alive} workers{loading}, {share:.0%} of {planned / 3600:.2f} h planned, {left}")
+        return (
+            f"{handled}/{self.total} utterances ({self.failed} failed), {self.audio_seconds / 3600:.3f} h audio, "
+            f"{self.rate_text()}, {self.alive} workers{loading}, {share:.0%} of {planned / 3600:.2f} h planned, {left}"
+        )
 
     def write_status(self, finished: bool) -> None:
         self.last_status = time.time()
         planned, share, eta = self.estimate()
         try:
-            write_json_atomic(self.layout.slot_status(self.rank), {
-                "rank": self.rank, "total": self.total, "done": self.done, "failed": self.failed,
-                "audio_seconds": round(self.audio_seconds, 3), "rebuilds": self.rebuilds, "workers": self.alive,
-                "loading": self.loading, "planned_audio_seconds": round(planned, 1), "planned_share_done": round(share, 4),
-                "eta_seconds": None if eta is None else round(eta, 1), "started": self.started,
-                "updated": self.last_status, "finished": finished, "startup": self.timeline.as_dict(),
-            })
+            write_json_atomic(
+                self.layout.slot_status(self.rank),
+                {
+                    "rank": self.rank,
+                    "total": self.total,
+                    "done": self.done,
+                    "failed": self.failed,
+                    "audio_seconds": round(self.audio_seconds, 3),
+                    "rebuilds": self.rebuilds,
+                    "workers": self.alive,
+                    "loading": self.loading,
+                    "planned_audio_seconds": round(planned, 1),
+                    "planned_share_done": round(share, 4),
+                    "eta_seconds": None if eta is None else round(eta, 1),
+                    "started": self.started,
+                    "updated": self.last_status,
+                    "finished": finished,
+                    "startup": self.timeline.as_dict(),
+                },
+            )
         except OSError as exc:  # only the bars read it: a full disk must not stop the slot from stopping cleanly
             if not is_disk_full(exc):
                 raise
@@ -128,8 +151,16 @@ def _bar(total: int, label: str, position: int = 0, started: float | None = None
     # A terminal that reports no size (a detached pty) would get empty or hidden bars: assume 100x20.
     size = shutil.get_terminal_size((100, 20))
     # No tqdm estimate of the time left: it counts utterances; ours (in the postfix) counts planned audio.
-    bar = tqdm(total=total, desc=label, unit="utt", position=position, ncols=size.columns, nrows=size.lines, leave=True,
-               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
+    bar = tqdm(
+        total=total,
+        desc=label,
+        unit="utt",
+        position=position,
+        ncols=size.columns,
+        nrows=size.lines,
+        leave=True,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+    )
     if started is not None:
         bar.start_t = started  # rate and ETA from the slot's own start, not from when the bar appeared
     return bar
@@ -156,7 +187,9 @@ def monitor(out_dir: str, slots: int, started: float) -> None:
             status = read_json(layout.slot_status(rank))
             if not status or status.get("started", 0) < started:
                 continue  # nothing yet from this run
-            bar = bars.get(rank) or bars.setdefault(rank, _bar(status["total"], f"slot {rank}", rank, status["started"]))
+            bar = bars.get(rank) or bars.setdefault(
+                rank, _bar(status["total"], f"slot {rank}", rank, status["started"])
+            )
             bar.total, bar.n = status["total"], status["done"] + status["failed"]
             bar.set_postfix_str(status_text(status))
             if status.get("finished"):

@@ -1,8 +1,10 @@
-"""One device slot: hands pieces of shards to K spawned workers as they ask, restarts the ones that die, reports progress.
+"""One device slot: hands pieces of shards to K spawned workers as they ask, restarts the ones that die, reports
+progress.
 
 At the end of the work an idle worker takes over ids a busy one holds and has not begun (the slot
 asks the busy one to hand them back), so the workers finish close together.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,18 +17,29 @@ from multiprocessing.connection import wait
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
-from convtts.state.layout import Layout, WorkListing
 from convtts.run.feed import FedWork
+from convtts.run.messages import (
+    Built,
+    DiskFull,
+    Failed,
+    HandBack,
+    Nothing,
+    Ready,
+    Returned,
+    SpeakPiece,
+    Spoken,
+    Started,
+    Stop,
+    Want,
+)
 from convtts.run.pieces import Piece, WorkQueue, preview_cuts, remove_temporaries_of
 from convtts.run.progress import SlotProgress
 from convtts.run.startup import Timeline, plan_exit_code
 from convtts.run.weights import warm_page_cache, weight_files
-from convtts.state.shardio import disk_full_text, is_disk_full, shard_complete, shard_complete_and_whole
-from convtts.run.messages import (
-    Built, DiskFull, Failed, HandBack, Nothing, Ready, Returned, SpeakPiece, Spoken, Started, Stop, Want,
-)
 from convtts.run.worker import WorkerArgs, worker_main
 from convtts.speak import backend_rows
+from convtts.state.layout import Layout, WorkListing
+from convtts.state.shardio import disk_full_text, is_disk_full, shard_complete, shard_complete_and_whole
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +49,16 @@ MAX_BARREN_DEATHS = 3
 
 
 # Which Slot method handles each message of a worker.
-HANDLERS = {Ready: "on_ready", Want: "on_want", Started: "on_started", Spoken: "on_spoken", Failed: "on_failed",
-            Built: "on_built", Returned: "on_returned", DiskFull: "on_disk_full"}
+HANDLERS = {
+    Ready: "on_ready",
+    Want: "on_want",
+    Started: "on_started",
+    Spoken: "on_spoken",
+    Failed: "on_failed",
+    Built: "on_built",
+    Returned: "on_returned",
+    DiskFull: "on_disk_full",
+}
 
 
 class SlotStopped(Exception):
@@ -168,8 +189,10 @@ class Slot:
     def plan_text(self, todo: list[str], count: int) -> str:
         """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; 14 workers'."""
         sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows) or [0]
-        text = (f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
-                f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; {count} workers")
+        text = (
+            f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
+            f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; {count} workers"
+        )
         if self.feed is not None:
             text = f"pieces of shards handed out by the driver; {count} workers"
         if self.work.rows > 1:
@@ -193,9 +216,22 @@ class Slot:
     def start_worker(self, wid: int) -> None:
         parent_conn, child_conn = self.ctx.Pipe()
         log_file = f"{self.options.log_dir}/slot-{self.options.rank}-worker-{wid}.log" if self.options.log_dir else None
-        args = WorkerArgs(wid, self.options.rank, str(self.layout.root), self.config, self.options.run_id, os.getpid(), log_file,
-                          self.options.writer_prefix, time.time(), self.options.temporary_tag, self.ctx.get_start_method())
-        proc = self.ctx.Process(target=worker_main, args=(args, child_conn), name=f"slot{self.options.rank}-w{wid}", daemon=True)
+        args = WorkerArgs(
+            wid,
+            self.options.rank,
+            str(self.layout.root),
+            self.config,
+            self.options.run_id,
+            os.getpid(),
+            log_file,
+            self.options.writer_prefix,
+            time.time(),
+            self.options.temporary_tag,
+            self.ctx.get_start_method(),
+        )
+        proc = self.ctx.Process(
+            target=worker_main, args=(args, child_conn), name=f"slot{self.options.rank}-w{wid}", daemon=True
+        )
         proc.start()
         child_conn.close()
         self.handles[wid] = Handle(wid, proc, parent_conn)
@@ -205,11 +241,15 @@ class Slot:
         while self.handles and not self.halted:
             self.pump(1.0)
             self.assign()
-            self.progress.tick(alive=len(self.handles), loading=sum(not h.ready and not h.stopping for h in self.handles.values()))
+            self.progress.tick(
+                alive=len(self.handles), loading=sum(not h.ready and not h.stopping for h in self.handles.values())
+            )
 
     def pump(self, timeout: float) -> None:
         """Wait up to `timeout` for any worker to say something or die; handle what happened."""
-        ready = wait([h.conn for h in self.handles.values()] + [h.proc.sentinel for h in self.handles.values()], timeout=timeout)
+        ready = wait(
+            [h.conn for h in self.handles.values()] + [h.proc.sentinel for h in self.handles.values()], timeout=timeout
+        )
         for handle in list(self.handles.values()):
             if handle.conn in ready:
                 self.drain(handle)
@@ -266,8 +306,12 @@ class Slot:
             if piece.complete():
                 handle.pieces.remove(piece)
         if message.ids:
-            log.info("slot %d: worker %d handed back %d utterances it had not begun", self.options.rank, handle.wid,
-                     len(message.ids))
+            log.info(
+                "slot %d: worker %d handed back %d utterances it had not begun",
+                self.options.rank,
+                handle.wid,
+                len(message.ids),
+            )
 
     def on_built(self, handle: Handle, message: Built) -> None:
         self.progress.rebuild(message.reason, message.seconds, message.rss_mb, message.gpu_mb)
@@ -282,8 +326,14 @@ class Slot:
             return
         self.weights = getattr(self, "weights", None) or digest
         if digest != self.weights:
-            log.error("slot %d: worker %d loaded weights %s, not the %s of the others: the model files changed "
-                      "during the run; stopping", self.options.rank, handle.wid, digest, self.weights)
+            log.error(
+                "slot %d: worker %d loaded weights %s, not the %s of the others: the model files changed "
+                "during the run; stopping",
+                self.options.rank,
+                handle.wid,
+                digest,
+                self.weights,
+            )
             self.halt("the model's weights changed under the run", EXIT_FAILURES)
 
     def on_disk_full(self, handle: Handle, message: DiskFull) -> None:
@@ -304,7 +354,9 @@ class Slot:
                 handle.conn.send(Nothing())  # it asks again once idle
             elif not self.halted and self.take_back_for(handle):
                 continue  # it waits: the ids come back in a moment
-            elif self.halted or not self.work or not self.work.has_work():  # a fed slot idles while the driver says wait
+            elif (
+                self.halted or not self.work or not self.work.has_work()
+            ):  # a fed slot idles while the driver says wait
                 handle.conn.send(Stop())
                 handle.ready, handle.stopping = False, True
             else:
@@ -335,10 +387,21 @@ class Slot:
         for piece in handle.pieces:
             charged += self.work.worker_died(piece, code, handle.proc.pid, self.options.temporary_tag)
         shards = sorted({p.shard for p in handle.pieces}) or None
-        log.error("slot %d: worker %d died (exit %s) in %s on %s", self.options.rank, handle.wid, code, shards, charged or None)
+        log.error(
+            "slot %d: worker %d died (exit %s) in %s on %s",
+            self.options.rank,
+            handle.wid,
+            code,
+            shards,
+            charged or None,
+        )
         self.barren_deaths = 0 if handle.spoke else self.barren_deaths + 1
         if self.barren_deaths >= MAX_BARREN_DEATHS:
-            log.error("slot %d: workers died %d times in a row without speaking; giving up", self.options.rank, self.barren_deaths)
+            log.error(
+                "slot %d: workers died %d times in a row without speaking; giving up",
+                self.options.rank,
+                self.barren_deaths,
+            )
             return
         if (self.work is None or self.work.has_work()) and not self.halted:
             self.start_worker(handle.wid)
@@ -372,7 +435,9 @@ class Slot:
             return EXIT_DISK_FULL
         if self.halted:
             return self.halt_code
-        incomplete = [s for s in self.shards + (self.work.taken if self.work else []) if not shard_complete(self.layout, s)]
+        incomplete = [
+            s for s in self.shards + (self.work.taken if self.work else []) if not shard_complete(self.layout, s)
+        ]
         if incomplete:
             log.warning("slot %d: %d shards have failed or unfinished utterances", self.options.rank, len(incomplete))
             return EXIT_FAILURES
@@ -421,4 +486,3 @@ def install_stop_handlers() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-

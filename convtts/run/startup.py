@@ -3,9 +3,11 @@
 Times are seconds since the command started (run_all.sh passes its start as CONVTTS_RUN_STARTED,
 the ends of its own steps as CONVTTS_VALIDATED and CONVTTS_MPS_READY, and preprocess's start and end
 in plan.exit); a slot started by hand counts from its own start. Events: validated, mps, slot,
-plan_started, plan_made, plan (read by the slot), first_busy, all_busy, first_audio. A worker's phases are durations: process (spawn to its first line),
+plan_started, plan_made, plan (read by the slot), first_busy, all_busy, first_audio. A worker's phases are durations:
+process (spawn to its first line),
 gate, imports, cuda, modules, frontend, weights, engine, other (the rest of its first build).
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,11 +91,15 @@ class Timeline:
         ready = [w["ready"] for w in self.workers.values() if "ready" in w]
         marks = ", ".join(f"{name} {at:.1f}" for name, at in self.events.items() if name != "all_busy")
         first = f", first ready {min(ready):.1f}" if ready else ""
-        return f"all {len(self.workers)} workers busy at {self.events.get('all_busy', float('nan')):.1f} s ({marks}{first})"
+        busy = self.events.get("all_busy", float("nan"))
+        return f"all {len(self.workers)} workers busy at {busy:.1f} s ({marks}{first})"
 
     def as_dict(self) -> dict:
-        return {"origin": self.origin, "events": dict(self.events),
-                "workers": {str(wid): dict(w) for wid, w in sorted(self.workers.items())}}
+        return {
+            "origin": self.origin,
+            "events": dict(self.events),
+            "workers": {str(wid): dict(w) for wid, w in sorted(self.workers.items())},
+        }
 
 
 def phase_text(phases: dict) -> str:

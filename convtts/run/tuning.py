@@ -1,4 +1,5 @@
 """How many workers a slot runs: from the cores, and on a GPU from its free memory and a worker's peak."""
+
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,14 @@ def worker_gpu_mb(base: int, per_row: int, rows: int) -> int:
     """A worker's peak GPU memory: the model's, plus each batch row past the first (KV cache, flow)."""
     peak = base + max(0, rows - 1) * per_row
     if rows > 1:
-        log.info("a worker of %d rows needs about %d MiB of GPU memory (%d + %d rows x %d)", rows, peak, base, rows - 1, per_row)
+        log.info(
+            "a worker of %d rows needs about %d MiB of GPU memory (%d + %d rows x %d)",
+            rows,
+            peak,
+            base,
+            rows - 1,
+            per_row,
+        )
     return peak
 
 
@@ -45,8 +53,16 @@ def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_w
     by_memory = max(1, int(free_mb * 0.9 // gpu_mb_per_worker)) if free_mb else 1
     count = min(by_cpu, by_memory, MAX_WORKERS_PER_GPU)
     log.info(
-        "workers: %d = min((cores %d - %d spare) / %d slots = %d, 90%% of %d MiB free / %d MiB per worker = %d, cap %d)",
-        count, cpu_cores(), GPU_NODE_SPARE_CORES, slots_on_node, by_cpu, free_mb, gpu_mb_per_worker, by_memory,
+        "workers: %d = min((cores %d - %d spare) / %d slots = %d, 90%% of %d MiB free / %d MiB per worker = %d, cap "
+        "%d)",
+        count,
+        cpu_cores(),
+        GPU_NODE_SPARE_CORES,
+        slots_on_node,
+        by_cpu,
+        free_mb,
+        gpu_mb_per_worker,
+        by_memory,
         MAX_WORKERS_PER_GPU,
     )
     return count
@@ -58,7 +74,10 @@ def free_gpu_mb() -> int:
     try:
         out = subprocess.run(
             ["nvidia-smi", f"--id={visible}", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
         return int(out.strip().splitlines()[0])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
@@ -75,7 +94,9 @@ MIN_AUTO_ROWS = 16
 CPU_ROWS = 8  # a CPU worker's rows: more only make each step longer on a core
 
 
-def choose_layout(requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int, gpu_mb_per_row: float) -> tuple[int, int]:
+def choose_layout(
+    requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int, gpu_mb_per_row: float
+) -> tuple[int, int]:
     """(workers, rows per worker) when rows are automatic, with the reasons logged. `requested` workers > 0 win."""
     if device == "cpu":
         workers = choose_workers(requested, device, slots_on_node, gpu_mb_per_worker)
@@ -89,10 +110,21 @@ def choose_layout(requested: int, device: str, slots_on_node: int, gpu_mb_per_wo
         if rows >= MIN_AUTO_ROWS or workers == 1 or requested:
             break
         workers -= 1
-    log.info("workers: %d (%s), rows: %d = min(%d, (90%% of free GPU memory %.0f MiB / %d workers - %d MiB per worker) / %.0f MiB "
-             "per row, in steps of 8)", workers, "set by config or --workers" if requested else
-             f"min(cores {by_cpu}, {BATCHED_WORKERS_PER_GPU} batched workers per GPU), fewer if rows fell under {MIN_AUTO_ROWS}",
-             rows, AUTO_ROWS, budget, workers, gpu_mb_per_worker, gpu_mb_per_row)
+    log.info(
+        "workers: %d (%s), rows: %d = min(%d, (90%% of free GPU memory %.0f MiB / %d workers - %d MiB per worker) / "
+        "%.0f MiB per row, in steps of 8)",
+        workers,
+        "set by config or --workers"
+        if requested
+        else f"min(cores {by_cpu}, {BATCHED_WORKERS_PER_GPU} batched workers per GPU), "
+        f"fewer if rows fell under {MIN_AUTO_ROWS}",
+        rows,
+        AUTO_ROWS,
+        budget,
+        workers,
+        gpu_mb_per_worker,
+        gpu_mb_per_row,
+    )
     return workers, rows
 
 

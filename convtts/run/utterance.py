@@ -3,6 +3,7 @@
 Both paths (one at a time here, batched in batching.py) work on an explicit Context: the backend,
 the quality gate, the output's layout and the settings they read, and nothing else of the worker.
 """
+
 from __future__ import annotations
 
 import io
@@ -21,7 +22,18 @@ from convtts.state.shardio import is_disk_full, write_atomic
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FIELDS = ("id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker", "text", "source_text")
+MANIFEST_FIELDS = (
+    "id",
+    "conversation_id",
+    "source_id",
+    "turn",
+    "segment",
+    "role",
+    "side",
+    "speaker",
+    "text",
+    "source_text",
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +49,14 @@ class Settings:
 
     @classmethod
     def of(cls, config: Config, run_id: str) -> Settings:
-        return cls(config.workers.seed, config.workers.max_attempts, config.validate.max_respeaks, config.output,
-                   config.tts.backend, run_id)
+        return cls(
+            config.workers.seed,
+            config.workers.max_attempts,
+            config.validate.max_respeaks,
+            config.output,
+            config.tts.backend,
+            run_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -122,13 +140,19 @@ def respeak(uid: str, bad, refused: list, limit: int) -> bool:
     """Note a refused take; True if another take is allowed."""
     refused.append(bad)
     again = len(refused) <= limit
-    log.warning("%s take %d refused by the quality gate: %s%s", uid, len(refused) - 1, bad,
-                "; speaking it again with a new seed" if again else "; no re-speaks left")
+    log.warning(
+        "%s take %d refused by the quality gate: %s%s",
+        uid,
+        len(refused) - 1,
+        bad,
+        "; speaking it again with a new seed" if again else "; no re-speaks left",
+    )
     return again
 
 
-def keep_audio(ctx: Context, shard: str, segment: dict, audio, attempt: int, seed: int, started: float,
-               refused: list = ()) -> dict:
+def keep_audio(
+    ctx: Context, shard: str, segment: dict, audio, attempt: int, seed: int, started: float, refused: list = ()
+) -> dict:
     """Check the audio (and gate it), write it atomically, return its manifest row; raises if the audio is bad.
 
     Nothing is written before the gate passes, so the resume contract is unchanged.
@@ -139,8 +163,15 @@ def keep_audio(ctx: Context, shard: str, segment: dict, audio, attempt: int, see
     return write_take(ctx, shard, segment, audio, (attempt, seed, seconds), scores, refused)
 
 
-def write_take(ctx: Context, shard: str, segment: dict, audio, made: tuple[int, int, float], scores: dict | None,
-               refused: list = ()) -> dict:
+def write_take(
+    ctx: Context,
+    shard: str,
+    segment: dict,
+    audio,
+    made: tuple[int, int, float],
+    scores: dict | None,
+    refused: list = (),
+) -> dict:
     """Write a take that passed the gate (scores None: no gate); `made` is (attempt, seed, synthesis seconds)."""
     rel = write_audio(ctx.layout, shard, segment["id"], audio, ctx.backend.sample_rate, ctx.settings.output)
     row = manifest_row(ctx, segment, rel, audio, *made)
@@ -181,9 +212,16 @@ def manifest_row(ctx: Context, segment: dict, rel: str, audio, attempt: int, see
     rate = ctx.backend.sample_rate
     row = {k: segment.get(k) for k in MANIFEST_FIELDS}
     row.update(
-        audio=rel, duration=round(len(audio) / rate, 4), num_samples=int(len(audio)), sample_rate=rate,
-        backend=ctx.backend.name, status="ok", attempts=attempt, seed=seed,
-        synthesis_seconds=round(seconds, 4), run=ctx.settings.run_id,
+        audio=rel,
+        duration=round(len(audio) / rate, 4),
+        num_samples=int(len(audio)),
+        sample_rate=rate,
+        backend=ctx.backend.name,
+        status="ok",
+        attempts=attempt,
+        seed=seed,
+        synthesis_seconds=round(seconds, 4),
+        run=ctx.settings.run_id,
     )
     prompt_audio = getattr(ctx.backend, "prompt_audio", None)  # a zero-shot voice's recording
     if prompt_audio is not None:
@@ -193,10 +231,20 @@ def manifest_row(ctx: Context, segment: dict, rel: str, audio, attempt: int, see
 
 def failure_row(ctx: Context, segment: dict, errors: list[str], attempts: int) -> dict:
     return {
-        "id": segment["id"], "conversation_id": segment.get("conversation_id"), "turn": segment.get("turn"),
-        "segment": segment.get("segment"), "role": segment.get("role"), "speaker": segment.get("speaker"),
-        "text": segment.get("text"), "status": "failed", "reason": errors[-1][:2000], "errors": [e[:500] for e in errors],
-        "attempts": attempts, "backend": ctx.settings.backend, "run": ctx.settings.run_id, "time": time.time(),
+        "id": segment["id"],
+        "conversation_id": segment.get("conversation_id"),
+        "turn": segment.get("turn"),
+        "segment": segment.get("segment"),
+        "role": segment.get("role"),
+        "speaker": segment.get("speaker"),
+        "text": segment.get("text"),
+        "status": "failed",
+        "reason": errors[-1][:2000],
+        "errors": [e[:500] for e in errors],
+        "attempts": attempts,
+        "backend": ctx.settings.backend,
+        "run": ctx.settings.run_id,
+        "time": time.time(),
     }
 
 
@@ -208,6 +256,12 @@ def quality_failure_row(ctx: Context, segment: dict, refused: list, attempts: in
     last = refused[-1]
     takes = [f"take {n}: {bad}" for n, bad in enumerate(refused)]
     row = failure_row(ctx, segment, [*errors, *takes], attempts)
-    row.update(reason=str(last), check=last.check, figure=last.figure, limit=last.limit,
-               quality=last.scores, respeaks=len(refused) - 1)
+    row.update(
+        reason=str(last),
+        check=last.check,
+        figure=last.figure,
+        limit=last.limit,
+        quality=last.scores,
+        respeaks=len(refused) - 1,
+    )
     return row

@@ -6,6 +6,7 @@ the node. The slot reads the files front to back in a thread while its workers s
 and CUDA take seconds), so with a cold cache the disk is read once, in order, rather than in
 scattered page faults by several workers at once; with a warm cache it costs a memory copy.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,7 @@ def weight_files(config) -> list[Path]:
     """The backend's weight files (a backend class may list them: weight_files(config))."""
     try:
         listed = getattr(backend_class(config.tts.backend), "weight_files", None)
-    except Exception:  # noqa: BLE001 - the slot's own check says what is wrong with the backend
+    except Exception:
         return []
     return [Path(p) for p in listed(config)] if listed is not None else []
 
@@ -48,5 +49,10 @@ def _read_all(paths: list[Path], rank: int) -> None:
                     total += count
         except OSError as exc:
             log.warning("slot %d: could not read %s ahead of the workers: %s", rank, path, exc)
-    log.info("slot %d: read %.2f GB of model weights (%d files) into the page cache in %.1f s", rank, total / 1e9,
-             len(paths), time.time() - started)
+    log.info(
+        "slot %d: read %.2f GB of model weights (%d files) into the page cache in %.1f s",
+        rank,
+        total / 1e9,
+        len(paths),
+        time.time() - started,
+    )

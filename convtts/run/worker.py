@@ -1,4 +1,6 @@
-"""One synthesis worker process: keeps a queue of ids fed by its slot's pieces, speaks them utterance by utterance or in batches."""
+"""One synthesis worker process: keeps a queue of ids fed by its slot's pieces, speaks them utterance by utterance or
+in batches."""
+
 from __future__ import annotations
 
 import ctypes
@@ -15,14 +17,30 @@ from convtts.config import Config
 from convtts.gate.quality import open_gate
 from convtts.run.batching import can_batch, speak_batched
 from convtts.run.memory import gpu_mb, rss_mb
-from convtts.run.startup import phase_text
 from convtts.run.messages import (
-    Built, DiskFull, Failed, HandBack, Nothing, Ready, Returned, SpeakPiece, Spoken, Started, Stop, Want,
+    Built,
+    DiskFull,
+    Failed,
+    HandBack,
+    Nothing,
+    Ready,
+    Returned,
+    SpeakPiece,
+    Spoken,
+    Started,
+    Stop,
+    Want,
 )
+from convtts.run.startup import phase_text
 from convtts.run.utterance import Attempt, Context, Settings, synthesize_with_retries
 from convtts.state.layout import Layout
 from convtts.state.shardio import (
-    append_line, disk_full_text, drop_torn_tail, is_disk_full, read_jsonl, set_temporary_tag,
+    append_line,
+    disk_full_text,
+    drop_torn_tail,
+    is_disk_full,
+    read_jsonl,
+    set_temporary_tag,
 )
 
 log = logging.getLogger(__name__)
@@ -201,8 +219,15 @@ class Worker:
         phases = dict(getattr(self.backend, "load_phases", {}))
         phases["other"] = round(max(0.0, seconds - sum(phases.values())), 3)
         digest = weights_digest(self.backend)
-        log.info("model built (%s) in %.2fs (%s), rss %.0f MiB, gpu %.0f MiB%s", reason, seconds, phase_text(phases),
-                 rss_mb(), self.gpu_mb(), f", weights {digest}" if digest else "")
+        log.info(
+            "model built (%s) in %.2fs (%s), rss %.0f MiB, gpu %.0f MiB%s",
+            reason,
+            seconds,
+            phase_text(phases),
+            rss_mb(),
+            self.gpu_mb(),
+            f", weights {digest}" if digest else "",
+        )
         if reason == "start":
             self.startup.update(phases)
         self.send(Built(reason, round(seconds, 3), round(rss_mb(), 1), round(self.gpu_mb(), 1), phases, digest))
@@ -254,8 +279,14 @@ class Worker:
         """Append an utterance's manifest row (or failure row) to this worker's files; tell the slot."""
         if row is not None:
             # where and when it was made, and the worker's memory then: memory over time, from the outputs
-            row.update(worker=self.label, pid=os.getpid(), finished=round(time.time(), 3), rss_mb=round(rss_mb(), 1),
-                       gpu_mb=round(self.gpu_mb(), 1), since_build=self.since_build)
+            row.update(
+                worker=self.label,
+                pid=os.getpid(),
+                finished=round(time.time(), 3),
+                rss_mb=round(rss_mb(), 1),
+                gpu_mb=round(self.gpu_mb(), 1),
+                since_build=self.since_build,
+            )
             append_line(self.layout.manifest(shard, self.writer), row)
             self.send(Spoken(uid, row["duration"]))
         else:

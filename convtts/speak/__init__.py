@@ -5,12 +5,13 @@
 taking the Config, with the Backend attributes and methods, and optionally a `check(config)` static
 method that raises ConfigError before any worker starts.
 """
+
 from __future__ import annotations
 
 import importlib
 
-from convtts.speak.base import Backend, SynthesisError
 from convtts.config import Config, ConfigError
+from convtts.speak.base import Backend, SynthesisError
 
 __all__ = ["Backend", "SynthesisError", "backend_row_mb", "backend_rows", "build_backend", "check_backend", "with_rows"]
 

@@ -1,4 +1,5 @@
 """The small interface every TTS backend implements."""
+
 from __future__ import annotations
 
 from typing import Protocol

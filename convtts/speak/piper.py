@@ -1,4 +1,5 @@
 """The default voice: Piper with an offline neural voice shipped as a Python package."""
+
 from __future__ import annotations
 
 import importlib
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from convtts.speak.base import SynthesisError
 from convtts.config import Config, ConfigError, PiperConfig, check_piper_voices
+from convtts.speak.base import SynthesisError
 
 
 def voice_files(piper: PiperConfig) -> tuple[Path, Path]:
@@ -61,8 +62,10 @@ class PiperBackend:
         self.sample_rate = self.voice.config.sample_rate
         self.settings = {
             name: SynthesisConfig(
-                length_scale=v.length_scale, noise_scale=v.noise_scale,
-                noise_w_scale=v.noise_w_scale, volume=v.volume,
+                length_scale=v.length_scale,
+                noise_scale=v.noise_scale,
+                noise_w_scale=v.noise_w_scale,
+                volume=v.volume,
             )
             for name, v in config.tts.piper.voices.items()
         }

@@ -5,6 +5,7 @@ manifests, merge) with no model in the way. The length rule is the plan's own es
 `text.words_per_minute` (150 by default, so 0.4 s a word), at least one word's worth, so that the
 audio hours of a run equal the plan's `estimated_hours`.
 """
+
 from __future__ import annotations
 
 import numpy as np

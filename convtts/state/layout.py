@@ -1,4 +1,5 @@
 """Where everything lives inside an output directory: the one place that names its files."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,8 @@ class Layout:
     work/shard-00042.w3.manifest.jsonl     spoken segments, appended by worker 3 of the slot alone
     work/shard-00042.w3.failures.jsonl     its failed attempts (the latest per id, by time, counts)
     work/shard-00042.manifest.jsonl        (older outputs: one writer per shard; still read)
-    work/shard-00042.crashes.jsonl         worker deaths, written by the slot (a fed slot: shard-00042.<run>-s<rank>.crashes.jsonl)
+    work/shard-00042.crashes.jsonl         worker deaths, written by the slot (a fed slot:
+    shard-00042.<run>-s<rank>.crashes.jsonl)
     work/shard-00042.stats.json            written last: the shard's done marker
     audio/shard-00042/<id>.wav             the audio
     manifest.jsonl, failures.jsonl, conversations.json, summary.json, config.yaml
@@ -101,8 +103,11 @@ class WorkListing:
     def _files(self, shard: str, legacy: Path, suffix: str) -> list[Path]:
         # writers' files are {shard}.{writer}{suffix}; the legacy one is {shard}{suffix}
         names = self.names.get(shard, [])
-        writers = [self.layout.work_dir / n for n in names if n.endswith(suffix) and n != legacy.name
-                   and len(n) >= len(shard) + 1 + len(suffix)]
+        writers = [
+            self.layout.work_dir / n
+            for n in names
+            if n.endswith(suffix) and n != legacy.name and len(n) >= len(shard) + 1 + len(suffix)
+        ]
         return _existing(legacy, writers) if legacy.name in names else sorted(writers)
 
 

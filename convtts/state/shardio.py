@@ -1,4 +1,5 @@
 """Reading and appending the per-shard JSON-lines files, tolerant of a half-written last line."""
+
 from __future__ import annotations
 
 import errno
@@ -89,7 +90,7 @@ def append_line(path: Path, row: dict) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # What follows the pid in this process's temporary names: empty on one machine; a slot fed by the
@@ -149,8 +150,13 @@ def read_json(path: Path):
         return None
 
 
-def load_done(layout: Layout, shard: str, problems: list[str] | None = None, paths: list[Path] | None = None,
-              check_audio: bool = True) -> dict[str, dict]:
+def load_done(
+    layout: Layout,
+    shard: str,
+    problems: list[str] | None = None,
+    paths: list[Path] | None = None,
+    check_audio: bool = True,
+) -> dict[str, dict]:
     """Manifest rows of a shard by id whose audio is whole (audio_problem).
 
     The rows come from every writer's file (`paths`, else listed here); an id spoken twice (its
@@ -241,8 +247,13 @@ def shard_complete_and_whole(layout: Layout, shard: str, listing: WorkListing | 
     done = load_done(layout, shard, problems, paths=listing.manifests(shard) if listing else None)
     missing = [row["id"] for row in read_jsonl(layout.shard_file(shard)) if row["id"] not in done]
     if missing or problems:
-        log.warning("%s was marked done, but %d of its utterances are not whole and %d problems were found "
-                    "(first: %s); opening it again", shard, len(missing), len(problems),
-                    problems[0] if problems else f"{missing[0]} has no manifest row")
+        log.warning(
+            "%s was marked done, but %d of its utterances are not whole and %d problems were found "
+            "(first: %s); opening it again",
+            shard,
+            len(missing),
+            len(problems),
+            problems[0] if problems else f"{missing[0]} has no manifest row",
+        )
         return False
     return True

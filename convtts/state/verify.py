@@ -1,4 +1,5 @@
 """Checks of a finished output directory: every planned id spoken once, audio that decodes, no leftovers."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -46,7 +47,9 @@ def audio_problems(root: Path, row: dict) -> list[str]:
         return [f"{row['id']}: audio {row['audio']} does not decode: {exc}"]
     problems = []
     if not info.frames == row["num_samples"] == len(data) > 0:
-        problems.append(f"{row['id']}: {info.frames} frames on disk, {len(data)} decoded, row says {row['num_samples']}")
+        problems.append(
+            f"{row['id']}: {info.frames} frames on disk, {len(data)} decoded, row says {row['num_samples']}"
+        )
     if info.samplerate != row["sample_rate"]:
         problems.append(f"{row['id']}: sample rate {info.samplerate} on disk, row says {row['sample_rate']}")
     if abs(info.duration - row["duration"]) >= 1e-3:
@@ -65,4 +68,8 @@ def temporary_files(out: str | Path) -> list[str]:
 
 
 def _is_temporary(name: str) -> bool:
-    return (name.startswith(".") and ".tmp" in name) or name.endswith(".rewrite") or name.startswith((".plan-new-", ".plan-old-"))
+    return (
+        (name.startswith(".") and ".tmp" in name)
+        or name.endswith(".rewrite")
+        or name.startswith((".plan-new-", ".plan-old-"))
+    )

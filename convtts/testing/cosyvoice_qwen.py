@@ -7,6 +7,7 @@ tokenizer is a small byte-level BPE trained here on convtts/data/bpe_corpus.txt,
 Qwen's special tokens keep their released ids (CosyVoice3 checks for `<|endofprompt|>` = 151646).
 Called through `python -m convtts.testing.cosyvoice_model --version 2|3`.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,19 +32,47 @@ STOP_TOKENS = {2: 3, 3: 200}  # llm_decoder rows past speech_token_size that end
 LOGIT_SCALE = 60.0  # v3's decoder has no bias: scaled rows keep the zeroed stop rows out of reach
 
 QWEN = {  # Qwen2-0.5B, the backbone both released models build on; tiny loads in a second
-    "full": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864),
-    "tiny": dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                 intermediate_size=128),
+    "full": dict(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864
+    ),
+    "tiny": dict(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128
+    ),
 }
 FLOW = {
     # v2: the UpsampleConformerEncoder is 512 wide whatever the yaml says (upstream hard-codes it).
-    "full": dict(enc_heads=8, enc_ff=2048, enc_blocks=6, est_channels=[256], est_head_dim=64, est_blocks=4,
-                 est_mid_blocks=12, est_heads=8, dit_dim=1024, dit_depth=22, dit_heads=16, dit_head_dim=64,
-                 lookahead=1024, hift=512),
-    "tiny": dict(enc_heads=2, enc_ff=64, enc_blocks=1, est_channels=[32], est_head_dim=16, est_blocks=1,
-                 est_mid_blocks=1, est_heads=2, dit_dim=32, dit_depth=1, dit_heads=2, dit_head_dim=16,
-                 lookahead=32, hift=32),
+    "full": dict(
+        enc_heads=8,
+        enc_ff=2048,
+        enc_blocks=6,
+        est_channels=[256],
+        est_head_dim=64,
+        est_blocks=4,
+        est_mid_blocks=12,
+        est_heads=8,
+        dit_dim=1024,
+        dit_depth=22,
+        dit_heads=16,
+        dit_head_dim=64,
+        lookahead=1024,
+        hift=512,
+    ),
+    "tiny": dict(
+        enc_heads=2,
+        enc_ff=64,
+        enc_blocks=1,
+        est_channels=[32],
+        est_head_dim=16,
+        est_blocks=1,
+        est_mid_blocks=1,
+        est_heads=2,
+        dit_dim=32,
+        dit_depth=1,
+        dit_heads=2,
+        dit_head_dim=16,
+        lookahead=32,
+        hift=32,
+    ),
 }
 
 HEAD = """\
@@ -194,11 +223,24 @@ feat_extractor: !name:matcha.utils.audio.mel_spectrogram
 """
 
 VERSIONS = {
-    2: dict(llm_class="Qwen2LM", flow=FLOW_V2, hift_class="HiFTGenerator", f0_class="ConvRNNF0Predictor",
-            hift_extra="", tokenizer_extra="", fmax=8000),
-    3: dict(llm_class="CosyVoice3LM", flow=FLOW_V3, hift_class="CausalHiFTGenerator",
-            f0_class="CausalConvRNNF0Predictor", hift_extra="    conv_pre_look_right: 4\n",
-            tokenizer_extra="    version: cosyvoice3\n", fmax="null"),
+    2: dict(
+        llm_class="Qwen2LM",
+        flow=FLOW_V2,
+        hift_class="HiFTGenerator",
+        f0_class="ConvRNNF0Predictor",
+        hift_extra="",
+        tokenizer_extra="",
+        fmax=8000,
+    ),
+    3: dict(
+        llm_class="CosyVoice3LM",
+        flow=FLOW_V3,
+        hift_class="CausalHiFTGenerator",
+        f0_class="CausalConvRNNF0Predictor",
+        hift_extra="    conv_pre_look_right: 4\n",
+        tokenizer_extra="    version: cosyvoice3\n",
+        fmax="null",
+    ),
 }
 
 
@@ -206,11 +248,20 @@ def render_yaml(version: int, size: str, ratio: float | None, seed: int = 1986) 
     """The model's cosyvoice2.yaml / cosyvoice3.yaml; `ratio` None leaves upstream's 2..20 bounds."""
     parts = VERSIONS[version]
     pin = "" if ratio is None else PIN.format(llm_class=parts["llm_class"], ratio=float(ratio))
-    head = HEAD.format(version=version, seed=seed, sample_rate=SAMPLE_RATE, hidden=QWEN[size]["hidden_size"],
-                       token_rate=TOKEN_RATE, mel_per_token=MEL_PER_TOKEN, llm_class=parts["llm_class"],
-                       speech_vocab=SPEECH_VOCAB, pin=pin)
-    flow = parts["flow"].format(head=FLOW_HEAD.format(speech_vocab=SPEECH_VOCAB),
-                                cfm=CFM.format(cfm_class="CausalConditionalCFM"), **FLOW[size])
+    head = HEAD.format(
+        version=version,
+        seed=seed,
+        sample_rate=SAMPLE_RATE,
+        hidden=QWEN[size]["hidden_size"],
+        token_rate=TOKEN_RATE,
+        mel_per_token=MEL_PER_TOKEN,
+        llm_class=parts["llm_class"],
+        speech_vocab=SPEECH_VOCAB,
+        pin=pin,
+    )
+    flow = parts["flow"].format(
+        head=FLOW_HEAD.format(speech_vocab=SPEECH_VOCAB), cfm=CFM.format(cfm_class="CausalConditionalCFM"), **FLOW[size]
+    )
     hift = HIFT.format(hop=HOP, **{k: v for k, v in parts.items() if k not in ("llm_class", "flow")}, **FLOW[size])
     return head + flow + hift
 
@@ -222,14 +273,16 @@ def expected_samples(speech_tokens: int) -> int:
 
 # --- CosyVoice-BlankEN: the Qwen2 backbone and its tokenizer ----------------------------------
 
+
 def train_bpe() -> tuple[dict[str, int], list[str]]:
     """A byte-level BPE trained on our corpus: (token -> id from 0, merges as 'a b' lines)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tokenizer.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
     model = json.loads(tokenizer.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
@@ -249,14 +302,30 @@ def write_tokenizer(folder: Path) -> None:
         vocab.setdefault(next(filler), len(vocab))
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    added = {str(i): {"content": text, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True} for i, text in QWEN_SPECIAL.items()}
+    added = {
+        str(i): {
+            "content": text,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for i, text in QWEN_SPECIAL.items()
+    }
     config = {
-        "add_prefix_space": False, "added_tokens_decoder": added,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token": None,
-        "clean_up_tokenization_spaces": False, "errors": "replace", "model_max_length": 32768,
-        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "model_max_length": 32768,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
 
@@ -267,9 +336,15 @@ def write_blank_en(folder: Path, size: str, seed: int) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
-    config = Qwen2Config(vocab_size=QWEN_VOCAB, max_position_embeddings=32768, rope_theta=1000000.0,
-                         tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643,
-                         **QWEN[size])
+    config = Qwen2Config(
+        vocab_size=QWEN_VOCAB,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151643,
+        **QWEN[size],
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder)
@@ -277,6 +352,7 @@ def write_blank_en(folder: Path, size: str, seed: int) -> None:
 
 
 # --- the model directory ------------------------------------------------------------------------
+
 
 def silence_stop_tokens(llm, version: int) -> None:
     """Make the llm's stop tokens never drawn, so a pinned decode runs to its exact length.
@@ -292,14 +368,15 @@ def silence_stop_tokens(llm, version: int) -> None:
     decoder = llm.llm_decoder
     with torch.no_grad():
         if decoder.bias is not None:
-            decoder.bias[first:first + count] -= 1.0e4
+            decoder.bias[first : first + count] -= 1.0e4
         else:
             decoder.weight[:first] *= LOGIT_SCALE
-            decoder.weight[first:first + count] = 0.0
+            decoder.weight[first : first + count] = 0.0
 
 
-def build_qwen_model_dir(out: Path, version: int, size: str, speakers: list[str], ratio: float | None,
-                         seed: int) -> dict:
+def build_qwen_model_dir(
+    out: Path, version: int, size: str, speakers: list[str], ratio: float | None, seed: int
+) -> dict:
     """Write a v2 or v3 directory; returns what the info file records. Needs the runtime imported."""
     import torch
     from hyperpyyaml import load_hyperpyyaml
@@ -307,8 +384,9 @@ def build_qwen_model_dir(out: Path, version: int, size: str, speakers: list[str]
     from convtts.testing.cosyvoice_v1 import campplus_graph, speech_tokenizer_graph
 
     write_blank_en(out / BLANK_EN, size, seed)
-    modules = load_hyperpyyaml(render_yaml(version, size, ratio, seed=seed),
-                               overrides={"qwen_pretrain_path": str(out / BLANK_EN)})
+    modules = load_hyperpyyaml(
+        render_yaml(version, size, ratio, seed=seed), overrides={"qwen_pretrain_path": str(out / BLANK_EN)}
+    )
     llm = modules["llm"].float()
     if ratio is not None:
         silence_stop_tokens(llm, version)
@@ -319,7 +397,11 @@ def build_qwen_model_dir(out: Path, version: int, size: str, speakers: list[str]
         torch.save({n: {"embedding": torch.randn(1, 192, generator=generator)} for n in speakers}, out / "spk2info.pt")
     rng = np.random.default_rng(seed)
     (out / "campplus.onnx").write_bytes(campplus_graph(rng).SerializeToString())
-    tokenizer = speech_tokenizer_graph(rng, vocab=SPEECH_VOCAB, step=100 // TOKEN_RATE, name=f"speech_tokenizer_v{version}")
+    tokenizer = speech_tokenizer_graph(
+        rng, vocab=SPEECH_VOCAB, step=100 // TOKEN_RATE, name=f"speech_tokenizer_v{version}"
+    )
     (out / f"speech_tokenizer_v{version}.onnx").write_bytes(tokenizer.SerializeToString())
     (out / f"cosyvoice{version}.yaml").write_text(render_yaml(version, size, ratio), encoding="utf-8")
-    return {"parameters": {name: sum(p.numel() for p in modules[name].parameters()) for name in ("llm", "flow", "hift")}}
+    return {
+        "parameters": {name: sum(p.numel() for p in modules[name].parameters()) for name in ("llm", "flow", "hift")}
+    }

@@ -4,10 +4,11 @@ Written through `python -m convtts.testing.cosyvoice_model` (build_model_dir); t
 runtime loads the directory like CosyVoice-300M-SFT and speaks noise, and the decode length can be
 pinned, so audio length is known (expected_samples).
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -21,12 +22,42 @@ DEFAULT_TOKENS_PER_TEXT_TOKEN = 14  # about real English speech at 50 tokens per
 
 # Widths of the two variants; "full" is the released CosyVoice-300M (311M llm, 105M flow, 20M hift).
 SIZES = {
-    "full": dict(text_in=512, llm=1024, llm_heads=16, llm_ff=4096, text_blocks=6, llm_blocks=14,
-                 flow=512, flow_heads=8, flow_ff=2048, flow_blocks=6, est_channels=[256, 256],
-                 est_head_dim=64, est_blocks=4, est_mid_blocks=12, est_heads=8, hift=512),
-    "tiny": dict(text_in=32, llm=32, llm_heads=2, llm_ff=64, text_blocks=1, llm_blocks=1,
-                 flow=32, flow_heads=2, flow_ff=64, flow_blocks=1, est_channels=[32],
-                 est_head_dim=16, est_blocks=1, est_mid_blocks=1, est_heads=2, hift=32),
+    "full": dict(
+        text_in=512,
+        llm=1024,
+        llm_heads=16,
+        llm_ff=4096,
+        text_blocks=6,
+        llm_blocks=14,
+        flow=512,
+        flow_heads=8,
+        flow_ff=2048,
+        flow_blocks=6,
+        est_channels=[256, 256],
+        est_head_dim=64,
+        est_blocks=4,
+        est_mid_blocks=12,
+        est_heads=8,
+        hift=512,
+    ),
+    "tiny": dict(
+        text_in=32,
+        llm=32,
+        llm_heads=2,
+        llm_ff=64,
+        text_blocks=1,
+        llm_blocks=1,
+        flow=32,
+        flow_heads=2,
+        flow_ff=64,
+        flow_blocks=1,
+        est_channels=[32],
+        est_head_dim=16,
+        est_blocks=1,
+        est_mid_blocks=1,
+        est_heads=2,
+        hift=32,
+    ),
 }
 
 # The flow's conditional flow matching, as every released model configures it (v2/v3: the causal class).
@@ -182,7 +213,8 @@ feat_extractor: !name:matcha.utils.audio.mel_spectrogram
 """
 
 # The llm's inference (TransformerLM; Qwen2LM for v2/v3) takes its decode bounds as keyword defaults
-# (2 and 20 speech tokens per text token) that no config reaches; this entry replaces the bound method on the built llm by one
+# (2 and 20 speech tokens per text token) that no config reaches; this entry replaces the bound method on the built
+# llm by one
 # with both bounds set to N, so every chunk decodes exactly int(text_tokens * N) speech tokens.
 PIN = """
 __pin_decode_length: !apply:setattr
@@ -198,10 +230,21 @@ __pin_decode_length: !apply:setattr
 
 def render_yaml(size: str, tokens_per_text_token: float | None, seed: int = 1986) -> str:
     """The model's cosyvoice.yaml; `tokens_per_text_token` None leaves upstream's 2..20 bounds."""
-    pin = "" if tokens_per_text_token is None else PIN.format(llm_class="TransformerLM", ratio=float(tokens_per_text_token))
+    pin = (
+        ""
+        if tokens_per_text_token is None
+        else PIN.format(llm_class="TransformerLM", ratio=float(tokens_per_text_token))
+    )
     return YAML.format(
-        seed=seed, sample_rate=SAMPLE_RATE, cfm=CFM.format(cfm_class="ConditionalCFM"), text_vocab=TEXT_VOCAB, speech_vocab=SPEECH_VOCAB,
-        token_rate=TOKEN_RATE, hop=HOP, pin=pin, **SIZES[size],
+        seed=seed,
+        sample_rate=SAMPLE_RATE,
+        cfm=CFM.format(cfm_class="ConditionalCFM"),
+        text_vocab=TEXT_VOCAB,
+        speech_vocab=SPEECH_VOCAB,
+        token_rate=TOKEN_RATE,
+        hop=HOP,
+        pin=pin,
+        **SIZES[size],
     )
 
 
@@ -242,7 +285,8 @@ def campplus_graph(rng: np.random.Generator):
         helper.make_node("MatMul", ["pooled", "proj"], ["output"]),
     ]
     graph = helper.make_graph(
-        nodes, "campplus_standin",
+        nodes,
+        "campplus_standin",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 192])],
         initializer=[weight],
@@ -250,16 +294,19 @@ def campplus_graph(rng: np.random.Generator):
     return _model(graph)
 
 
-def speech_tokenizer_graph(rng: np.random.Generator, vocab: int = SPEECH_VOCAB, step: int = 2,
-                           name: str = "speech_tokenizer_v1"):
+def speech_tokenizer_graph(
+    rng: np.random.Generator, vocab: int = SPEECH_VOCAB, step: int = 2, name: str = "speech_tokenizer_v1"
+):
     """Stand-in tokenizer: whisper log-mel `feats` [1, 128, T] at 100 Hz, `feats_length` [1] ->
     `indices` [1, ceil(T/step)] int32 codes (every step-th frame, projected, argmax): 50 Hz for
     v1 (step 2), 25 Hz for v2 and v3 (step 4)."""
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array((rng.standard_normal((128, vocab)) * 0.1).astype(np.float32), "codebook")
-    consts = [numpy_helper.from_array(np.array([v], dtype=np.int64), n)
-              for n, v in (("start", 0), ("end", 2**62), ("axis", 1), ("step", step))]
+    consts = [
+        numpy_helper.from_array(np.array([v], dtype=np.int64), n)
+        for n, v in (("start", 0), ("end", 2**62), ("axis", 1), ("step", step))
+    ]
     nodes = [
         helper.make_node("Transpose", ["feats"], ["frames"], perm=[0, 2, 1]),
         helper.make_node("Slice", ["frames", "start", "end", "axis", "step"], ["half"]),
@@ -268,9 +315,12 @@ def speech_tokenizer_graph(rng: np.random.Generator, vocab: int = SPEECH_VOCAB, 
         helper.make_node("Cast", ["codes"], ["indices"], to=TensorProto.INT32),
     ]
     graph = helper.make_graph(
-        nodes, f"{name}_standin",
-        [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
-         helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+        nodes,
+        f"{name}_standin",
+        [
+            helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+            helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1]),
+        ],
         [helper.make_tensor_value_info("indices", TensorProto.INT32, [1, "U"])],
         initializer=[weight, *consts],
     )
@@ -291,7 +341,9 @@ UPSTREAM_MIN_RATIO, UPSTREAM_MAX_RATIO = 2.0, 20.0  # TransformerLM.inference's 
 EOS_DOWN = -1.0e4  # end-of-speech logit shift that makes the token's probability exactly 0
 
 
-def decode_settings(tokens_per_text_token: float | None, eos_bias: str | None) -> tuple[float | None, float, float | None]:
+def decode_settings(
+    tokens_per_text_token: float | None, eos_bias: str | None
+) -> tuple[float | None, float, float | None]:
     """(ratio pinned in the yaml, shift of the end-of-speech logit, exact tokens per text token or None).
 
     A pin sets both bounds to N; the end-of-speech logit goes far down as well so that it is never
@@ -332,4 +384,6 @@ def build_v1(out: Path, size: str, speakers: list[str], pin: float | None, shift
     (out / "campplus.onnx").write_bytes(campplus_graph(rng).SerializeToString())
     (out / "speech_tokenizer_v1.onnx").write_bytes(speech_tokenizer_graph(rng).SerializeToString())
     (out / "cosyvoice.yaml").write_text(render_yaml(size, pin), encoding="utf-8")
-    return {"parameters": {name: sum(p.numel() for p in modules[name].parameters()) for name in ("llm", "flow", "hift")}}
+    return {
+        "parameters": {name: sum(p.numel() for p in modules[name].parameters()) for name in ("llm", "flow", "hift")}
+    }

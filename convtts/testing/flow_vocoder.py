@@ -7,6 +7,7 @@ and mel features and a speaker embedding, of the shapes the frontend makes). The
 each row alone through the eager fp32 flow (upstream's estimator) and upstream's vocoder call:
 what the engine gives a row with every new path switched off.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,6 +24,7 @@ from convtts.speak.cosyvoice.engine.vocoder import Vocoder, finalizes, vocode_on
 @dataclass(frozen=True)
 class Setting:
     """How the flow and the vocoder run (the engine's tts.cosyvoice options, and `bucket` for CPU tests)."""
+
     name: str
     flow: str = "fp32"  # precision of the flow
     vocoder: str = "fp32"  # precision of the vocoder
@@ -50,9 +52,12 @@ def flow_inputs(model, prompt_seconds: float, seed: int = 0) -> dict:
     chunk = {"flow_embedding": torch.randn(1, 192, generator=rng).to(inner.device)}
     if type(inner.flow).__name__ != "MaskedDiffWithXvec" and prompt_seconds > 0:
         tokens = int(prompt_seconds * inner.flow.input_frame_rate)
-        chunk["flow_prompt_speech_token"] = torch.randint(0, inner.flow.vocab_size, (1, tokens), generator=rng,
-                                                          dtype=torch.int32).to(inner.device)
-        chunk["prompt_speech_feat"] = torch.randn(1, tokens * inner.flow.token_mel_ratio, 80, generator=rng).to(inner.device)
+        chunk["flow_prompt_speech_token"] = torch.randint(
+            0, inner.flow.vocab_size, (1, tokens), generator=rng, dtype=torch.int32
+        ).to(inner.device)
+        chunk["prompt_speech_feat"] = torch.randn(1, tokens * inner.flow.token_mel_ratio, 80, generator=rng).to(
+            inner.device
+        )
     return chunk
 
 
@@ -65,7 +70,10 @@ def token_lists(model, seconds: list[float], seed: int = 0) -> list[list[int]]:
 
 def make_rows(chunk: dict, tokens: list[list[int]], seed: int = 1000) -> list[Row]:
     """Fresh rows (each request's random stream at its seed) for these token lists."""
-    return [Row(Request(i, [chunk], seed + i), chunk, index=0, min_len=0, max_len=0, kept=list(t)) for i, t in enumerate(tokens)]
+    return [
+        Row(Request(i, [chunk], seed + i), chunk, index=0, min_len=0, max_len=0, kept=list(t))
+        for i, t in enumerate(tokens)
+    ]
 
 
 def synchronize(device) -> None:
@@ -76,8 +84,16 @@ def synchronize(device) -> None:
 def build(model, setting: Setting) -> tuple[Flow, Vocoder]:
     """The engine's flow and vocoder under `setting`; keep them across runs (CUDA graphs live in them)."""
     inner = model.model
-    flow = Flow(inner.flow, setting.flow, inner.device, graphs=setting.graphs, compile=setting.compile,
-                max_graphs=setting.max_graphs, max_mb=setting.max_mb, bucket=setting.bucket)
+    flow = Flow(
+        inner.flow,
+        setting.flow,
+        inner.device,
+        graphs=setting.graphs,
+        compile=setting.compile,
+        max_graphs=setting.max_graphs,
+        max_mb=setting.max_mb,
+        bucket=setting.bucket,
+    )
     return flow, Vocoder(inner.hift, setting.vocoder, setting.vocoder_rows, setting.max_mb)
 
 
@@ -103,7 +119,7 @@ def flow_mels(flow: Flow, rows: list[Row], device) -> Mels:
     out, mels = Mels([]), {}
     with torch.inference_mode():
         for group in flow.groups(rows):
-            group_mels, seconds, peak = timed(lambda: flow.mels(group), device)
+            group_mels, seconds, peak = timed(lambda group=group: flow.mels(group), device)
             mels.update({row.request.key: mel for row, mel in zip(group, group_mels)})
             out.flow_seconds += seconds
             out.flow_peak_mb = max(out.flow_peak_mb, peak)

@@ -12,6 +12,7 @@ are not.
 
     python -m convtts.testing.whisper_model --out models/whisper-turbo --size turbo
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,24 @@ INFO_FILE = "convtts_model.json"
 INIT_STD = {"turbo": 0.02, "tiny": 0.3}
 SIZES = {
     # openai/whisper-large-v3-turbo: 809M parameters, 32 encoder layers and 4 decoder layers
-    "turbo": dict(d_model=1280, encoder_layers=32, decoder_layers=4, encoder_attention_heads=20,
-                  decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120),
-    "tiny": dict(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                 decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128),
+    "turbo": dict(
+        d_model=1280,
+        encoder_layers=32,
+        decoder_layers=4,
+        encoder_attention_heads=20,
+        decoder_attention_heads=20,
+        encoder_ffn_dim=5120,
+        decoder_ffn_dim=5120,
+    ),
+    "tiny": dict(
+        d_model=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+    ),
 }
 
 
@@ -53,8 +68,9 @@ def train_bpe() -> tuple[dict[str, int], list[str]]:
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tokenizer.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
     model = json.loads(tokenizer.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
@@ -80,12 +96,29 @@ def write_tokenizer(folder: Path) -> dict[str, int]:
     special = {name: END_OF_TEXT + i for i, name in enumerate(special_tokens())}
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    added = {str(i): {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True} for name, i in special.items()}
-    config = {"add_prefix_space": False, "added_tokens_decoder": added, "bos_token": "<|endoftext|>",
-              "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
-              "clean_up_tokenization_spaces": False, "errors": "replace", "model_max_length": 1024,
-              "tokenizer_class": "WhisperTokenizer"}
+    added = {
+        str(i): {
+            "content": name,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for name, i in special.items()
+    }
+    config = {
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "model_max_length": 1024,
+        "tokenizer_class": "WhisperTokenizer",
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     return special
 
@@ -99,12 +132,18 @@ def generation_config(special: dict[str, int]) -> dict:
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     return {
-        "decoder_start_token_id": special["<|startoftranscript|>"], "bos_token_id": END_OF_TEXT,
-        "eos_token_id": END_OF_TEXT, "pad_token_id": END_OF_TEXT, "max_length": 448,
-        "begin_suppress_tokens": [220, END_OF_TEXT], "suppress_tokens": list(range(END_OF_TEXT + 1, len(special) + END_OF_TEXT)),
-        "is_multilingual": True, "lang_to_id": {f"<|{code}|>": special[f"<|{code}|>"] for code in LANGUAGES},
+        "decoder_start_token_id": special["<|startoftranscript|>"],
+        "bos_token_id": END_OF_TEXT,
+        "eos_token_id": END_OF_TEXT,
+        "pad_token_id": END_OF_TEXT,
+        "max_length": 448,
+        "begin_suppress_tokens": [220, END_OF_TEXT],
+        "suppress_tokens": list(range(END_OF_TEXT + 1, len(special) + END_OF_TEXT)),
+        "is_multilingual": True,
+        "lang_to_id": {f"<|{code}|>": special[f"<|{code}|>"] for code in LANGUAGES},
         "task_to_id": {"transcribe": special["<|transcribe|>"], "translate": special["<|translate|>"]},
-        "no_timestamps_token_id": special["<|notimestamps|>"], "prev_sot_token_id": special["<|startofprev|>"],
+        "no_timestamps_token_id": special["<|notimestamps|>"],
+        "prev_sot_token_id": special["<|startofprev|>"],
         "max_initial_timestamp_index": 50,
     }
 
@@ -114,10 +153,19 @@ def write_weights(folder: Path, size: str, special: dict[str, int], seed: int) -
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    config = WhisperConfig(vocab_size=END_OF_TEXT + len(special), num_mel_bins=MEL_BINS, max_source_positions=1500,
-                           max_target_positions=448, decoder_start_token_id=special["<|startoftranscript|>"],
-                           pad_token_id=END_OF_TEXT, bos_token_id=END_OF_TEXT, eos_token_id=END_OF_TEXT,
-                           begin_suppress_tokens=[220, END_OF_TEXT], init_std=INIT_STD[size], **SIZES[size])
+    config = WhisperConfig(
+        vocab_size=END_OF_TEXT + len(special),
+        num_mel_bins=MEL_BINS,
+        max_source_positions=1500,
+        max_target_positions=448,
+        decoder_start_token_id=special["<|startoftranscript|>"],
+        pad_token_id=END_OF_TEXT,
+        bos_token_id=END_OF_TEXT,
+        eos_token_id=END_OF_TEXT,
+        begin_suppress_tokens=[220, END_OF_TEXT],
+        init_std=INIT_STD[size],
+        **SIZES[size],
+    )
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config).eval()
     with torch.no_grad():  # (tied to the output layer) an end-of-text logit of 0, below the best of 50,000 others
@@ -141,17 +189,29 @@ def build_whisper_dir(out: str | Path, size: str = "tiny", seed: int = 0) -> Pat
     # over the one save_pretrained derived from the model config: what generate() needs, whole
     (out / "generation_config.json").write_text(json.dumps(generation_config(special), indent=1), encoding="utf-8")
     WhisperFeatureExtractor(feature_size=MEL_BINS).save_pretrained(out)
-    info = {"generator": "convtts.testing.whisper_model", "size": size, "seed": seed, "parameters": parameters,
-            "weights": "random", **SIZES[size]}
+    info = {
+        "generator": "convtts.testing.whisper_model",
+        "size": size,
+        "seed": seed,
+        "parameters": parameters,
+        "weights": "random",
+        **SIZES[size],
+    }
     (out / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m convtts.testing.whisper_model", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m convtts.testing.whisper_model", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", required=True, help="directory to write (created; files overwritten)")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
-                        help="turbo: whisper-large-v3-turbo's shapes (1.6 GB in fp16); tiny: loads in a second")
+    parser.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="tiny",
+        help="turbo: whisper-large-v3-turbo's shapes (1.6 GB in fp16); tiny: loads in a second",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = parser.parse_args(argv)
     out = build_whisper_dir(args.out, args.size, args.seed)

@@ -1,4 +1,5 @@
 """python -m convtts.results.export: the same as export.py."""
+
 import sys
 
 from convtts.results.export.command import main

@@ -4,6 +4,7 @@ Exit codes: 0 exported; 2 bad arguments or an output that cannot be exported (no
 row, a missing audio file); 3 another export is writing the destination; 4 the disk is full. A rerun
 after a kill or a failure finishes the export without redoing the parts already written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
     parser.add_argument("--dest", help="where (default: OUTPUT_DIR/export/FORMAT)")
     parser.add_argument("--shard-rows", type=int, default=5000, help="most rows in one shard file (default 5000)")
-    parser.add_argument("--shard-mb", type=float, default=500.0,
-                        help="a shard file is closed once it holds this much audio, in MB (default 500)")
+    parser.add_argument(
+        "--shard-mb",
+        type=float,
+        default=500.0,
+        help="a shard file is closed once it holds this much audio, in MB (default 500)",
+    )
     return parser.parse_args(argv)
 
 
@@ -52,12 +57,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         fail(f"{disk_full_text(exc)}; free space and run the same command again", EXIT_DISK_FULL)
     rate = result.rows / result.seconds if result.seconds else 0.0
-    print(f"exported {result.rows} rows to {dest} ({args.format}): {result.files} files, "
-          f"{result.written_units} units written, {result.skipped_units} already up to date; "
-          f"{result.seconds:.1f} s, {rate:.0f} rows/s")
+    print(
+        f"exported {result.rows} rows to {dest} ({args.format}): {result.files} files, "
+        f"{result.written_units} units written, {result.skipped_units} already up to date; "
+        f"{result.seconds:.1f} s, {rate:.0f} rows/s"
+    )
     if result.not_spoken:
-        print(f"note: {result.not_spoken} segments of the output are failed or pending (see failures.jsonl) and "
-              "are not in the export; after run_all.sh speaks them, the same command exports them")
+        print(
+            f"note: {result.not_spoken} segments of the output are failed or pending (see failures.jsonl) and "
+            "are not in the export; after run_all.sh speaks them, the same command exports them"
+        )
     return EXIT_OK
 
 

@@ -1,4 +1,5 @@
 """What every export format provides, and the table of formats by name."""
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ The schema carries the `huggingface` metadata that datasets reads its features f
 Audio feature (the file's bytes and name) with no loading script. One split, train: the files are
 data/train-<unit>-<part>.parquet, which datasets' file-name patterns assign to it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,13 +18,22 @@ from convtts.results.export.formats import Format, Part
 ROWS_PER_GROUP = 100  # audio rows are large: small row groups let readers stream them
 
 COLUMNS = [  # (name, arrow type, datasets dtype)
-    ("id", pa.string(), "string"), ("text", pa.string(), "string"), ("speaker", pa.string(), "string"),
-    ("role", pa.string(), "string"), ("side", pa.string(), "string"),
-    ("conversation_id", pa.string(), "string"), ("source_id", pa.string(), "string"),
-    ("turn", pa.int32(), "int32"), ("segment", pa.int32(), "int32"),
-    ("duration", pa.float64(), "float64"), ("num_samples", pa.int64(), "int64"),
-    ("sample_rate", pa.int32(), "int32"), ("source_text", pa.string(), "string"),
-    ("backend", pa.string(), "string"), ("seed", pa.int64(), "int64"), ("prompt_audio", pa.string(), "string"),
+    ("id", pa.string(), "string"),
+    ("text", pa.string(), "string"),
+    ("speaker", pa.string(), "string"),
+    ("role", pa.string(), "string"),
+    ("side", pa.string(), "string"),
+    ("conversation_id", pa.string(), "string"),
+    ("source_id", pa.string(), "string"),
+    ("turn", pa.int32(), "int32"),
+    ("segment", pa.int32(), "int32"),
+    ("duration", pa.float64(), "float64"),
+    ("num_samples", pa.int64(), "int64"),
+    ("sample_rate", pa.int32(), "int32"),
+    ("source_text", pa.string(), "string"),
+    ("backend", pa.string(), "string"),
+    ("seed", pa.int64(), "int64"),
+    ("prompt_audio", pa.string(), "string"),
 ]
 AUDIO_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
@@ -54,8 +64,12 @@ class ParquetPart(Part):
         super().__init__(dest, names)
         self.schema = arrow_schema
         # a dictionary of audio bytes only costs time: every clip is different
-        self.writer = pq.ParquetWriter(self.tmps[0], arrow_schema, use_dictionary=[name for name, _, _ in COLUMNS],
-                                      compression={"audio.bytes": "none", **{name: "snappy" for name, _, _ in COLUMNS}, "audio.path": "snappy"})
+        self.writer = pq.ParquetWriter(
+            self.tmps[0],
+            arrow_schema,
+            use_dictionary=[name for name, _, _ in COLUMNS],
+            compression={"audio.bytes": "none", **{name: "snappy" for name, _, _ in COLUMNS}, "audio.path": "snappy"},
+        )
         self.buffer: list[dict] = []
 
     def write(self, fields: dict, audio: Path, data: bytes | None) -> None:

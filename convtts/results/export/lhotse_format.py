@@ -5,6 +5,7 @@ carries the text and speaker, and the other fields under `custom`. The audio sta
 has it (absolute paths). Parts are parts/<kind>-<unit>-<part>.jsonl.gz; <kind>.jsonl.gz is all of
 them, made last, for lhotse.load_manifest_lazy.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -16,24 +17,49 @@ from convtts.results.export.formats import Format, Part
 from convtts.results.export.nemo import LinesPart, concatenate
 
 KINDS = ("recordings", "supervisions", "cuts")
-CUSTOM = ("conversation_id", "source_id", "turn", "segment", "role", "side", "source_text", "backend", "seed",
-          "prompt_audio")
+CUSTOM = (
+    "conversation_id",
+    "source_id",
+    "turn",
+    "segment",
+    "role",
+    "side",
+    "source_text",
+    "backend",
+    "seed",
+    "prompt_audio",
+)
 
 
 def lhotse_lines(fields: dict, audio: Path) -> list[bytes]:
     uid, duration = fields["id"], fields["duration"]
     recording = {
-        "id": uid, "sources": [{"type": "file", "channels": [0], "source": str(audio.resolve())}],
-        "sampling_rate": fields["sample_rate"], "num_samples": fields["num_samples"], "duration": duration,
+        "id": uid,
+        "sources": [{"type": "file", "channels": [0], "source": str(audio.resolve())}],
+        "sampling_rate": fields["sample_rate"],
+        "num_samples": fields["num_samples"],
+        "duration": duration,
         "channel_ids": [0],
     }
     supervision = {
-        "id": uid, "recording_id": uid, "start": 0.0, "duration": duration, "channel": 0,
-        "text": fields["text"], "speaker": fields["speaker"],
+        "id": uid,
+        "recording_id": uid,
+        "start": 0.0,
+        "duration": duration,
+        "channel": 0,
+        "text": fields["text"],
+        "speaker": fields["speaker"],
         "custom": {key: fields[key] for key in CUSTOM if fields.get(key) is not None},
     }
-    cut = {"id": uid, "start": 0.0, "duration": duration, "channel": 0, "supervisions": [supervision],
-           "recording": recording, "type": "MonoCut"}
+    cut = {
+        "id": uid,
+        "start": 0.0,
+        "duration": duration,
+        "channel": 0,
+        "supervisions": [supervision],
+        "recording": recording,
+        "type": "MonoCut",
+    }
     return [orjson.dumps(item) + b"\n" for item in (recording, supervision, cut)]
 
 

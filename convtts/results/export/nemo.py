@@ -3,6 +3,7 @@
 The audio stays where the output has it; audio_filepath is absolute, so the manifest works from any
 directory. Parts are parts/manifest-<unit>-<part>.json; manifest.json is all of them, made last.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,12 @@ class NeMo(Format):
 
 
 def nemo_line(fields: dict, audio: Path) -> list[bytes]:
-    row = {"audio_filepath": str(audio.resolve()), "duration": fields["duration"], "text": fields["text"],
-           "orig_sample_rate": fields["sample_rate"]}  # NeMo's own key for the file's rate
+    row = {
+        "audio_filepath": str(audio.resolve()),
+        "duration": fields["duration"],
+        "text": fields["text"],
+        "orig_sample_rate": fields["sample_rate"],
+    }  # NeMo's own key for the file's rate
     row.update((key, value) for key, value in fields.items() if key not in row and key != "audio")
     return [orjson.dumps(row) + b"\n"]
 

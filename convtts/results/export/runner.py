@@ -5,6 +5,7 @@ name and renamed into place when whole; a unit enters the state file (.export-st
 all its parts are in place. A rerun skips the units whose manifest lines and options match the
 state, redoes the rest, and at the end removes files no unit owns (parts of an older version).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -46,8 +47,15 @@ class ExportOptions:
 
     def key(self, source: Path) -> str:
         """What the files depend on besides the rows: a change redoes every unit."""
-        return orjson.dumps({"version": STATE_VERSION, "format": self.format, "shard_rows": self.shard_rows,
-                             "shard_mb": self.shard_mb, "source": str(source.resolve())}).decode()
+        return orjson.dumps(
+            {
+                "version": STATE_VERSION,
+                "format": self.format,
+                "shard_rows": self.shard_rows,
+                "shard_mb": self.shard_mb,
+                "source": str(source.resolve()),
+            }
+        ).decode()
 
 
 @dataclass
@@ -79,8 +87,13 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
     seen: set[str] = set()
     summary = read_json(layout.summary_file) or {}
     result.not_spoken = (summary.get("failed") or 0) + (summary.get("pending") or 0)
-    bar = tqdm(total=summary.get("done"), unit="rows", desc=f"export {options.format}",
-               disable=not sys.stderr.isatty(), dynamic_ncols=True)
+    bar = tqdm(
+        total=summary.get("done"),
+        unit="rows",
+        desc=f"export {options.format}",
+        disable=not sys.stderr.isatty(),
+        dynamic_ncols=True,
+    )
     with bar:
         for unit in read_units(layout, options.shard_rows):
             fingerprint = unit.fingerprint(key)
@@ -109,7 +122,9 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
     return result
 
 
-def write_unit(layout: Layout, options: ExportOptions, fmt: Format, unit: Unit, progress=lambda rows: None) -> list[str]:
+def write_unit(
+    layout: Layout, options: ExportOptions, fmt: Format, unit: Unit, progress=lambda rows: None
+) -> list[str]:
     """Write one unit's rows into parts of at most shard_rows rows and about shard_mb of audio each."""
     limit = options.shard_mb * 1e6
     files: list[str] = []
@@ -139,7 +154,9 @@ def _read_audio(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise SourceError(f"audio file missing: {path} (the manifest lists it); run run_all.sh on the output again") from None
+        raise SourceError(
+            f"audio file missing: {path} (the manifest lists it); run run_all.sh on the output again"
+        ) from None
 
 
 def _check_audio(path: Path) -> None:

@@ -4,21 +4,38 @@ A unit is a run of consecutive plan shards holding at most `shard_rows` planned 
 at least). Its bounds come from the plan, which does not change when a rerun speaks more rows, so a
 re-export redoes only the units whose manifest lines changed.
 """
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 
 from convtts.state.layout import Layout
 
 # Manifest fields a user trains with; the rest (worker, pid, memory, timings) describe the run.
-FIELDS = ("id", "conversation_id", "source_id", "turn", "segment", "role", "side", "speaker", "text",
-          "source_text", "duration", "num_samples", "sample_rate", "backend", "seed", "audio",
-          "prompt_audio")  # the zero-shot voice's recording (speaker is its name); null for other voices
+FIELDS = (
+    "id",
+    "conversation_id",
+    "source_id",
+    "turn",
+    "segment",
+    "role",
+    "side",
+    "speaker",
+    "text",
+    "source_text",
+    "duration",
+    "num_samples",
+    "sample_rate",
+    "backend",
+    "seed",
+    "audio",
+    "prompt_audio",
+)  # the zero-shot voice's recording (speaker is its name); null for other voices
 
 
 class SourceError(ValueError):
@@ -45,8 +62,10 @@ class Unit:
 
 def check_source(layout: Layout) -> None:
     if not layout.manifest_file.is_file():
-        raise SourceError(f"no manifest in {layout.root} ({layout.manifest_file.name} is missing): "
-                          "run run_all.sh (or python -m convtts.results.merge) on it first")
+        raise SourceError(
+            f"no manifest in {layout.root} ({layout.manifest_file.name} is missing): "
+            "run run_all.sh (or python -m convtts.results.merge) on it first"
+        )
     if not layout.shard_names():
         raise SourceError(f"no plan in {layout.root} ({layout.shards_dir} holds no shards)")
 
@@ -83,16 +102,20 @@ def read_units(layout: Layout, shard_rows: int) -> Iterator[Unit]:
     lines: list[bytes] = []
     for number, line, shard in _manifest_lines(layout):
         if shard not in owner:
-            raise SourceError(f"{layout.manifest_file}:{number}: its audio is not under a planned shard "
-                              f"({shard}); the plan changed after the merge: run run_all.sh again")
+            raise SourceError(
+                f"{layout.manifest_file}:{number}: its audio is not under a planned shard "
+                f"({shard}); the plan changed after the merge: run run_all.sh again"
+            )
         unit = owner[shard]
         while order[position] != unit:
             yield Unit(order[position], planned[order[position]], lines)
             lines = []
             position += 1
             if position == len(order):
-                raise SourceError(f"{layout.manifest_file}:{number}: rows are not in plan order; "
-                                  "run python -m convtts.results.merge on the output again")
+                raise SourceError(
+                    f"{layout.manifest_file}:{number}: rows are not in plan order; "
+                    "run python -m convtts.results.merge on the output again"
+                )
         lines.append(line)
     for name in order[position:]:
         yield Unit(name, planned[name], lines)

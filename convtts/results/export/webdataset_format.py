@@ -4,6 +4,7 @@ WebDataset groups a tar's members into samples by the part of the name before it
 ids may hold dots (safe ids allow [A-Za-z0-9._-]). The key is the id with each dot written %2E: ids
 never hold %, so the key maps back to one id, and the .json carries the id as it is.
 """
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,6 @@
-"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3), a few or a pool of thousands."""
+"""CosyVoice through its official Python API: v1 SFT speakers, or named zero-shot voices (v1, v2, v3), a few or a
+pool of thousands."""
+
 from __future__ import annotations
 
 import collections
@@ -14,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.config import Config, ConfigError
+from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
 log = logging.getLogger(__name__)
-
 
 
 def builtin_speakers(model_dir: str) -> list[str]:
@@ -127,8 +128,13 @@ def decode_options(config: Config):
     from convtts.speak.cosyvoice.sizes import row_tokens
 
     cosy = config.tts.cosyvoice
-    return DecodeOptions(decode=cosy.decode, cuda_graphs=cosy.cuda_graphs, compile=cosy.compile, sampler=cosy.sampler,
-                         row_tokens=row_tokens(config))
+    return DecodeOptions(
+        decode=cosy.decode,
+        cuda_graphs=cosy.cuda_graphs,
+        compile=cosy.compile,
+        sampler=cosy.sampler,
+        row_tokens=row_tokens(config),
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -173,8 +179,11 @@ def weights_checksum(tensors) -> str:
 
     widths = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
     with torch.no_grad():
-        sums = [t.detach().contiguous().reshape(-1).view(widths[t.element_size()]).sum(dtype=torch.int64)
-                for t in tensors if t.numel()]
+        sums = [
+            t.detach().contiguous().reshape(-1).view(widths[t.element_size()]).sum(dtype=torch.int64)
+            for t in tensors
+            if t.numel()
+        ]
         total = torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
     return hashlib.blake2b(total.numpy().tobytes(), digest_size=8).hexdigest()
 
@@ -219,29 +228,39 @@ class CosyVoiceBackend:
 
     def _engine(self):
         """The batched engine when batch_size asks for one and the model suits it; else None."""
-        from convtts.speak.cosyvoice.engine import engine as cosyvoice_batch, qwen as cosyvoice_batch_qwen
+        from convtts.speak.cosyvoice.engine import engine as cosyvoice_batch
+        from convtts.speak.cosyvoice.engine import qwen as cosyvoice_batch_qwen
 
         rows = self.cosy.batch_size or self._automatic_rows()
         if rows <= 1:
             return None
-        for module, engine in ((cosyvoice_batch, cosyvoice_batch.BatchEngine),
-                               (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine)):
+        for module, engine in (
+            (cosyvoice_batch, cosyvoice_batch.BatchEngine),
+            (cosyvoice_batch_qwen, cosyvoice_batch_qwen.QwenBatchEngine),
+        ):
             if module.supports(self.model):
                 from concurrent.futures import ThreadPoolExecutor
 
                 self.frontend = ThreadPoolExecutor(1, thread_name_prefix="cosyvoice-frontend")
                 return engine(self.model, rows, self.cosy.precision, decode_options(self.config), self.cosy)
-        log.warning("batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
-                    "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
-                    self.cosy.batch_size)
+        log.warning(
+            "batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
+            "TensorRT) and the LLM in PyTorch (not vLLM); speaking one utterance at a time",
+            self.cosy.batch_size,
+        )
         return None
 
     def _automatic_rows(self) -> int:
         """batch_size 0 outside a slot (which sets it before workers start): as the slot would for one worker."""
         from convtts.run.tuning import choose_layout
 
-        _, rows = choose_layout(1, "cuda" if self.uses_cuda else "cpu", 1, self.config.workers.gpu_mb_per_worker,
-                                self.row_gpu_mb(self.config))
+        _, rows = choose_layout(
+            1,
+            "cuda" if self.uses_cuda else "cpu",
+            1,
+            self.config.workers.gpu_mb_per_worker,
+            self.row_gpu_mb(self.config),
+        )
         return rows
 
     @staticmethod
@@ -324,10 +343,15 @@ class CosyVoiceBackend:
             # text set in it, so every chunk of a batch would otherwise speak the last text. The
             # copy also keeps the voice's features for this utterance should the cache let it go.
             # The recording's path stands for the audio: a registered voice's features are used instead.
-            return [dict(frontend.frontend_zero_shot(part, prompt_text, prompt.audio, self.sample_rate, key))
-                    for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
+            return [
+                dict(frontend.frontend_zero_shot(part, prompt_text, prompt.audio, self.sample_rate, key))
+                for part in frontend.text_normalize(text, split=True, text_frontend=tf)
+            ]
         if speaker in self.builtin:
-            return [dict(frontend.frontend_sft(part, speaker)) for part in frontend.text_normalize(text, split=True, text_frontend=tf)]
+            return [
+                dict(frontend.frontend_sft(part, speaker))
+                for part in frontend.text_normalize(text, split=True, text_frontend=tf)
+            ]
         raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
 
     @staticmethod
@@ -409,7 +433,9 @@ class CosyVoiceBackend:
         where the weights live (one small transfer), so the digest costs milliseconds on a GPU.
         """
         inner = self.model.model
-        return weights_checksum(t for part in (inner.llm, inner.flow, inner.hift) for _, t in sorted(part.state_dict().items()))
+        return weights_checksum(
+            t for part in (inner.llm, inner.flow, inner.hift) for _, t in sorted(part.state_dict().items())
+        )
 
     def gpu_memory_mb(self, kind: str = "reserved") -> float:
         """torch.cuda's allocated or reserved memory of this process in MiB; 0 without CUDA."""
@@ -425,8 +451,14 @@ class CosyVoiceBackend:
     def close(self) -> None:
         cache = self.registered
         if cache is not None and cache.made:
-            log.info("prompt features: %d voices registered in %.2f s, %d reused (at most %d kept) since the model "
-                     "was built", cache.made, cache.seconds, cache.reused, cache.size)
+            log.info(
+                "prompt features: %d voices registered in %.2f s, %d reused (at most %d kept) since the model "
+                "was built",
+                cache.made,
+                cache.seconds,
+                cache.reused,
+                cache.size,
+            )
         if self.frontend is not None:
             self.frontend.shutdown(wait=True)
             self.frontend = None

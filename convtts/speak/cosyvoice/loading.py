@@ -1,4 +1,5 @@
-"""How a CosyVoice model loads quickly in a worker: each phase timed, no work the weights overwrite or the voices never use.
+"""How a CosyVoice model loads quickly in a worker: each phase timed, no work the weights overwrite or the voices
+never use.
 
 Upstream's constructor builds every module with random weights, reads each checkpoint into memory
 and copies it over them, and opens two ONNX sessions in the frontend. On a full-size
@@ -15,6 +16,7 @@ inside one load only:
   zero-shot voice opens them as it registers;
 - text normalisers are built when first used, once per process (see runtime._share_text_normalizers).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,11 +29,19 @@ from pathlib import Path
 # Phases of a load: seconds by name, in the order they began. The CosyVoice backend adds cuda,
 # engine and the rest; runtime.load_model the ones below.
 IMPORTS, MODULES, FRONTEND, WEIGHTS = "imports", "modules", "frontend", "weights"
-_RANDOM_FILLS = ("uniform_", "normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
-                 "trunc_normal_", "orthogonal_")
+_RANDOM_FILLS = (
+    "uniform_",
+    "normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "trunc_normal_",
+    "orthogonal_",
+)
 _MODEL_LOADERS = ("load", "load_jit", "load_trt", "load_vllm")
 
-_clock: "LoadClock | None" = None  # the load under way in this process, for the timed upstream steps
+_clock: LoadClock | None = None  # the load under way in this process, for the timed upstream steps
 
 
 class LoadClock:
@@ -160,7 +170,7 @@ class _LazyOnnx:
     def __getattr__(self, name):
         return getattr(self._real, name)
 
-    def InferenceSession(self, *args, **kwargs):  # noqa: N802 - onnxruntime's own name
+    def InferenceSession(self, *args, **kwargs):
         return LazySession(self._real.InferenceSession, args, kwargs)
 
 

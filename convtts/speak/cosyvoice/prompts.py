@@ -1,4 +1,6 @@
-"""Zero-shot prompts: their recordings checked before anything starts, and a worker's bounded cache of registered voices."""
+"""Zero-shot prompts: their recordings checked before anything starts, and a worker's bounded cache of registered
+voices."""
+
 from __future__ import annotations
 
 import inspect
@@ -30,10 +32,16 @@ def check_prompt(where: str, audio: str, text: str, version: int) -> None:
     except Exception as exc:
         raise ConfigError(f"{where}: {audio} is not readable as audio: {exc}") from None
     if frames < info.frames:
-        raise ConfigError(f"{where}: {audio} holds {frames} of the {info.frames} frames its header announces (cut short?)")
-    if frames < MIN_PROMPT_SECONDS * info.samplerate:  # a WAV cut short reads as a short one: libsndfile sizes it by the file
-        raise ConfigError(f"{where}: {audio} holds {frames / info.samplerate:.2f} s of audio; a prompt needs at least "
-                          f"{MIN_PROMPT_SECONDS} s")
+        raise ConfigError(
+            f"{where}: {audio} holds {frames} of the {info.frames} frames its header announces (cut short?)"
+        )
+    if (
+        frames < MIN_PROMPT_SECONDS * info.samplerate
+    ):  # a WAV cut short reads as a short one: libsndfile sizes it by the file
+        raise ConfigError(
+            f"{where}: {audio} holds {frames / info.samplerate:.2f} s of audio; a prompt needs at least "
+            f"{MIN_PROMPT_SECONDS} s"
+        )
     if info.duration > MAX_PROMPT_SECONDS:
         raise ConfigError(f"{where}: {audio} is {info.duration:.1f} s; CosyVoice takes prompts of at most 30 s")
     if not text.strip():
@@ -71,7 +79,8 @@ def load_prompt_16k(path: str):
 
 
 def prompted_voices(config: Config) -> dict[str, PromptVoice]:
-    """The zero-shot voices by name: the pool's (speakers.pool), or those of speakers.voices in tts.cosyvoice.prompts."""
+    """The zero-shot voices by name: the pool's (speakers.pool), or those of speakers.voices in
+    tts.cosyvoice.prompts."""
     if config.speakers.pool:
         return {voice.name: PromptVoice(voice.audio, voice.text) for voice in read_pool(config.speakers.pool)}
     prompts = config.tts.cosyvoice.prompts
@@ -79,7 +88,8 @@ def prompted_voices(config: Config) -> dict[str, PromptVoice]:
 
 
 class PromptCache:
-    """The zero-shot voices registered with the model's frontend: at most `size`, the least recently spoken leaving first.
+    """The zero-shot voices registered with the model's frontend: at most `size`, the least recently spoken leaving
+    first.
 
     Registering computes a voice's prompt features (upstream's add_zero_shot_spk: the speech tokens,
     mel frames and speaker embedding of its recording) and keeps them in the frontend's spk2info

@@ -1,4 +1,5 @@
 """Finds the CosyVoice runtime and loads a model directory with it, never reaching the network."""
+
 from __future__ import annotations
 
 import importlib
@@ -33,9 +34,7 @@ def runtime_root(cosy: CosyVoiceConfig) -> Path | None:
     root = Path(raw).expanduser().resolve()
     where = "tts.cosyvoice.runtime_root" if cosy.runtime_root else "$COSYVOICE_ROOT"
     if not (root / "cosyvoice" / "cli" / "cosyvoice.py").is_file():
-        raise ConfigError(
-            f"{where} = {raw!r} is not a CosyVoice checkout: {root}/cosyvoice/cli/cosyvoice.py not found"
-        )
+        raise ConfigError(f"{where} = {raw!r} is not a CosyVoice checkout: {root}/cosyvoice/cli/cosyvoice.py not found")
     if not (root / "third_party" / "Matcha-TTS" / "matcha").is_dir():
         raise ConfigError(
             f"{where} = {raw!r} lacks third_party/Matcha-TTS/matcha "
@@ -129,8 +128,14 @@ def _inside(module, root: Path) -> bool:
 
 
 # WeTextProcessing's Chinese normaliser options and their defaults there (all off in wetext).
-ZH_DEFAULTS = dict(remove_interjections=True, remove_erhua=True, traditional_to_simple=True,
-                   remove_puncts=False, full_to_half=True, tag_oov=False)
+ZH_DEFAULTS = dict(
+    remove_interjections=True,
+    remove_erhua=True,
+    traditional_to_simple=True,
+    remove_puncts=False,
+    full_to_half=True,
+    tag_oov=False,
+)
 
 
 def provide_tn_from_wetext() -> bool:

@@ -5,6 +5,7 @@ most speech tokens upstream lets a chunk decode (20 per text token by default). 
 text.max_words and the zero-shot prompts, so the slot can size workers and rows before any
 worker loads a model (convtts.run.tuning); a chunk that needs more grows the cache.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Decoded sequences to audio: the engine's one caller of the flow (flow.py) and the vocoder (vocoder.py)."""
+
 from __future__ import annotations
 
 import torch

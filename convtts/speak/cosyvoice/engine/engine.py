@@ -9,6 +9,7 @@ the runner (runner_v1, runner_qwen) and the flow. Two ways to draw tokens:
   launched before the CPU reads the tokens of the last one, so the GPU never waits for the
   CPU's bookkeeping (a row that ended is stepped once more, and that step is thrown away).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -76,8 +77,14 @@ class BatchEngine:
 
     runners = {"upstream": UpstreamTransformerRunner, "static": TransformerRunner}
 
-    def __init__(self, model, max_rows: int, precision: PrecisionConfig | None = None, options: DecodeOptions | None = None,
-                 settings: CosyVoiceConfig | None = None):
+    def __init__(
+        self,
+        model,
+        max_rows: int,
+        precision: PrecisionConfig | None = None,
+        options: DecodeOptions | None = None,
+        settings: CosyVoiceConfig | None = None,
+    ):
         inner = model.model
         self.precision = precision or PrecisionConfig()
         self.options = options or DecodeOptions()
@@ -115,7 +122,9 @@ class BatchEngine:
         if self.options.sampler == "auto":
             return possible and self.device.type == "cuda"
         if self.options.sampler == "gpu" and not possible:
-            log.warning("tokens are drawn on the CPU: GPU sampling needs the static decode and upstream's ras_sampling rule")
+            log.warning(
+                "tokens are drawn on the CPU: GPU sampling needs the static decode and upstream's ras_sampling rule"
+            )
         return self.options.sampler == "gpu" and possible
 
     @property

@@ -16,10 +16,11 @@ rendering and the memory small:
 Everything else (convolutions, which see zeros past a row's end as in the solo pass; the causal
 layers; the feed-forwards) is upstream's own modules.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 
@@ -44,7 +45,9 @@ def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.to(dtype)
 
 
-def masked_group_norm(x: torch.Tensor, norm: torch.nn.GroupNorm, mask: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+def masked_group_norm(
+    x: torch.Tensor, norm: torch.nn.GroupNorm, mask: torch.Tensor, frames: torch.Tensor
+) -> torch.Tensor:
     """GroupNorm with each row's statistics over its own frames (mask 1), in fp32."""
     b, c, t = x.shape
     g = norm.num_groups
@@ -106,7 +109,7 @@ def unet(est, x, mask, mu, t, spks, cond):
         h = level(resnet, blocks, h, masks[-1], frames[-1], biases[-1], temb)
     for i, (resnet, blocks, up) in zip(reversed(range(len(masks))), est.up_blocks):
         skip = hiddens.pop()
-        h = torch.cat([h[:, :, :skip.shape[-1]], skip], dim=1)
+        h = torch.cat([h[:, :, : skip.shape[-1]], skip], dim=1)
         h = level(resnet, blocks, h, masks[i], frames[i], biases[i], temb)
         h = up(h * masks[i])
     h = block_1d(est.final_block, h, masks[0], frames[0])
@@ -118,8 +121,9 @@ def dit(est, x, mask, mu, t, spks, cond):
     dtype = est.proj_out.weight.dtype
     embed = est.time_embed
     temb = embed.time_mlp(embed.time_embed(t.float()).to(dtype))
-    h = est.input_embed(x.transpose(1, 2).to(dtype), cond.transpose(1, 2).to(dtype), mu.transpose(1, 2).to(dtype),
-                        spks.to(dtype))
+    h = est.input_embed(
+        x.transpose(1, 2).to(dtype), cond.transpose(1, 2).to(dtype), mu.transpose(1, 2).to(dtype), spks.to(dtype)
+    )
     rope = est.rotary_embed.forward_from_seq_len(h.shape[1])
     residual = h
     keys = mask.bool()[:, :, None, :]  # the attention processor takes mask[:, 0, -1] as the rows' frames

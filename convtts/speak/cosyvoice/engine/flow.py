@@ -7,6 +7,7 @@ v3's look-ahead convolution already do. So a row in a pass matches its solo rend
 rounding: within 1e-5 of full scale in fp32 (measured 1e-7) for v1, v2 and v3 alike. The Euler
 solve itself (eager, bucketed, CUDA graphs) is solver.py's.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,17 @@ def length_groups(rows: list[Row], frames_of=lambda row: len(row.kept), cap=lamb
 class Flow:
     """One engine's flow: its parts in the configured format, the Euler solver, the rows per pass."""
 
-    def __init__(self, flow, precision: str = "fp32", device="cpu", graphs: bool = False, compile: bool = False,
-                 max_graphs: int = 16, max_mb: int = 4096, bucket: bool | None = None):
+    def __init__(
+        self,
+        flow,
+        precision: str = "fp32",
+        device="cpu",
+        graphs: bool = False,
+        compile: bool = False,
+        max_graphs: int = 16,
+        max_mb: int = 4096,
+        bucket: bool | None = None,
+    ):
         self.flow, self.precision, self.device = flow, precision, device
         self.v1 = type(flow).__name__ == "MaskedDiffWithXvec"
         self.solver = Solver(flow.decoder, precision, graphs, compile, max_graphs, device, bucket)
@@ -49,13 +59,21 @@ class Flow:
         self.encoder_proj = part_module(flow.encoder_proj, precision) if self.encoder is not None else None
 
     @classmethod
-    def configured(cls, flow, precision: str, cosy, device) -> "Flow":
+    def configured(cls, flow, precision: str, cosy, device) -> Flow:
         """The flow as tts.cosyvoice configures it (cuda_graphs, flow.compile, .max_graphs, .max_mb)."""
-        return cls(flow, precision, device, graphs=cosy.cuda_graphs, compile=cosy.flow.compile,
-                   max_graphs=cosy.flow.max_graphs, max_mb=cosy.flow.max_mb)
+        return cls(
+            flow,
+            precision,
+            device,
+            graphs=cosy.cuda_graphs,
+            compile=cosy.flow.compile,
+            max_graphs=cosy.flow.max_graphs,
+            max_mb=cosy.flow.max_mb,
+        )
 
     def groups(self, rows: list[Row]) -> list[list[Row]]:
         """The rows' flow passes: close lengths together, each within the memory budget."""
+
         def cap(frames: int) -> int:
             return rows_within(self.max_mb, width_bucket(frames) * self.per_frame / 2**20)
 
@@ -84,11 +102,13 @@ def flow_batch(runner: Flow, rows: list[Row]) -> list[torch.Tensor]:
     h, _ = flow.encoder(embedded, lengths)
     h = flow.encoder_proj(h)
     mels = []
-    for i, row in enumerate(rows):
+    for i, _row in enumerate(rows):
         len1, total = prompt_tokens[i], int(lengths[i])
         mel_len1 = feats[i].shape[1]
         mel_len2 = int((total - len1) / flow.input_frame_rate * 22050 / 256)
-        mel, _ = flow.length_regulator.inference(h[i:i + 1, :len1], h[i:i + 1, len1:total], mel_len1, mel_len2, flow.input_frame_rate)
+        mel, _ = flow.length_regulator.inference(
+            h[i : i + 1, :len1], h[i : i + 1, len1:total], mel_len1, mel_len2, flow.input_frame_rate
+        )
         mels.append((mel[0], mel_len1, mel_len2))
     return solve(runner, rows, mels, feats, flow_speakers(flow, rows, device))
 
@@ -101,8 +121,10 @@ def embed_flow_tokens(flow, rows: list[Row], device) -> tuple[torch.Tensor, torc
     """Each row's prompt speech tokens and decoded tokens, padded on the right and embedded
     (padding zeroed), as the flow's inference embeds one row; returns them and the lengths."""
     # The frontend leaves prompt tensors on the model's device; the tokens are assembled on the CPU.
-    tokens = [torch.cat([flow_prompt_tokens(row).reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)])
-              for row in rows]
+    tokens = [
+        torch.cat([flow_prompt_tokens(row).reshape(-1).to("cpu", torch.long), torch.tensor(row.kept, dtype=torch.long)])
+        for row in rows
+    ]
     lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int32, device=device)
     padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True).to(device)
     keep = (torch.arange(padded.shape[1], device=device)[None, :] < lengths[:, None]).unsqueeze(-1)
@@ -124,7 +146,7 @@ def solve(runner: Flow, rows, mels, feats, spks) -> list[torch.Tensor]:
     cond = torch.zeros_like(mu)
     mask = torch.zeros(batch, 1, width, device=device, dtype=spks.dtype)
     x = torch.zeros_like(mu)
-    for i, (row, (mel, len1, len2)) in enumerate(zip(rows, mels)):
+    for i, (row, (mel, len1, _len2)) in enumerate(zip(rows, mels)):
         size = mel.shape[0]
         mu[i, :, :size] = mel.transpose(0, 1)
         mask[i, :, :size] = 1
@@ -133,7 +155,7 @@ def solve(runner: Flow, rows, mels, feats, spks) -> list[torch.Tensor]:
         with own_random_stream(row.request):  # upstream: randn_like(mu), drawn after the decode
             x[i, :, :size] = torch.randn(1, 80, size)[0].to(device)
     x = runner.solver.solve(x, mask, mu, spks, cond, [m.shape[0] for m, _, _ in mels])
-    return [x[i:i + 1, :, len1:len1 + len2].float() for i, (_, len1, len2) in enumerate(mels)]
+    return [x[i : i + 1, :, len1 : len1 + len2].float() for i, (_, len1, len2) in enumerate(mels)]
 
 
 def encode_causal(runner: Flow, embedded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -184,12 +206,17 @@ def flow_batch_causal(runner: Flow, rows: list[Row]) -> list[torch.Tensor]:
     h = encode_causal(runner, embedded, lengths)
     frames = [int(n) * flow.token_mel_ratio for n in lengths.tolist()]
     width = h.shape[1]
-    mask = (torch.arange(width, device=device)[None, :] < torch.tensor(frames, device=device)[:, None]).unsqueeze(1).to(h.dtype)
+    mask = (
+        (torch.arange(width, device=device)[None, :] < torch.tensor(frames, device=device)[:, None])
+        .unsqueeze(1)
+        .to(h.dtype)
+    )
     mu = h.transpose(1, 2).contiguous() * mask
     cond = torch.zeros_like(mu)
     for i, feat in enumerate(feats):
-        cond[i, :, :feat.shape[0]] = feat.to(device).transpose(0, 1)
+        cond[i, :, : feat.shape[0]] = feat.to(device).transpose(0, 1)
     noise = flow.decoder.rand_noise[:, :, :width].to(device=device, dtype=mu.dtype)
-    x = runner.solver.solve(noise.expand(len(rows), -1, -1).contiguous(), mask, mu, flow_speakers(flow, rows, device), cond,
-                            frames)
-    return [x[i:i + 1, :, feat.shape[0]:frames[i]].float() for i, feat in enumerate(feats)]
+    x = runner.solver.solve(
+        noise.expand(len(rows), -1, -1).contiguous(), mask, mu, flow_speakers(flow, rows, device), cond, frames
+    )
+    return [x[i : i + 1, :, feat.shape[0] : frames[i]].float() for i, feat in enumerate(feats)]

@@ -6,10 +6,11 @@ launch. The step function reads and writes only static buffers (the KV cache, ea
 length and next token, the output), so a graph replays it as it was captured; whatever it
 allocates inside is dead once the step ends, which is why every graph can share one memory pool.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -44,8 +45,14 @@ class StepGraphs:
     A capture or a compilation that fails leaves the step eager (logged once), never the run.
     """
 
-    def __init__(self, step: Callable[[int, int], None], device: torch.device, graphs: bool, compile: bool,
-                 state: list[torch.Tensor]):
+    def __init__(
+        self,
+        step: Callable[[int, int], None],
+        device: torch.device,
+        graphs: bool,
+        compile: bool,
+        state: list[torch.Tensor],
+    ):
         self.step = step
         self.compiled = compile_step(step) if compile else None
         self.capture = graphs and device.type == "cuda"
@@ -71,7 +78,9 @@ class StepGraphs:
             except Exception as exc:  # compilation failed (before any kernel ran): eager from now on
                 if is_out_of_memory(exc):
                     raise
-                log.warning("torch.compile of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc)
+                log.warning(
+                    "torch.compile of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc
+                )
                 self.compiled = None
         self.step(rows, length)
 
@@ -94,7 +103,9 @@ class StepGraphs:
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise
-            log.warning("CUDA graph capture of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc)
+            log.warning(
+                "CUDA graph capture of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc
+            )
             self.capture = False
             self.clear()
             return None

@@ -15,6 +15,7 @@ would see past its end put back where it matters:
 The f0 predictor, the source and the iSTFT stay in fp32 (v3's f0 predictor in float64, as
 upstream runs it); the convolution stack runs in the dtype of the copy it is given.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -120,7 +121,7 @@ def istft_rows(hift, magnitude: torch.Tensor, phase: torch.Tensor, frames: torch
     signal = F.fold(chunks, **fold).flatten(1)
     envelope = F.fold(window.square()[None, :, None] * keep, **fold).flatten(1)
     half = n_fft // 2
-    signal, envelope = signal[:, half:total - half], envelope[:, half:total - half]
+    signal, envelope = signal[:, half : total - half], envelope[:, half : total - half]
     return torch.where(envelope > 1e-11, signal / envelope.clamp(min=1e-11), torch.zeros_like(signal))
 
 
@@ -170,7 +171,7 @@ def vocode_rows(hift, mels: list[torch.Tensor], noise: dict) -> tuple[torch.Tens
     width = int(frames.max())
     mel = torch.zeros(len(mels), 80, width, device=device)
     for i, m in enumerate(mels):
-        mel[i, :, :m.shape[2]] = m[0].float()
+        mel[i, :, : m.shape[2]] = m[0].float()
     mask = lengths_mask(frames, width)
     f0 = f0_rows(hift, mel, mask)
     s = source_rows(hift, f0, noise, frames)

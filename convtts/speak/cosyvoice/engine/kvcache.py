@@ -1,4 +1,6 @@
-"""The decode's key/value caches: static (a fixed slot per row, preallocated) and padded (upstream's path, grown by concatenation)."""
+"""The decode's key/value caches: static (a fixed slot per row, preallocated) and padded (upstream's path, grown by
+concatenation)."""
+
 from __future__ import annotations
 
 import logging
@@ -58,12 +60,12 @@ class StaticCache:
         self.k[layer, :rows].scatter_(2, index, k.unsqueeze(2))
         self.v[layer, :rows].scatter_(2, index, v.unsqueeze(2))
 
-    def grown(self, capacity: int) -> "StaticCache":
+    def grown(self, capacity: int) -> StaticCache:
         """A copy with room for `capacity` positions per row (a prompt or a decode bound that did not fit)."""
         layers, rows, heads, _, dim = self.k.shape
         bigger = StaticCache(layers, rows, heads, dim, capacity, self.k.dtype, self.k.device)
-        bigger.k[:, :, :, :self.capacity] = self.k
-        bigger.v[:, :, :, :self.capacity] = self.v
+        bigger.k[:, :, :, : self.capacity] = self.k
+        bigger.v[:, :, :, : self.capacity] = self.v
         bigger.lengths.copy_(self.lengths)
         bigger.tokens.copy_(self.tokens)
         return bigger

@@ -11,6 +11,7 @@ TF32 is a process-wide switch in PyTorch, so a part sets it for the span of its 
 (`matmul_mode`) and puts back what it found: parts of one worker may differ. Upstream's modules
 are never changed in place: the one-at-a-time path shares them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,7 +44,7 @@ def _tf32_switches() -> list[tuple[object, str, object, object]]:
     """
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     try:
-        matmul.allow_tf32, cudnn.allow_tf32
+        matmul.allow_tf32, cudnn.allow_tf32  # noqa: B018  (the read is the probe: it raises under the new API)
     except RuntimeError:  # someone set the new API: keep to it
         return [(matmul, "fp32_precision", "tf32", "ieee"), (cudnn.conv, "fp32_precision", "tf32", "ieee")]
     return [(matmul, "allow_tf32", True, False), (cudnn, "allow_tf32", True, False)]
@@ -84,7 +85,9 @@ def fold_weight_norms(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def cast_copy(module: torch.nn.Module, precision: str, keep_fp32: tuple[str, ...] = (), fold: bool = False) -> torch.nn.Module:
+def cast_copy(
+    module: torch.nn.Module, precision: str, keep_fp32: tuple[str, ...] = (), fold: bool = False
+) -> torch.nn.Module:
     """A copy of `module` with its weights in the format's dtype, except the named submodules;
     with `fold`, its weight norms folded first. Tensors held as plain attributes (HiFT's window,
     v3's 290 MB noise buffers) are shared with the original, not copied."""

@@ -11,6 +11,7 @@ changes what is model specific:
 - the flow runs for decoded rows of close lengths together (right padding; see flow_batch_causal),
   from the decoder's fixed noise as upstream does; the vocoder per utterance, as in v1.
 """
+
 from __future__ import annotations
 
 from convtts.speak.cosyvoice.engine.engine import BatchEngine, llm_kind, plain_flow
@@ -22,8 +23,12 @@ __all__ = ["END_OF_PROMPT_ID", "QwenBatchEngine", "supports"]
 def supports(model) -> bool:
     """v2/v3 with upstream's Qwen2Encoder backbone (not its vLLM engine), fp32, flow in PyTorch."""
     llm = getattr(getattr(model, "model", None), "llm", None)
-    return (llm_kind(model) in ("Qwen2LM", "CosyVoice3LM") and type(getattr(llm, "llm", None)).__name__ == "Qwen2Encoder"
-            and not hasattr(llm, "vllm") and plain_flow(model))
+    return (
+        llm_kind(model) in ("Qwen2LM", "CosyVoice3LM")
+        and type(getattr(llm, "llm", None)).__name__ == "Qwen2Encoder"
+        and not hasattr(llm, "vllm")
+        and plain_flow(model)
+    )
 
 
 class QwenBatchEngine(BatchEngine):

@@ -1,4 +1,5 @@
 """The tokens of a GPU decode step, copied to the host without making the GPU wait."""
+
 from __future__ import annotations
 
 import torch

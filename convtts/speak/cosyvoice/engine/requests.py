@@ -1,4 +1,5 @@
 """An utterance in the batched engine (Request) and one text chunk of it in the decode (Sequence)."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ class Request:
 
     `pending` is the text frontend still at work on it (a Future of the chunk list), if any.
     """
+
     key: object
     chunks: list[dict]
     seed: int
@@ -48,6 +50,7 @@ class Request:
 @dataclass(eq=False)
 class Sequence:
     """One text chunk of a request in the decode: its status, row slot, sampled tokens and bounds."""
+
     request: Request
     chunk: dict
     index: int  # which chunk of the request

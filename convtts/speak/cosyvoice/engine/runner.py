@@ -8,6 +8,7 @@ Two kinds per family (runner_v1, runner_qwen):
   StaticCache, one CUDA graph per bucket (StepGraphs), and can draw the tokens on the GPU in
   the same graph (GpuSampler); the next step is launched before the CPU reads the last one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """How the engine runs the LLM (tts.cosyvoice: decode, cuda_graphs, compile, sampler; row_tokens from max_row_tokens)."""
+    """How the engine runs the LLM (tts.cosyvoice: decode, cuda_graphs, compile, sampler; row_tokens from
+    max_row_tokens)."""
+
     decode: str = "static"  # static: our step over a static cache; upstream: upstream's layers, padded cache
     cuda_graphs: bool = True  # static decode on CUDA: one graph per bucket
     compile: bool = False  # static decode: torch.compile the step (inside the graphs)
@@ -119,7 +122,9 @@ class StaticRunner(Runner):
 
     static = True
 
-    def __init__(self, llm, device, precision: str, options: DecodeOptions, layers: int, heads: int, dim: int, vocab: int):
+    def __init__(
+        self, llm, device, precision: str, options: DecodeOptions, layers: int, heads: int, dim: int, vocab: int
+    ):
         super().__init__(llm, device, precision, options)
         self.shape = (layers, heads, dim)
         self.vocab = vocab
@@ -133,7 +138,9 @@ class StaticRunner(Runner):
             return
         self.release_all()
         layers, heads, dim = self.shape
-        self.cache = StaticCache(layers, rows, heads, dim, round_capacity(self.options.row_tokens), self.dtype, self.device)
+        self.cache = StaticCache(
+            layers, rows, heads, dim, round_capacity(self.options.row_tokens), self.dtype, self.device
+        )
         self.sampler = sampler(rows) if sampler is not None else None
         self.logps = torch.zeros(rows, self.vocab, device=self.device)
         self._rebuild()
@@ -167,7 +174,12 @@ class StaticRunner(Runner):
         if positions <= self.cache.capacity:
             return
         capacity = round_capacity(positions)
-        log.info("static KV cache grows from %d to %d positions per row (a chunk needs %d)", self.cache.capacity, capacity, positions)
+        log.info(
+            "static KV cache grows from %d to %d positions per row (a chunk needs %d)",
+            self.cache.capacity,
+            capacity,
+            positions,
+        )
         self.cache = self.cache.grown(capacity)
         self._rebuild()
 

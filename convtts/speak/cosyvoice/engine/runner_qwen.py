@@ -6,6 +6,7 @@ the backbone for all live rows over a left-padded cache; the static runner steps
 from the same weights: RMSNorm, rotary positions per row, grouped-query attention over the
 row's own slot, SwiGLU, the final norm.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,11 @@ class QwenPrompt:
         sos = self.specials.weight[self.sos].reshape(1, 1, -1)
         task = self.specials.weight[llm.task_id].reshape(1, 1, -1)
         speech = chunk.get("llm_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)).to(device)
-        speech_emb = llm.speech_embedding(speech) if speech.shape[1] else \
-            torch.zeros(1, 0, llm.llm_input_size, dtype=text_emb.dtype, device=device)
+        speech_emb = (
+            llm.speech_embedding(speech)
+            if speech.shape[1]
+            else torch.zeros(1, 0, llm.llm_input_size, dtype=text_emb.dtype, device=device)
+        )
         return torch.concat([sos, text_emb, task, speech_emb], dim=1)
 
     def prefill(self, chunk: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -83,8 +87,13 @@ class UpstreamQwenRunner(UpstreamRunner):
         length = self.cache.layers[0].shape[2]
         pads = torch.tensor([seq.pad for seq in seqs], device=self.device)
         mask = (torch.arange(length + 1, device=self.device)[None, :] >= pads[:, None]).long()
-        out = self.prompts.backbone(inputs_embeds=xs, attention_mask=mask, position_ids=(length - pads)[:, None],
-                                    past_key_values=make_cache(self.cache.layers), use_cache=True)
+        out = self.prompts.backbone(
+            inputs_embeds=xs,
+            attention_mask=mask,
+            position_ids=(length - pads)[:, None],
+            past_key_values=make_cache(self.cache.layers),
+            use_cache=True,
+        )
         self.cache.layers = cache_tensors(out.past_key_values)
         for seq in seqs:
             seq.launched += 1
@@ -96,8 +105,12 @@ def supports_static(llm) -> bool:
     backbone = llm.llm.model.model
     config = backbone.config
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return (type(backbone).__name__ == "Qwen2Model" and rope.get("rope_type", rope.get("type", "default")) == "default"
-            and not getattr(config, "use_sliding_window", False) and config.hidden_act == "silu")
+    return (
+        type(backbone).__name__ == "Qwen2Model"
+        and rope.get("rope_type", rope.get("type", "default")) == "default"
+        and not getattr(config, "use_sliding_window", False)
+        and config.hidden_act == "silu"
+    )
 
 
 class QwenRunner(StaticRunner):
@@ -109,11 +122,21 @@ class QwenRunner(StaticRunner):
         config = backbone.config
         self.heads = config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        super().__init__(llm, device, precision, options, config.num_hidden_layers, config.num_key_value_heads, dim,
-                         llm.llm_decoder.out_features)
+        super().__init__(
+            llm,
+            device,
+            precision,
+            options,
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            dim,
+            llm.llm_decoder.out_features,
+        )
         self.backbone = backbone
         self.layers = list(backbone.layers)
-        self.qkv = [fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers]
+        self.qkv = [
+            fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers
+        ]
         self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj)[0] for layer in self.layers]
 
     def prompt(self, seq):
@@ -169,4 +192,6 @@ def fused(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     weight = torch.cat([linear.weight for linear in linears])
     if all(linear.bias is None for linear in linears):
         return weight, None
-    return weight, torch.cat([linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0]) for linear in linears])
+    return weight, torch.cat(
+        [linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0]) for linear in linears]
+    )

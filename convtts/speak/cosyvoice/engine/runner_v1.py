@@ -9,6 +9,7 @@ where p_t is linear_pos of the encoding of relative position t. Our step precomp
 layer for every t the cache can hold and gathers each row's scores by its own length, so rows of
 different lengths share one step without padding.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,9 @@ def v1_prompt(llm, chunk: dict, sos: int, device, dtype) -> torch.Tensor:
     text = chunk["text"].to(device)
     prompt_text = chunk.get("prompt_text", torch.zeros(1, 0, dtype=torch.int32)).to(device)
     text = torch.concat([prompt_text, text], dim=1)
-    text_len = torch.full((1,), text.shape[1], dtype=torch.int32, device=device)  # a fill: no copy that waits for the GPU
+    text_len = torch.full(
+        (1,), text.shape[1], dtype=torch.int32, device=device
+    )  # a fill: no copy that waits for the GPU
     text, _ = llm.encode(llm.text_embedding(text), text_len)
     embedding = chunk.get("llm_embedding", torch.zeros(0, 192)).to(device)
     if embedding.shape[0] != 0:
@@ -34,18 +37,24 @@ def v1_prompt(llm, chunk: dict, sos: int, device, dtype) -> torch.Tensor:
     start = llm.llm_embedding.weight[sos].reshape(1, 1, -1)
     task = llm.llm_embedding.weight[llm.task_id].reshape(1, 1, -1)
     prompt_speech = chunk.get("llm_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)).to(device)
-    prompt_emb = llm.speech_embedding(prompt_speech) if prompt_speech.shape[1] else \
-        torch.zeros(1, 0, llm.llm_input_size, dtype=text.dtype, device=device)
+    prompt_emb = (
+        llm.speech_embedding(prompt_speech)
+        if prompt_speech.shape[1]
+        else torch.zeros(1, 0, llm.llm_input_size, dtype=text.dtype, device=device)
+    )
     return torch.concat([start, embedding, text, task, prompt_emb], dim=1)
 
 
 def v1_prefill(llm, lm_input: torch.Tensor):
-    """Upstream's first decode step: the prompt through forward_chunk; (log-probabilities, cache [layers, heads, time, 2 x dim])."""
+    """Upstream's first decode step: the prompt through forward_chunk; (log-probabilities, cache [layers, heads,
+    time, 2 x dim])."""
     size = lm_input.shape[1]
     device = lm_input.device
     mask = torch.tril(torch.ones((1, size, size), device=device)).to(torch.bool)
     empty = torch.zeros((0, 0, 0, 0), device=device)
-    out, cache, _ = llm.llm.forward_chunk(lm_input, offset=0, required_cache_size=-1, att_cache=empty, cnn_cache=empty, att_mask=mask)
+    out, cache, _ = llm.llm.forward_chunk(
+        lm_input, offset=0, required_cache_size=-1, att_cache=empty, cnn_cache=empty, att_mask=mask
+    )
     return out[:, -1], cache
 
 
@@ -58,7 +67,7 @@ class UpstreamTransformerRunner(UpstreamRunner):
 
     def prompt(self, seq):
         hidden, cache = v1_prefill(self.llm, v1_prompt(self.llm, seq.chunk, sos_of(self.llm), self.device, self.dtype))
-        return self.logp(hidden), [cache[i:i + 1] for i in range(cache.shape[0])]
+        return self.logp(hidden), [cache[i : i + 1] for i in range(cache.shape[0])]
 
     def forward(self, seqs) -> torch.Tensor:
         encoder = self.llm.llm
@@ -84,10 +93,17 @@ def supports_static(llm) -> bool:
     """Our step reproduces pre-norm layers of relative-position attention after a linear_legacy embedding."""
     encoder = getattr(llm, "llm", None)
     layers = getattr(encoder, "encoders", None)
-    return (layers is not None and len(layers) > 0 and getattr(encoder, "normalize_before", False)
-            and type(encoder.embed).__name__ == "LegacyLinearNoSubsampling"
-            and type(encoder.embed.pos_enc).__name__ == "EspnetRelPositionalEncoding"
-            and all(type(layer.self_attn).__name__ == "RelPositionMultiHeadedAttention" and layer.normalize_before for layer in layers))
+    return (
+        layers is not None
+        and len(layers) > 0
+        and getattr(encoder, "normalize_before", False)
+        and type(encoder.embed).__name__ == "LegacyLinearNoSubsampling"
+        and type(encoder.embed.pos_enc).__name__ == "EspnetRelPositionalEncoding"
+        and all(
+            type(layer.self_attn).__name__ == "RelPositionMultiHeadedAttention" and layer.normalize_before
+            for layer in layers
+        )
+    )
 
 
 class TransformerRunner(StaticRunner):
@@ -105,15 +121,20 @@ class TransformerRunner(StaticRunner):
     def prompt(self, seq):
         hidden, cache = v1_prefill(self.llm, v1_prompt(self.llm, seq.chunk, sos_of(self.llm), self.device, self.dtype))
         dim = cache.shape[-1] // 2
-        return self.logp(hidden), [cache[i:i + 1, :, :, :dim] for i in range(cache.shape[0])], \
-            [cache[i:i + 1, :, :, dim:] for i in range(cache.shape[0])]
+        return (
+            self.logp(hidden),
+            [cache[i : i + 1, :, :, :dim] for i in range(cache.shape[0])],
+            [cache[i : i + 1, :, :, dim:] for i in range(cache.shape[0])],
+        )
 
     def tables(self, capacity: int) -> None:
         """Per layer, linear_pos of relative positions 0..capacity-1, as [heads, head size, positions]."""
         encoding = relative_encoding(self.encoder.embed.pos_enc, capacity).to(device=self.device, dtype=self.dtype)
         _, heads, dim = self.shape
-        self.rel = [layer.self_attn.linear_pos(encoding).view(capacity, heads, dim).permute(1, 2, 0).contiguous()
-                    for layer in self.encoder.encoders]
+        self.rel = [
+            layer.self_attn.linear_pos(encoding).view(capacity, heads, dim).permute(1, 2, 0).contiguous()
+            for layer in self.encoder.encoders
+        ]
         self.positions = torch.arange(capacity, device=self.device)
 
     def forward(self, rows: int, length: int) -> torch.Tensor:
@@ -146,7 +167,9 @@ def fused_qkv(attention) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention's query, key and value projections as one weight and bias (one matrix product)."""
     linears = (attention.linear_q, attention.linear_k, attention.linear_v)
     weight = torch.cat([linear.weight for linear in linears])
-    bias = torch.cat([linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0]) for linear in linears])
+    bias = torch.cat(
+        [linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0]) for linear in linears]
+    )
     return weight, bias
 
 
@@ -159,4 +182,4 @@ def relative_encoding(pos_enc, positions: int) -> torch.Tensor:
         pos_enc.extend_pe(torch.zeros(1, positions, dtype=pos_enc.pe.dtype, device=pos_enc.pe.device))
     pe = pos_enc.pe[0]
     centre = pe.size(0) // 2
-    return pe[centre - positions + 1:centre + 1].flip(0)
+    return pe[centre - positions + 1 : centre + 1].flip(0)

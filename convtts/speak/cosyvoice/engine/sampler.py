@@ -1,4 +1,5 @@
 """The LLM's sampling rule for every live row of a decode step, each row on its own random stream."""
+
 from __future__ import annotations
 
 import inspect
@@ -53,8 +54,8 @@ class Sampler:
         tokens = []
         for i, row in enumerate(rows):
             g = row.request.generator
-            token = int(index[i, torch.multinomial(values[i, :kept[i]], 1, replacement=True, generator=g)])
-            recent = row.tokens[-self.options["win_size"]:]
+            token = int(index[i, torch.multinomial(values[i, : kept[i]], 1, replacement=True, generator=g)])
+            recent = row.tokens[-self.options["win_size"] :]
             if recent.count(token) >= self.options["win_size"] * self.options["tau_r"]:
                 again = scores[i].clone()
                 if self.masks_repeat:
@@ -203,6 +204,8 @@ def pick(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     so that a zero weight (a banned or left-out token) is never drawn.
     """
     total = weights.cumsum(dim=-1)
-    index = torch.searchsorted(total, (u * total[:, -1])[:, None], right=True).squeeze(1).clamp_(max=weights.shape[1] - 1)
+    index = (
+        torch.searchsorted(total, (u * total[:, -1])[:, None], right=True).squeeze(1).clamp_(max=weights.shape[1] - 1)
+    )
     chosen = weights.gather(1, index[:, None]).squeeze(1)
     return torch.where(chosen > 0, index, weights.argmax(dim=-1))

@@ -1,4 +1,6 @@
-"""Which sequences hold the decode's rows: admission into free row slots, decoded rows waiting for the flow, chunks chained."""
+"""Which sequences hold the decode's rows: admission into free row slots, decoded rows waiting for the flow, chunks
+chained."""
+
 from __future__ import annotations
 
 import heapq
@@ -78,7 +80,9 @@ class Scheduler:
         """A chunk's sequence, bounded as upstream bounds it: by the chunk's text tokens (not the prompt's)."""
         chunk = request.chunks[index]
         text_only = int(chunk["text"].shape[1])
-        return Sequence(request, chunk, index, min_len=int(text_only * self.min_ratio), max_len=int(text_only * self.max_ratio))
+        return Sequence(
+            request, chunk, index, min_len=int(text_only * self.min_ratio), max_len=int(text_only * self.max_ratio)
+        )
 
     def take_failed(self) -> list[Request]:
         failed, self.failed = self.failed, []
@@ -122,4 +126,3 @@ class Scheduler:
 
     def finished(self) -> bool:
         return self.exhausted and not (self.incoming or self.waiting or self.running or self.decoded or self.failed)
-

@@ -8,6 +8,7 @@ measured peak of each pass, so FACTOR can be checked on a GPU.
     flow_mb_per_row(version=1, precision="bf16", seconds=8.0)   # before a model is loaded
     flow_pass_mb(flow, "bf16", rows=32, frames=700)              # for a loaded flow
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,11 @@ RELEASED_FLOW = {
     2: dict(kind="unet", channels=256, inner=512, ff=1024),
     3: dict(kind="dit", channels=1024, inner=1024, ff=2048),
 }
-RELEASED_HIFT = {1: dict(channels=128, hop=4, harmonics=9), 2: dict(channels=64, hop=4, harmonics=9),
-                 3: dict(channels=64, hop=4, harmonics=9)}
+RELEASED_HIFT = {
+    1: dict(channels=128, hop=4, harmonics=9),
+    2: dict(channels=64, hop=4, harmonics=9),
+    3: dict(channels=64, hop=4, harmonics=9),
+}
 
 
 def bytes_of(precision: str) -> int:
@@ -84,8 +88,9 @@ def rows_within(budget_mb: float, mb_per_row: float) -> int:
 
 def hift_widths(hift) -> dict:
     """Channels of HiFT's last (widest in time) level, its iSTFT hop, and its source's harmonics."""
-    return dict(channels=hift.ups[-1].out_channels, hop=int(hift.istft_params["hop_len"]),
-                harmonics=int(hift.nb_harmonics) + 1)
+    return dict(
+        channels=hift.ups[-1].out_channels, hop=int(hift.istft_params["hop_len"]), harmonics=int(hift.nb_harmonics) + 1
+    )
 
 
 def vocoder_bytes_per_sample(widths: dict, precision: str) -> float:

@@ -16,6 +16,7 @@ Modes, from the reference to the fastest:
   for all ten steps from a bucket's second pass, at most `max_graphs` kept (the most used), all
   sharing one memory pool; torch.compile of the estimator when flow.compile is set.
 """
+
 from __future__ import annotations
 
 import logging
@@ -143,8 +144,9 @@ class GraphCache:
 class Solver:
     """The Euler solve of one engine's flow: its estimator(s), precision and mode."""
 
-    def __init__(self, decoder, precision: str, graphs: bool, compile: bool, max_graphs: int, device,
-                 bucket: bool | None = None):
+    def __init__(
+        self, decoder, precision: str, graphs: bool, compile: bool, max_graphs: int, device, bucket: bool | None = None
+    ):
         """`bucket` None: bucketed on a GPU with graphs or compile; True pads to buckets anywhere (tests)."""
         self.decoder = decoder
         self.precision = precision
@@ -154,7 +156,9 @@ class Solver:
         self.estimator = part_module(decoder.estimator, precision)
         self.safe = padded_forward(self.estimator)
         if self.safe is None:
-            log.warning("unknown flow estimator %s: padded passes use upstream's forward", type(decoder.estimator).__name__)
+            log.warning(
+                "unknown flow estimator %s: padded passes use upstream's forward", type(decoder.estimator).__name__
+            )
         on_gpu = torch.device(device).type == "cuda"
         self.bucketed = self.safe is not None and (on_gpu and (graphs or compile) if bucket is None else bucket)
         if compile and self.safe is not None:
@@ -193,6 +197,7 @@ class Solver:
 
 def pad_pass(frames_first: tuple, spks: torch.Tensor, rows: int, width: int) -> tuple:
     """(x, mask, mu, spks, cond) padded to `rows` (copies of the last row) and `width` (zeros)."""
+
     def grow(t: torch.Tensor) -> torch.Tensor:
         extra = rows - t.shape[0]
         return torch.cat([t, t[-1:].expand(extra, *t.shape[1:])]) if extra else t

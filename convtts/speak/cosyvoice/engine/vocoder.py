@@ -7,6 +7,7 @@ order upstream draws it (v1: random phases on the CPU stream, then Gaussian nois
 phases, then noise; v3: fixed buffers), so a row's audio does not depend on its pass: it matches
 its solo rendering within 1e-5 of full scale in fp32 (float rounding of differently shaped kernels).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -101,12 +102,14 @@ class Vocoder:
         self.max_rows, self.max_mb = max_rows, max_mb
         self.takes_finalize = finalizes(hift)
         # a copy with folded weight norms (and cast convolutions); upstream's own serves passes of one
-        self.twin = cast_copy(hift, precision, keep_fp32=("f0_predictor", "m_source"), fold=True) if max_rows > 1 else None
+        self.twin = (
+            cast_copy(hift, precision, keep_fp32=("f0_predictor", "m_source"), fold=True) if max_rows > 1 else None
+        )
         self.per_sample = vocoder_bytes_per_sample(hift_widths(hift), precision)
         self.last_passes: list[int] = []  # rows of each pass of the last call (for benchmarks)
 
     @classmethod
-    def configured(cls, hift, precision: str, cosy) -> "Vocoder":
+    def configured(cls, hift, precision: str, cosy) -> Vocoder:
         """The vocoder as tts.cosyvoice configures it (flow.vocoder_rows, flow.max_mb)."""
         return cls(hift, precision, cosy.flow.vocoder_rows, cosy.flow.max_mb)
 
@@ -126,8 +129,12 @@ class Vocoder:
             except Exception as exc:
                 if is_out_of_memory(exc):
                     raise
-                log.warning("a vocoder pass of %d rows failed (%s: %s); vocoding them one at a time", len(index),
-                            type(exc).__name__, exc)
+                log.warning(
+                    "a vocoder pass of %d rows failed (%s: %s); vocoding them one at a time",
+                    len(index),
+                    type(exc).__name__,
+                    exc,
+                )
                 for request, state in zip(chosen, states):
                     request.generator.set_state(state)
                 audio = [self._one(requests[i], mels[i], speed) for i in index]
