@@ -16,7 +16,8 @@
 # TTS_SETS [""] (space-separated --set items for both runs: the speed work's best settings, e.g.
 # "tts.cosyvoice.precision.llm=bf16 tts.cosyvoice.precision.flow=bf16"), GATE_SETS [""] (more for the
 # gated run, e.g. "validate.asr_batch=32"), SECONDS_WINDOW [60], UTTERANCES [6000], MAX_WORDS [10],
-# REBUILD_EVERY [100], PACKED [0; 1 adds a gated run with validate.asr_pack=true], MODEL_SIZE [full], WHISPER_SIZE [turbo], GPU [0], SETUP [1: install the carried
+# REBUILD_EVERY [100], PACKED [0; 1 adds a gated run with validate.asr_pack=true], SYNCS [auto; "auto block"
+# runs each pair again with workers.cuda_sync=block], MODEL_SIZE [full], WHISPER_SIZE [turbo], GPU [0], SETUP [1: install the carried
 # wheels; 0 on a machine that has the packages], WHEELS [.whl], TEXT [tests/data/llava_style.json], PYTHON [python3].
 # A dry run on a CPU machine: SETUP=0 MODEL_SIZE=tiny WHISPER_SIZE=tiny GPU=cpu:1 SETTING=1:off:fp32:4 SECONDS_WINDOW=20 UTTERANCES=40
 set -euo pipefail
@@ -46,17 +47,17 @@ echo "models written at $((SECONDS - started)) s"
 
 common=(); for item in ${TTS_SETS:-}; do common+=(--set "$item"); done
 read -r -a more <<<"${GATE_SETS:-}"
-packed=()  # PACKED=1: a third run, the gate with short takes packed into shared 30 s windows (validate.asr_pack=true)
-[[ "${PACKED:-0}" == 1 ]] && packed=(--variant gate-on-packed validate.enabled=true validate.recogniser=hf-whisper
-  "validate.model_path=$whisper" validate.assume_english=true validate.max_wer=1000 validate.max_silence_share=1
-  validate.min_seconds_per_word=0 validate.max_seconds_per_word=1000 validate.asr_pack=true "${more[@]}")
+gate=(validate.enabled=true validate.recogniser=hf-whisper "validate.model_path=$whisper" validate.assume_english=true
+  validate.max_wer=1000 validate.max_silence_share=1 validate.min_seconds_per_word=0 validate.max_seconds_per_word=1000)
+variants=()
+for sync in ${SYNCS:-auto}; do  # SYNCS="auto block": each pair again with workers.cuda_sync=block, in the same call
+  tag="" sets=(); [[ "$sync" != auto ]] && tag="-$sync" sets=("workers.cuda_sync=$sync")
+  variants+=(--variant "gate-off$tag" "${sets[@]}" --variant "gate-on$tag" "${gate[@]}" "${sets[@]}" "${more[@]}")
+  # PACKED=1: also the gate with short takes packed into shared 30 s windows (validate.asr_pack=true)
+  [[ "${PACKED:-0}" == 1 ]] && variants+=(--variant "gate-on-packed$tag" "${gate[@]}" validate.asr_pack=true "${sets[@]}" "${more[@]}")
+done
 "$py" bench/compare_runs.py --model-dir "$model" --config configs/cosyvoice.yaml --text "${TEXT:-tests/data/llava_style.json}" \
   --gpu "${GPU:-0}" --setting "${SETTING:-8:on:fp32:32}" --seconds "${SECONDS_WINDOW:-60}" \
   --utterances "${UTTERANCES:-6000}" --max-words "${MAX_WORDS:-10}" --rebuild-every "${REBUILD_EVERY:-100}" \
-  --work "$work" "${common[@]}" \
-  --variant gate-off \
-  --variant gate-on validate.enabled=true validate.recogniser=hf-whisper "validate.model_path=$whisper" \
-    validate.assume_english=true validate.max_wer=1000 validate.max_silence_share=1 \
-    validate.min_seconds_per_word=0 validate.max_seconds_per_word=1000 "${more[@]}" \
-  "${packed[@]}" --out "$out/gate"
+  --work "$work" "${common[@]}" "${variants[@]}" --out "$out/gate"
 echo "done at $((SECONDS - started)) s"

@@ -233,6 +233,7 @@ class TTSConfig:
 
 
 START_METHODS = ("auto", "forkserver", "spawn")
+CUDA_SYNCS = ("auto", "spin", "yield", "block")
 
 
 @dataclass(frozen=True)
@@ -250,8 +251,13 @@ class WorkerConfig:
     # How a slot starts its workers: forkserver (forked from a process that imported torch and the
     # runtime once: run/preload.py), spawn (each a fresh interpreter), or auto (forkserver for CosyVoice).
     start_method: str = "auto"
+    # How a worker's CPU waits for its GPU: auto (the driver's choice: spin while it has cores to
+    # spare), spin, yield or block (sleep until the GPU is done: cores for the other workers)
+    cuda_sync: str = "auto"
 
     def check(self) -> None:
+        if self.cuda_sync not in CUDA_SYNCS:
+            raise ConfigError(f"workers.cuda_sync must be one of {CUDA_SYNCS}, got {self.cuda_sync!r}")
         if self.start_method not in START_METHODS:
             raise ConfigError(f"workers.start_method must be one of {START_METHODS}, got {self.start_method!r}")
         if self.per_slot < 0 or self.rebuild_every < 0 or self.max_rss_mb < 0 or self.max_gpu_mb < 0:

@@ -389,10 +389,3 @@ def test_the_speaker_check_reads_the_table_without_torch_and_refuses_what_is_not
     (old / "spk2info.pt").write_bytes(b"not a table")
     with pytest.raises(ConfigError, match="cannot read"):
         builtin_speakers(str(old))
-
-
-def test_workers_start_method_is_checked_up_front():
-    from convtts.config import WorkerConfig
-
-    with pytest.raises(ConfigError, match="workers.start_method must be one of"):
-        WorkerConfig(start_method="fork").check()

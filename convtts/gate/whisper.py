@@ -36,6 +36,9 @@ GAP = RATE // 2  # silence between packed takes: the last word of one is not hea
 TOKENS_PER_SECOND = 7  # about 5 words a second, faster than people speak; 10 more for a short take's tail
 SPARE_TOKENS = 10
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# Steps between looks at whether every row is done: each look waits for the GPU, and with a dozen
+# workers' kernels queued under MPS that wait is long; a done row only repeats end-of-text meanwhile.
+DONE_CHECK = 8
 
 
 def token_limit(samples: int, room: int) -> int:
@@ -196,7 +199,7 @@ class TransformersWhisper:
             token = torch.where(done, self.end, logits.argmax(-1))
             said.append(token)
             done |= (token == self.end) | (step + 1 >= limit)
-            if bool(done.all()):
+            if step % DONE_CHECK == DONE_CHECK - 1 and bool(done.all()):
                 break
             step_input = token[:, None]
         return [[t for t in row if t != self.end] for row in torch.stack(said, 1).tolist()]

@@ -67,6 +67,7 @@ def worker_main(args: WorkerArgs, conn) -> None:
     _die_with_parent(args.parent_pid, args.start_method)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the slot, which stops us
     setup_logging(args.log_file)
+    set_cuda_sync(args.config.workers.cuda_sync)  # before the gate or the model touch the GPU
     set_temporary_tag(args.temporary_tag)
     worker = Worker(args, conn)
     worker.startup["process"] = round(entered - args.spawned, 3) if args.spawned else 0.0
@@ -315,6 +316,35 @@ def release_backend(backend) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
+
+
+CUDA_SYNC_FLAGS = {"spin": 1, "yield": 2, "block": 4}  # the driver's CU_CTX_SCHED_* flags
+
+
+def set_cuda_sync(mode: str) -> bool:
+    """Tell the NVIDIA driver how this process waits for its GPU (workers.cuda_sync), before its
+    first CUDA call: the flags of the device's primary context, which torch then uses. True if set;
+    False for auto, or where there is no driver (a CPU machine) or no visible GPU."""
+    if mode == "auto":
+        return False
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    device = ctypes.c_int()
+    if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), 0) != 0:
+        return False
+    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
+    code = set_flags(device, CUDA_SYNC_FLAGS[mode])
+    if code != 0:
+        log.warning("workers.cuda_sync=%s: the driver refused it (CUresult %d); keeping its own choice", mode, code)
+        return False
+    log.info(
+        "workers.cuda_sync=%s: this worker's CPU %s while it waits for the GPU",
+        mode,
+        {"spin": "spins", "yield": "yields", "block": "sleeps"}[mode],
+    )
+    return True
 
 
 def _die_with_parent(parent_pid: int, start_method: str = "spawn") -> None:

@@ -1,0 +1,29 @@
+"""How a slot starts its workers and how they wait for the GPU: checked up front, and harmless off a GPU."""
+
+from __future__ import annotations
+
+import ctypes.util
+
+import pytest
+
+from convtts.config import ConfigError, WorkerConfig
+from convtts.run.worker import set_cuda_sync
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("start_method", "fork", "workers.start_method must be one of"),
+        ("cuda_sync", "busy", "workers.cuda_sync must be one of"),
+    ],
+)
+def test_worker_settings_are_checked_up_front(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        WorkerConfig(**{key: value}).check()
+    WorkerConfig(start_method="spawn", cuda_sync="block").check()
+
+
+def test_cuda_sync_leaves_the_driver_alone_on_auto_and_without_a_driver():
+    assert set_cuda_sync("auto") is False
+    if ctypes.util.find_library("cuda") is None:  # a CPU machine: nothing to set, nothing raised
+        assert set_cuda_sync("block") is False
