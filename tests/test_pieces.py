@@ -81,6 +81,20 @@ def plan(root, *sizes: int) -> Layout:
     return layout
 
 
+def test_a_shards_ids_go_out_longest_first_ties_in_plan_order(tmp_path):
+    """The last pieces of a shard hold its shortest utterances: the end of a run waits on short rows."""
+    layout = plan(tmp_path, 0)
+    lengths = [3, 12, 3, 30, 7, 12, 1, 3]
+    rows = [{"id": f"u{n}", "text": " ".join(["word"] * k), "speaker": "joe"} for n, k in enumerate(lengths)]
+    layout.shard_file("shard-00000").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    spoken_before(layout, "shard-00000", "u3")  # the longest was spoken by an earlier run
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
+    handed = []
+    while (piece := queue.next_piece()) is not None:
+        handed += piece.ids
+    assert handed == ["u1", "u5", "u4", "u0", "u2", "u7", "u6"]
+
+
 def spoken_before(layout: Layout, shard: str, uid: str, writer: str = "w0") -> None:
     """A row and its audio, as an earlier run's worker left them."""
     audio = layout.audio_dir(shard) / f"{uid}.wav"

@@ -4,7 +4,8 @@ A worker asks for more before its queue runs dry and gets the next piece of the 
 shard. Sizes follow guided self-scheduling: a piece holds about the work left divided by twice the
 workers, so a big run hands out pieces of MAX_PIECE (more for batched workers) and the last ones
 hold MIN_PIECE ids. One shard of 100 ids on 4 workers is cut 13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3,
-3, 3 and seven pieces of 2. At the very end an idle worker takes over ids a busy one holds and has
+3, 3 and seven pieces of 2. A shard's ids go out longest first, so the last pieces hold its
+shortest utterances. At the very end an idle worker takes over ids a busy one holds and has
 not begun (the slot asks for them back), so the workers finish within about one utterance (one
 batch, batched) of each other.
 
@@ -261,15 +262,22 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
     rows = read_jsonl(layout.shard_file(shard))
     spoken = [row["id"] for row in rows if row["id"] in done]
     todo = [row for row in rows if row["id"] not in done]
+    words = {row["id"]: row.get("words") or len(row.get("text", "").split()) for row in todo}
     return ShardWork(
         shard,
         len(rows),
-        deque(row["id"] for row in todo),
+        deque(longest_first(todo, words)),
         already=len(spoken),
         audio_seconds=sum(done[uid]["duration"] for uid in spoken),
         crashes=crash_counts(layout, shard, run_id),
-        words={row["id"]: row.get("words") or len(row.get("text", "").split()) for row in todo},
+        words=words,
     )
+
+
+def longest_first(rows: list[dict], words: dict[str, int]) -> list[str]:
+    """A shard's ids to speak, the longest first (ties in plan order): the last ones a worker begins
+    set how long the others wait at the end of a run, and a batched row takes as long as its audio."""
+    return [row["id"] for row in sorted(rows, key=lambda row: -words[row["id"]])]
 
 
 def open_manifests(layout: Layout, shard: str) -> dict[str, dict]:
