@@ -95,6 +95,30 @@ def test_mps_starts_before_the_slots_and_stops_after_success(tmp_path, small_inp
     assert_complete(tmp_path / "out")
 
 
+def test_a_long_log_path_gets_a_short_mps_pipe_folder_removed_after_the_run(tmp_path, small_input, mps_env):
+    """A unix socket's path must be short: under a deep log folder MPS gets a folder of its own in
+    /tmp, and the run takes it away when it stops MPS."""
+    env, record = mps_env
+    log = tmp_path / ("a-long-folder-name-for-logs-" * 3) / "log"
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "0",
+        "--workers",
+        "1",
+        "--log-dir",
+        log,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    pipe = record.read_text().splitlines()[0].split()[1].removeprefix("pipe=")
+    assert pipe.startswith("/tmp/convtts-mps.") and not Path(pipe).exists()
+    assert mps_requests(record) == ["start", "get_server_list", "quit"]
+
+
 def test_mps_stops_after_failures_and_is_skipped_when_off(tmp_path, mps_env):
     env, record = mps_env
     records = llava_conversations(1)

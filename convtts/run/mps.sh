@@ -2,7 +2,7 @@
 # every exit path. Never touches the GPU's compute mode or any other device setting.
 # Sourced, not run. mps_start MODE DIR (MODE auto|on|off); mps_stop.
 
-MPS_STARTED=""
+MPS_STARTED="" MPS_TEMP_PIPE=""
 
 mps_start() {
   local mode="$1" dir="$2"
@@ -13,7 +13,7 @@ mps_start() {
   fi
   # The pipe folder holds a unix socket, whose path must stay short (about 100 bytes).
   local pipe="$dir/pipe"
-  if [[ ${#pipe} -gt 80 ]]; then pipe="$(mktemp -d /tmp/convtts-mps.XXXXXX)"; fi
+  if [[ ${#pipe} -gt 80 ]]; then pipe="$(mktemp -d /tmp/convtts-mps.XXXXXX)" MPS_TEMP_PIPE="$pipe"; fi
   mkdir -p "$pipe" "$dir/log"
   export CUDA_MPS_PIPE_DIRECTORY="$pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
   if nvidia-cuda-mps-control -d && mps_answers; then
@@ -23,6 +23,7 @@ mps_start() {
   fi
   echo "run_all.sh: MPS control daemon did not start (see $dir/log); running without MPS" >&2
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  mps_forget_pipe
   [[ "$mode" == on ]] && echo "run_all.sh: --mps on was asked for; continuing without it" >&2
   return 0
 }
@@ -37,7 +38,14 @@ mps_answers() {  # the daemon takes requests: asked every 0.05 s for up to 5 s (
 }
 
 mps_stop() {
-  [[ -n "$MPS_STARTED" ]] || return 0
-  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
-  MPS_STARTED=""
+  if [[ -n "$MPS_STARTED" ]]; then
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+    MPS_STARTED=""
+  fi
+  mps_forget_pipe
+}
+
+mps_forget_pipe() {  # the short pipe folder made in /tmp for a long log path: one per run, not left behind
+  [[ -n "$MPS_TEMP_PIPE" ]] && rm -rf "$MPS_TEMP_PIPE"
+  MPS_TEMP_PIPE=""
 }
