@@ -8,7 +8,9 @@ is tests/scripted_backend.py, which kills its worker with SIGKILL where the scri
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import signal
+import time
 
 import pytest
 
@@ -16,7 +18,8 @@ from conftest import alive, read_jsonl, write_input
 from convtts import EXIT_FAILURES, EXIT_OK
 from convtts.config import load_config
 from convtts.plan.planner import make_plan
-from convtts.run.slot import MAX_BARREN_DEATHS, Slot, SlotOptions
+from convtts.run.pieces import Piece
+from convtts.run.slot import MAX_BARREN_DEATHS, Handle, Slot, SlotOptions
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures, read_json
 
@@ -123,3 +126,23 @@ def test_workers_that_die_before_speaking_anything_stop_the_slot(slot_run, caplo
     assert not slot_run.layout.stats(SHARD).exists()  # nothing was marked done
     builds = [c for c in read_jsonl(slot_run.tally / "calls.jsonl") if c["path"] == "build"]
     assert len(builds) == MAX_BARREN_DEATHS  # no worker was started after the last death
+
+
+def test_a_worker_that_died_since_the_last_look_is_asked_for_nothing(tmp_path):
+    """The slot may ask a busy worker for ids back in the instant after it died and before its
+    sentinel is seen (CI met this once): the request must not raise, and the idle worker waits for
+    the dead one's ids, which its death hands back."""
+    ctx = multiprocessing.get_context("fork")
+    conn, child_end = ctx.Pipe()
+    dead = ctx.Process(target=time.sleep, args=(0,))
+    dead.start()
+    child_end.close()
+    dead.join()
+    slot = Slot(Layout(tmp_path / "out"), load_config(None, []), list, SlotOptions(0, 2, "run1"))
+    busy = Handle(0, dead, conn, ready=True, pieces=[Piece(SHARD, IDS[:4], {})])
+    idle = Handle(1, None, None, ready=True, wants=True)
+    slot.handles = {0: busy, 1: idle}
+    with pytest.raises(BrokenPipeError):
+        conn.send("anything")  # the pipe really is broken
+    assert slot.take_back_for(idle) is True  # the idle worker waits
+    assert not busy.asked_back  # nothing is out: no Returned will come from the dead worker

@@ -84,6 +84,14 @@ class Handle:
     def unstarted(self) -> int:
         return sum(len(p.unstarted()) for p in self.pieces)
 
+    def tell(self, message) -> bool:
+        """Send `message`; False when the worker died since the last pump (its sentinel reports it next)."""
+        try:
+            self.conn.send(message)
+        except OSError:  # BrokenPipeError, ConnectionResetError: the pipe's other end is gone
+            return False
+        return True
+
 
 @dataclass
 class SlotOptions:
@@ -349,15 +357,15 @@ class Slot:
             piece = None if self.halted or self.work is None else self.work.next_piece()
             if piece is not None:
                 handle.pieces.append(piece)
-                handle.conn.send(SpeakPiece(piece.shard, piece.ids, piece.crashes))
+                handle.tell(SpeakPiece(piece.shard, piece.ids, piece.crashes))  # dead: on_death returns it
             elif handle.pieces:
-                handle.conn.send(Nothing())  # it asks again once idle
+                handle.tell(Nothing())  # it asks again once idle
             elif not self.halted and self.take_back_for(handle):
                 continue  # it waits: the ids come back in a moment
             elif (
                 self.halted or not self.work or not self.work.has_work()
             ):  # a fed slot idles while the driver says wait
-                handle.conn.send(Stop())
+                handle.tell(Stop())
                 handle.ready, handle.stopping = False, True
             else:
                 continue
@@ -372,8 +380,8 @@ class Slot:
         if not busy:
             return False
         victim = max(busy, key=Handle.unstarted)
-        victim.conn.send(HandBack((victim.unstarted() + 1) // 2))
-        victim.asked_back = True
+        # a victim that died meanwhile hands its ids back through on_death instead
+        victim.asked_back = victim.tell(HandBack((victim.unstarted() + 1) // 2))
         return True
 
     def on_death(self, handle: Handle) -> None:
