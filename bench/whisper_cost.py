@@ -15,6 +15,7 @@ once untimed first (allocation, kernel choice), then --repeat times; the figures
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -103,6 +104,7 @@ def measure(recogniser: TimedWhisper, takes: list, pack: bool, repeat: int) -> d
 
 def table(rows: list[dict]) -> str:
     head = (
+        "graphs",
         "pack",
         "asr_batch",
         "takes",
@@ -117,6 +119,7 @@ def table(rows: list[dict]) -> str:
     lines = ["  ".join(f"{h:>10}" for h in head)]
     for r in rows:
         cells = (
+            "on" if r["graphs"] else "off",
             "on" if r["pack"] else "off",
             r["asr_batch"],
             r["takes"],
@@ -144,12 +147,16 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument(
+        "--graphs", default="false,true", help="validate.asr_graphs values: the static decoder (graphs on CUDA) or not"
+    )
+    p.add_argument("--packs", default="false,true", help="validate.asr_pack values")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = p.parse_args()
     path = model_dir(args.model or REPO / "models" / f"whisper-{args.size}", args.size)
     takes = noise_takes(args.takes, args.seconds)
     rows, device = [], None
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch, graphs in itertools.product((int(b) for b in args.batches.split(",")), args.graphs.split(",")):
         cfg = load_config(
             None,
             [
@@ -159,12 +166,16 @@ def main() -> None:
                 f"validate.asr_batch={batch}",
                 f"validate.asr_device={args.device}",
                 f"validate.asr_precision={args.precision}",
+                f"validate.asr_graphs={graphs}",
             ],
         ).validate
         recogniser = TimedWhisper(cfg)
         device = f"{recogniser.device} {str(recogniser.dtype).removeprefix('torch.')}"
-        for pack in (False, True):
-            rows.append(measure(recogniser, takes, pack, args.repeat))
+        for pack in (value == "true" for value in args.packs.split(",")):
+            row = {"graphs": graphs == "true", **measure(recogniser, takes, pack, args.repeat)}
+            if recogniser.static is not None:  # what ran: graphs captured, or eager steps after a failed capture
+                row.update(graphs_captured=len(recogniser.static.graphs), graphs_failed=recogniser.static.eager)
+            rows.append(row)
         del recogniser
     print(table(rows), file=sys.stderr)
     report(

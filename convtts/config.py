@@ -323,6 +323,9 @@ class ValidateConfig:
     asr_pack: bool = False
     asr_precision: str = "bf16"  # hf-whisper on CUDA: bf16 | fp16 | fp32 (always fp32 on the CPU)
     asr_device: str = "auto"  # hf-whisper: auto (the worker's GPU if it has one) | cuda | cpu
+    # hf-whisper: decode over static buffers, each step one CUDA graph on the GPU (gate/whisper_static.py;
+    # on one H200 decoding took a fifth to a third of the time); false: transformers' own cache, step by step
+    asr_graphs: bool = True
 
     def check(self) -> None:
         if not 0 <= self.max_respeaks <= 20:

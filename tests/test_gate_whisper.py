@@ -18,6 +18,7 @@ from conftest import read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import QualityFailure, Take, open_gate, split_heard, take_seed
 from convtts.gate.whisper import RATE, WINDOW, TransformersWhisper, pack_takes, token_limit
+from convtts.gate.whisper_static import bucket
 from convtts.testing.whisper_model import build_whisper_dir
 
 BASE_SEED = 1234  # workers.seed's default
@@ -52,9 +53,11 @@ def gate_config(whisper_dir, *extra):
     ).validate
 
 
-@pytest.fixture(scope="module")
-def recogniser(whisper_dir):
-    return TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3"))
+@pytest.fixture(scope="module", params=["transformers-cache", "static-buffers"])
+def recogniser(whisper_dir, request):
+    """Both decoders: transformers' own cache, and the static one (gate/whisper_static.py) the GPU graphs."""
+    graphs = request.param == "static-buffers"
+    return TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3", f"validate.asr_graphs={graphs}"))
 
 
 def noise(seconds: float, seed: int) -> np.ndarray:
@@ -339,3 +342,20 @@ def test_a_cpu_slot_is_not_asked_for_whisper_on_a_gpu(tmp_path, whisper_dir):
     slot_log = next((tmp_path / "log").rglob("slot-0.log")).read_text()
     assert "validate.asr_device=cuda, but this slot runs on the CPU" in slot_log and "worker" not in slot_log
     assert not (tmp_path / "out" / "audio").exists()
+
+
+def test_the_static_decoder_draws_transformers_tokens_row_for_row(whisper_dir):
+    """Batches of 1, 3 and 2 windows through buffers sized for 4 (padding rows, a bucket reused after
+    a larger batch left its keys behind): each row's tokens are those of transformers' cached decoding."""
+    static = TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=4", "validate.asr_graphs=true"))
+    assert static.static is not None
+    for seeds, seconds in (((0,), (2.0,)), ((1, 2, 3), (9.0, 0.6, 4.0)), ((4, 5), (3.0, 1.5))):
+        audio = [noise(length, seed) for seed, length in zip(seeds, seconds)]
+        limits = [token_limit(len(take), static.room) for take in audio]
+        encoded = static._encode(static._features(audio))
+        assert static.static.decode(encoded, limits) == static._decode_cached(encoded, limits)
+        assert all(len(row) for row in static.static.decode(encoded, limits))
+
+
+def test_buckets_are_powers_of_two_up_to_the_batch():
+    assert [bucket(count, 16) for count in (1, 2, 3, 5, 9, 16, 17)] == [1, 2, 4, 8, 16, 16, 16]

@@ -101,6 +101,7 @@ class TransformersWhisper:
         self.tokenizer = WhisperTokenizer.from_pretrained(path, local_files_only=True)
         self.batch = cfg.asr_batch
         self._token_rules()
+        self.static = self._static_decoder() if cfg.asr_graphs else None
         log.info(
             "Whisper from %s on %s in %s, %d windows a batch, loaded in %.1fs",
             path,
@@ -130,6 +131,11 @@ class TransformersWhisper:
         self.never = torch.tensor(sorted(t for t in never if t < vocab), device=self.device)
         self.first = torch.tensor(sorted(t for t in first if t < vocab), device=self.device)
         self.room = self.model.config.max_target_positions - len(self.prompt)
+
+    def _static_decoder(self):
+        from convtts.gate.whisper_static import StaticDecoder
+
+        return StaticDecoder(self.model, self.batch, self.prompt, self.end, self.never, self.first)
 
     def transcribe(self, audio16k: np.ndarray) -> str:
         return self.transcribe_many([audio16k])[0]
@@ -178,6 +184,12 @@ class TransformersWhisper:
         return self.model.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
 
     def _decode(self, encoded, limits: list[int]) -> list[list[int]]:
+        """Each row's tokens: over static buffers (asr_graphs), else over transformers' cache."""
+        if self.static is not None:
+            return self.static.decode(encoded, limits)
+        return self._decode_cached(encoded, limits)
+
+    def _decode_cached(self, encoded, limits: list[int]) -> list[list[int]]:
         """Greedy decoding of every row together, over one cache; a row is done at end-of-text or its limit."""
         import torch
         from transformers.modeling_outputs import BaseModelOutput
