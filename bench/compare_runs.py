@@ -95,14 +95,25 @@ def voice_report(rows: list[dict], logs: Path) -> dict:
     }
 
 
-def run_variant(name: str, sets: list[str], args, input_file: Path, work: Path) -> dict:
+SETTING_ITEMS = ("workers", "batch")  # a variant's items without a dot change its setting, not its config
+
+
+def run_variant(name: str, items: list[str], args, input_file: Path, work: Path) -> dict:
+    """One variant: the call's setting, with a variant's `workers=N` or `batch=N` in its place (the
+    gate on, 16 Whisper copies may not leave room for all of gate off's workers), and its --set items."""
     workers, mps, precision, *batch = args.setting.split(":")
-    setting = Setting(name, int(workers), mps, precision, int(batch[0]) if batch else 1)
+    fields = {"workers": int(workers), "batch": int(batch[0]) if batch else 1}
+    sets = [item for item in items if item.split("=", 1)[0] not in SETTING_ITEMS]
+    for item in items:
+        key, _, value = item.partition("=")
+        if key in SETTING_ITEMS:
+            fields[key] = int(value)
+    setting = Setting(name, fields["workers"], mps, precision, fields["batch"])
     variant_args = argparse.Namespace(**{**vars(args), "set": [*args.set, *sets]})
     report = run_setting(setting, variant_args, input_file, work)
     rows, failures = rows_of(work / name)
     report.update(
-        variant={"name": name, "sets": sets},
+        variant={"name": name, "sets": items},
         gate=gate_report(rows, failures),
         voices=voice_report(rows, work / f"{name}-log"),
     )
@@ -111,18 +122,23 @@ def run_variant(name: str, sets: list[str], args, input_file: Path, work: Path) 
 
 def print_table(reports: list[dict]) -> None:
     first = reports[0].get("audio_seconds_per_second")
+    first_steady = reports[0].get("steady_audio_seconds_per_second")
     print(
-        "| variant | audio s/s | vs first | gate s/utt (mean, p90) | gate s per audio s | ASR checked | "
-        "re-spoken | failed | voices | prompt registrations (s/utt) | GPU MiB/worker | GPU busy | CPU busy | exit |"
+        "| variant | audio s/s | vs first | steady audio s/s (s) | vs first | gate s/utt (mean, p90) | "
+        "gate s per audio s | ASR checked | re-spoken | failed | voices | prompt registrations (s/utt) | "
+        "GPU MiB/worker | GPU busy | CPU busy | exit |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         rate, gate, voices, memory = r.get("audio_seconds_per_second"), r["gate"] or {}, r["voices"], r["memory"]
         ratio = f"{rate / first:.3f}" if rate and first else "-"
+        steady = r.get("steady_audio_seconds_per_second")
+        steady_ratio = f"{steady / first_steady:.3f}" if steady and first_steady else "-"
         per_worker = max((w["gpu_mb_max"] for w in memory["workers"].values()), default=None)
         checked = sum(n for kind, n in gate.get("asr", {}).items() if not kind.startswith(("skipped", "off")))
         print(
-            f"| {r['variant']['name']} | {rate} | {ratio} | {gate.get('gate_seconds_mean')}, "
+            f"| {r['variant']['name']} | {rate} | {ratio} | {steady} ({r.get('steady_seconds')}) | {steady_ratio} | "
+            f"{gate.get('gate_seconds_mean')}, "
             f"{gate.get('gate_seconds_p90')} | "
             f"{gate.get('gate_seconds_per_audio_second')} | {checked}/{gate.get('gated', 0)} | "
             f"{gate.get('respoken')} | "
@@ -149,7 +165,7 @@ def main() -> int:
         action="append",
         required=True,
         metavar="NAME [KEY=VALUE ...]",
-        help="a name, then the --set items of this variant only",
+        help="a name, then the --set items of this variant only (workers=N, batch=N: its own setting)",
     )
     p.add_argument("--utterances", type=int, default=6000)
     p.add_argument("--seconds", type=float, default=60, help="the timed window (0: run to the end)")

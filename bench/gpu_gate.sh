@@ -15,7 +15,9 @@
 # Knobs (defaults in brackets): SETTING [8:on:fp32:32] (workers:mps:precision:batch, for both runs),
 # TTS_SETS [""] (space-separated --set items for both runs: the speed work's best settings, e.g.
 # "tts.cosyvoice.precision.llm=bf16 tts.cosyvoice.precision.flow=bf16"), GATE_SETS [""] (more for the
-# gated run, e.g. "validate.asr_batch=32"), SECONDS_WINDOW [60], UTTERANCES [6000], MAX_WORDS [10],
+# gated run, e.g. "validate.asr_batch=32"; workers=N or batch=N give the gated runs their own setting: 16
+# copies of Whisper beside 16 x 64 rows fill an H200), SECONDS_WINDOW [60; packed takes are written
+# about 150 at a time per worker, so give it 150: the table's steady column starts at the last worker's first write], UTTERANCES [6000], MAX_WORDS [10],
 # REBUILD_EVERY [100], PACKED [0; 1 adds a gated run with validate.asr_pack=true], SYNCS [auto; "auto block"
 # runs each pair again with workers.cuda_sync=block], MODEL_SIZE [full], WHISPER_SIZE [turbo], GPU [0], SETUP [1: install the carried
 # wheels; 0 on a machine that has the packages], WHEELS [.whl], TEXT [tests/data/llava_style.json], PYTHON [python3].

@@ -192,7 +192,8 @@ def timed_window(run: subprocess.Popen, logs: Path, workers: int, seconds: float
 
 
 def windowed(rows: list[dict], t0: float, t1: float) -> dict:
-    """Audio finished between t0 and t1 (all workers up) per second of that window."""
+    """Audio finished between t0 and t1 (all workers up) per second of that window; and the same from
+    the moment every worker had written its first row (steady)."""
     inside = [r for r in rows if t0 <= r["finished"] <= t1]
     audio = sum(r["duration"] for r in inside)
     rate = audio / (t1 - t0)
@@ -204,7 +205,30 @@ def windowed(rows: list[dict], t0: float, t1: float) -> dict:
         "real_time_factor": round(1 / rate, 4) if rate else None,
         "utterances_per_hour": round(len(inside) / (t1 - t0) * 3600),
         "mean_utterance_seconds": round(audio / len(inside), 2) if inside else None,
+        **steady_window(inside, t1),
     }
+
+
+MIN_STEADY_SECONDS = 10.0
+
+
+def steady_window(inside: list[dict], t1: float) -> dict:
+    """Audio per second after every worker's first write (each worker's row field), up to t1.
+
+    A worker that holds finished takes and writes them together (the quality gate judges a batch at
+    a time: a packed batch is about 150 takes) writes nothing for a while after it starts, and the
+    all-workers-up window counts that wait against it. From the last worker's first write on, each
+    worker has passed its first hold; the figure is then off by at most one batch per worker, so a
+    window should hold several. None when under MIN_STEADY_SECONDS remain."""
+    firsts: dict[str, float] = {}
+    for r in inside:
+        worker = r.get("worker", "")
+        firsts[worker] = min(firsts.get(worker, r["finished"]), r["finished"])
+    start = max(firsts.values(), default=t1)
+    if t1 - start < MIN_STEADY_SECONDS:
+        return {"steady_seconds": round(max(0.0, t1 - start), 1), "steady_audio_seconds_per_second": None}
+    audio = sum(r["duration"] for r in inside if r["finished"] > start)
+    return {"steady_seconds": round(t1 - start, 1), "steady_audio_seconds_per_second": round(audio / (t1 - start), 3)}
 
 
 def steady_state(rows: list[dict]) -> dict:
