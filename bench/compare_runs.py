@@ -6,8 +6,9 @@ Each variant is measured as bench/throughput.py measures a setting (audio second
 timed window once every worker is up, GPU memory per worker, GPU and CPU busy), in its own output
 directory. The report adds, from the variant's own rows and worker logs: what the quality gate
 spent (quality.gate_seconds per utterance and per audio second, which takes got the ASR check, how
-many were re-spoken or failed), which voices spoke, and how many prompt registrations the workers
-made and how long they took (a voice pool's cost); and each variant's throughput against the first's.
+many were re-spoken, retried after an error or failed), the workers' out-of-memory events, which
+voices spoke, and how many prompt registrations the workers made and how long they took (a voice
+pool's cost); and each variant's throughput against the first's.
 Figures go to OUT.json after every variant, so a run cut short keeps what it measured.
 
     python bench/compare_runs.py --model-dir /tmp/cv300m --setting 8:on:fp32:32 --seconds 60 \\
@@ -33,6 +34,7 @@ from throughput import (  # bench/ is this script's own folder on sys.path
     run_setting,
 )
 
+SHRUNK = re.compile(r"CUDA out of memory with \d+ utterances in flight; now (\d+) rows")  # run/batching.py
 REGISTERED = re.compile(r"prompt features: (\d+) voices registered in ([0-9.]+) s, (\d+) reused")  # at each rebuild
 
 
@@ -66,6 +68,7 @@ def gate_report(rows: list[dict], failures: list[dict]) -> dict | None:
         "gated": len(gated),
         "asr": kinds,
         "respoken": sum(1 for r in gated if r.get("respeaks")),
+        "retried": sum(1 for r in gated if r.get("attempts", 1) > 1),  # after an error: the recogniser's counts
         "failed": by_check,
         "gate_seconds_mean": round(statistics.fmean(seconds), 4) if seconds else None,
         "gate_seconds_p90": round(sorted(seconds)[int(0.9 * (len(seconds) - 1))], 4) if seconds else None,
@@ -95,6 +98,13 @@ def voice_report(rows: list[dict], logs: Path) -> dict:
     }
 
 
+def memory_events(logs: Path) -> dict:
+    """Out-of-memory events the workers logged: each halves a worker's rows for the rest of its model
+    (a run that fills the GPU can lose most of its rows this way without failing an utterance)."""
+    shrunk = [int(m.group(1)) for log in logs.rglob("*.log") for m in SHRUNK.finditer(log.read_text(errors="replace"))]
+    return {"out_of_memory": len(shrunk), "fewest_rows": min(shrunk, default=None)}
+
+
 SETTING_ITEMS = ("workers", "batch")  # a variant's items without a dot change its setting, not its config
 
 
@@ -116,6 +126,7 @@ def run_variant(name: str, items: list[str], args, input_file: Path, work: Path)
         variant={"name": name, "sets": items},
         gate=gate_report(rows, failures),
         voices=voice_report(rows, work / f"{name}-log"),
+        memory_events=memory_events(work / f"{name}-log"),
     )
     return report
 
@@ -125,12 +136,13 @@ def print_table(reports: list[dict]) -> None:
     first_steady = reports[0].get("steady_audio_seconds_per_second")
     print(
         "| variant | audio s/s | vs first | steady audio s/s (s) | vs first | gate s/utt (mean, p90) | "
-        "gate s per audio s | ASR checked | re-spoken | failed | voices | prompt registrations (s/utt) | "
-        "GPU MiB/worker | GPU busy | CPU busy | exit |"
+        "gate s per audio s | ASR checked | re-spoken (retried after an error) | failed | voices | "
+        "prompt registrations (s/utt) | GPU MiB/worker | out of memory (fewest rows) | GPU busy | CPU busy | exit |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         rate, gate, voices, memory = r.get("audio_seconds_per_second"), r["gate"] or {}, r["voices"], r["memory"]
+        events = r.get("memory_events") or {"out_of_memory": "-", "fewest_rows": "-"}
         ratio = f"{rate / first:.3f}" if rate and first else "-"
         steady = r.get("steady_audio_seconds_per_second")
         steady_ratio = f"{steady / first_steady:.3f}" if steady and first_steady else "-"
@@ -141,9 +153,10 @@ def print_table(reports: list[dict]) -> None:
             f"{gate.get('gate_seconds_mean')}, "
             f"{gate.get('gate_seconds_p90')} | "
             f"{gate.get('gate_seconds_per_audio_second')} | {checked}/{gate.get('gated', 0)} | "
-            f"{gate.get('respoken')} | "
+            f"{gate.get('respoken')} ({gate.get('retried')}) | "
             f"{gate.get('failed')} | {voices['voices']} | {voices['prompt_registrations']} "
-            f"({voices['prompt_seconds_per_utterance']}) | {per_worker} | {memory.get('gpu_busy_mean')} | "
+            f"({voices['prompt_seconds_per_utterance']}) | {per_worker} | "
+            f"{events['out_of_memory']} ({events['fewest_rows']}) | {memory.get('gpu_busy_mean')} | "
             f"{memory['cpu_busy_mean']} | {r['exit_code']} |"
         )
 
