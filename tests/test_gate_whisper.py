@@ -53,11 +53,10 @@ def gate_config(whisper_dir, *extra):
     ).validate
 
 
-@pytest.fixture(scope="module", params=["transformers-cache", "static-buffers"])
-def recogniser(whisper_dir, request):
-    """Both decoders: transformers' own cache, and the static one (gate/whisper_static.py) the GPU graphs."""
-    graphs = request.param == "static-buffers"
-    return TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3", f"validate.asr_graphs={graphs}"))
+@pytest.fixture(scope="module")
+def recogniser(whisper_dir):
+    """The default decoder, over static buffers (gate/whisper_static.py); the last tests check it against the other."""
+    return TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3"))
 
 
 def noise(seconds: float, seed: int) -> np.ndarray:
@@ -347,8 +346,8 @@ def test_a_cpu_slot_is_not_asked_for_whisper_on_a_gpu(tmp_path, whisper_dir):
 def test_the_static_decoder_draws_transformers_tokens_row_for_row(whisper_dir):
     """Batches of 1, 3 and 2 windows through buffers sized for 4 (padding rows, a bucket reused after
     a larger batch left its keys behind): each row's tokens are those of transformers' cached decoding."""
-    static = TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=4", "validate.asr_graphs=true"))
-    assert static.static is not None
+    static = TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=4"))
+    assert static.static is not None  # the default
     for seeds, seconds in (((0,), (2.0,)), ((1, 2, 3), (9.0, 0.6, 4.0)), ((4, 5), (3.0, 1.5))):
         audio = [noise(length, seed) for seed, length in zip(seeds, seconds)]
         limits = [token_limit(len(take), static.room) for take in audio]
@@ -359,3 +358,13 @@ def test_the_static_decoder_draws_transformers_tokens_row_for_row(whisper_dir):
 
 def test_buckets_are_powers_of_two_up_to_the_batch():
     assert [bucket(count, 16) for count in (1, 2, 3, 5, 9, 16, 17)] == [1, 2, 4, 8, 16, 16, 16]
+
+
+def test_without_graphs_the_recogniser_decodes_over_transformers_cache(whisper_dir):
+    """validate.asr_graphs=false: transformers' own cached decoding, the same transcripts."""
+    cached = TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3", "validate.asr_graphs=false"))
+    static = TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3"))
+    takes = [noise(seconds, seed) for seed, seconds in enumerate((2.0, 0.6, 5.5, 3.3))]
+    assert cached.static is None
+    assert cached.transcribe_many(takes) == static.transcribe_many(takes)
+    assert cached.transcribe_many(takes, pack=True) == static.transcribe_many(takes, pack=True)
