@@ -162,6 +162,7 @@ def run_against_reference(runner, reference, make_seq, tolerance) -> None:
                 )
 
 
+@pytest.mark.slow  # 12 s on 2 cores
 def test_v1_static_step_is_upstreams_forward_chunk():
     from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, supports_static
 
@@ -270,6 +271,7 @@ def test_buckets():
     assert [length_bucket(n, 1000) for n in (1, 128, 129, 999)] == [128, 128, 256, 1000]
 
 
+@pytest.mark.slow  # torch.compile: 13 s on 2 cores
 def test_the_compiled_step_is_the_eager_step():
     """torch.compile's kernels for the static step (what the GPU graphs capture when compile is on)."""
     from torch._dynamo.utils import counters

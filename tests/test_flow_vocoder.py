@@ -310,6 +310,7 @@ def test_v3_paths_through_the_bench_on_a_cpu(tmp_path):
         assert figures[name]["audio_seconds"] > 2.4
 
 
+@pytest.mark.slow  # a trace: 16 s on 2 cores
 def test_the_padded_estimator_traces_as_one_graph():
     """flow.compile hands it to torch.compile: no graph break (aot_eager checks the tracing; the
     GPU's inductor compiles the same graph)."""
