@@ -243,4 +243,7 @@ def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, mo
     assert sorted(mps_requests(record)) == sorted(["start", "get_server_list", "quit"] * 2)
     pipes = [line.split()[1] for line in record.read_text().splitlines() if line.startswith("start")]
     assert len(set(pipes)) == 2  # a private daemon per node
+    # pytest's long log path gives each daemon a short pipe folder in /tmp: gone once the run ends
+    folders = [pipe.removeprefix("pipe=") for pipe in pipes]
+    assert all(f.startswith("/tmp/convtts-mps.") and not Path(f).exists() for f in folders), folders
     assert len(list(log.rglob("slot-?.log"))) == 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,20 +70,23 @@ class NodeMPS:
 
     def __init__(self):
         self.env: dict = {}
+        self.temporary = ""  # the short pipe folder mps.sh made in /tmp for a long log path; removed at stop
 
     def start(self, mode: str, folder: str) -> tuple[dict, str]:
         """Returns the variables the node's slots need to reach the daemon ({} without MPS), and
         what mps.sh said."""
         script = (
             'source "$0"; mps_start "$1" "$2"; '
-            'if [[ -n "$MPS_STARTED" ]]; then echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY"; fi'
+            'if [[ -n "$MPS_STARTED" ]]; then '
+            'echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY $MPS_TEMP_PIPE"; fi'
         )
         done = subprocess.run(
             ["bash", "-c", script, str(MPS_SCRIPT), mode, folder], capture_output=True, text=True, timeout=120
         )
         fields = done.stdout.split()
-        if len(fields) == 2:
+        if len(fields) in (2, 3):
             self.env = {"CUDA_MPS_PIPE_DIRECTORY": fields[0], "CUDA_MPS_LOG_DIRECTORY": fields[1]}
+            self.temporary = fields[2] if len(fields) == 3 else ""
         return self.env, f"{socket.gethostname()}: {done.stderr.strip() or ('MPS started' if self.env else 'no MPS')}"
 
     def stop(self) -> None:
@@ -96,6 +100,9 @@ class NodeMPS:
                 timeout=60,
             )
             self.env = {}
+        if self.temporary:
+            shutil.rmtree(self.temporary, ignore_errors=True)
+            self.temporary = ""
 
 
 def slot_env(extra: dict) -> dict:
