@@ -174,7 +174,10 @@ def main() -> None:
         for pack in (value == "true" for value in args.packs.split(",")):
             row = {"graphs": graphs == "true", **measure(recogniser, takes, pack, args.repeat)}
             if recogniser.static is not None:  # what ran: graphs captured, or eager steps after a failed capture
-                row.update(graphs_captured=len(recogniser.static.graphs), graphs_failed=recogniser.static.eager)
+                steps = recogniser.static.graphs
+                row.update(
+                    graphs_captured=len(steps.graphs), graphs_failed=recogniser.device != "cpu" and not steps.capture
+                )
             rows.append(row)
         del recogniser
     print(table(rows), file=sys.stderr)

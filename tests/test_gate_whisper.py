@@ -18,7 +18,6 @@ from conftest import read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import QualityFailure, Take, open_gate, split_heard, take_seed
 from convtts.gate.whisper import RATE, WINDOW, TransformersWhisper, pack_takes, token_limit
-from convtts.gate.whisper_static import bucket
 from convtts.testing.whisper_model import build_whisper_dir
 
 BASE_SEED = 1234  # workers.seed's default
@@ -354,10 +353,6 @@ def test_the_static_decoder_draws_transformers_tokens_row_for_row(whisper_dir):
         encoded = static._encode(static._features(audio))
         assert static.static.decode(encoded, limits) == static._decode_cached(encoded, limits)
         assert all(len(row) for row in static.static.decode(encoded, limits))
-
-
-def test_buckets_are_powers_of_two_up_to_the_batch():
-    assert [bucket(count, 16) for count in (1, 2, 3, 5, 9, 16, 17)] == [1, 2, 4, 8, 16, 16, 16]
 
 
 def test_without_graphs_the_recogniser_decodes_over_transformers_cache(whisper_dir):

@@ -1,5 +1,6 @@
 """Whisper's greedy decoding over static buffers, one step for every row at once, captured as a CUDA
-graph per bucket of rows and length on the GPU (run eagerly on the CPU, the same code).
+graph per bucket of rows and length on the GPU (run eagerly on the CPU, the same code), by the
+batched CosyVoice engine's StepGraphs (its buckets, warm-up, shared pool and eager fallback).
 
 Measured on one H200, a decoder step of transformers' Whisper costs about 3.6 ms whatever its rows
 (docs/PERFORMANCE.md): a few dozen small kernels launched one by one from Python, and under MPS
@@ -17,22 +18,10 @@ on views of them, so graphs for several buckets share one set.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
-
-LENGTH_STEP = 64  # the self-attention length a graph covers, in steps of this, up to the model's bound
-
-
-def bucket(count: int, top: int) -> int:
-    """The smallest power of two that holds `count`, at most `top`."""
-    size = 1
-    while size < count:
-        size *= 2
-    return min(size, top)
+from convtts.speak.cosyvoice.engine.graphs import StepGraphs, length_bucket, row_bucket
 
 
 class StaticDecoder:
@@ -46,10 +35,10 @@ class StaticDecoder:
         self.width = config.d_model // self.heads
         self.rows, self.length = rows, config.max_target_positions
         self.prompt, self.end = prompt, end
-        self.graphs: dict[tuple[int, int], object] = {}
-        self.eager = False  # a capture failed: every step runs eagerly from then on
-        self.pool = None
         self._buffers(config, never, first)
+        # the warm-up before a capture is undone on what a step advances; its KV writes are rewritten
+        state = [self.token, self.step, self.done, self.said]
+        self.graphs = StepGraphs(self._step, self.device, self.device.type == "cuda", False, state)
 
     def _buffers(self, config, never, first) -> None:
         zeros = self._zeros
@@ -78,13 +67,12 @@ class StaticDecoder:
     def decode(self, encoded, limits: list[int]) -> list[list[int]]:
         """Each row's tokens (end-of-text dropped), greedily, up to its limit or end-of-text."""
         count = len(limits)
-        rows = bucket(count, self.rows)
-        length = min(self.length, -(-(len(self.prompt) + max(limits)) // LENGTH_STEP) * LENGTH_STEP)
+        rows = row_bucket(count, self.rows)
+        length = length_bucket(len(self.prompt) + max(limits), self.length)
         self._start(encoded, limits, rows)
-        run = self._runner(rows, length)
         steps = len(self.prompt) - 1 + max(limits)
         for step in range(steps):
-            run()
+            self.graphs.run(rows, length)
             if step % 8 == 7 and step >= len(self.prompt) and bool(self.done[:count].all()):
                 break  # each look waits for the GPU; a done row only repeats end-of-text meanwhile
         said = self.said[:count, : max(limits)].tolist()
@@ -110,41 +98,6 @@ class StaticDecoder:
     def _split(self, states):
         """(rows, positions, d_model) as (rows, heads, positions, head width)."""
         return states.view(states.shape[0], states.shape[1], self.heads, self.width).transpose(1, 2)
-
-    def _runner(self, rows: int, length: int):
-        """A step over the first `rows` rows and `length` positions: its graph's replay on CUDA, else the eager step."""
-        if self.device.type != "cuda" or self.eager:
-            return lambda: self._step(rows, length)
-        key = (rows, length)
-        if key not in self.graphs:
-            try:
-                self.graphs[key] = self._capture(rows, length)
-            except RuntimeError as error:  # the same step, one kernel at a time, rather than no gate
-                log.warning("Whisper's decoder step could not be captured as a CUDA graph (%s); runs eagerly", error)
-                self.eager = True
-                return self._runner(rows, length)
-        return self.graphs[key].replay
-
-    def _capture(self, rows: int, length: int):
-        """The step as a CUDA graph (warmed up on a side stream first, as capture requires); the
-        warm-up steps write to the buffers, which _start resets before every batch anyway."""
-        state = (self.token, self.step, self.done, self.said)
-        saved = [t.clone() for t in state]
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._step(rows, length)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            self.pool = self.pool or torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._step(rows, length)
-        finally:
-            for buffer, value in zip(state, saved):
-                buffer.copy_(value)
-        return graph
 
     def _step(self, rows: int, length: int) -> None:
         """Feed each row its token at position `step`; from the prompt's last token on, choose the next."""
