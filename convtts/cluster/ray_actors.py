@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -90,19 +89,16 @@ class NodeMPS:
         return self.env, f"{socket.gethostname()}: {done.stderr.strip() or ('MPS started' if self.env else 'no MPS')}"
 
     def stop(self) -> None:
+        """mps.sh's own mps_stop, as run_all.sh's: the daemon told to quit, the short pipe folder removed."""
         if self.env:
+            script = 'source "$0"; MPS_STARTED=1 MPS_TEMP_PIPE="$1"; mps_stop'
             subprocess.run(
-                ["nvidia-cuda-mps-control"],
-                input="quit\n",
-                text=True,
+                ["bash", "-c", script, str(MPS_SCRIPT), self.temporary],
                 env={**os.environ, **self.env},
                 capture_output=True,
                 timeout=60,
             )
-            self.env = {}
-        if self.temporary:
-            shutil.rmtree(self.temporary, ignore_errors=True)
-            self.temporary = ""
+            self.env, self.temporary = {}, ""
 
 
 def slot_env(extra: dict) -> dict:
