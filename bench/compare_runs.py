@@ -77,13 +77,11 @@ def gate_report(rows: list[dict], failures: list[dict]) -> dict | None:
     }
 
 
-def voice_report(rows: list[dict], logs: Path) -> dict:
+def voice_report(rows: list[dict], logs: list[str]) -> dict:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.get("speaker")] = counts.get(r.get("speaker"), 0) + 1
-    registered = [
-        REGISTERED.search(line) for log in logs.rglob("*.log") for line in log.read_text(errors="replace").splitlines()
-    ]
+    registered = [REGISTERED.search(line) for text in logs for line in text.splitlines()]
     registered = [m for m in registered if m]
     made, reused = sum(int(m.group(1)) for m in registered), sum(int(m.group(3)) for m in registered)
     seconds = sum(float(m.group(2)) for m in registered)
@@ -98,10 +96,10 @@ def voice_report(rows: list[dict], logs: Path) -> dict:
     }
 
 
-def memory_events(logs: Path) -> dict:
+def memory_events(logs: list[str]) -> dict:
     """Out-of-memory events the workers logged: each halves a worker's rows for the rest of its model
     (a run that fills the GPU can lose most of its rows this way without failing an utterance)."""
-    shrunk = [int(m.group(1)) for log in logs.rglob("*.log") for m in SHRUNK.finditer(log.read_text(errors="replace"))]
+    shrunk = [int(m.group(1)) for text in logs for m in SHRUNK.finditer(text)]
     return {"out_of_memory": len(shrunk), "fewest_rows": min(shrunk, default=None)}
 
 
@@ -113,20 +111,23 @@ def run_variant(name: str, items: list[str], args, input_file: Path, work: Path)
     gate on, 16 Whisper copies may not leave room for all of gate off's workers), and its --set items."""
     workers, mps, precision, *batch = args.setting.split(":")
     fields = {"workers": int(workers), "batch": int(batch[0]) if batch else 1}
-    sets = [item for item in items if item.split("=", 1)[0] not in SETTING_ITEMS]
+    sets = []
     for item in items:
         key, _, value = item.partition("=")
         if key in SETTING_ITEMS:
             fields[key] = int(value)
+        else:
+            sets.append(item)
     setting = Setting(name, fields["workers"], mps, precision, fields["batch"])
     variant_args = argparse.Namespace(**{**vars(args), "set": [*args.set, *sets]})
     report = run_setting(setting, variant_args, input_file, work)
     rows, failures = rows_of(work / name)
+    logs = [log.read_text(errors="replace") for log in (work / f"{name}-log").rglob("*.log")]  # read once, for both
     report.update(
         variant={"name": name, "sets": items},
         gate=gate_report(rows, failures),
-        voices=voice_report(rows, work / f"{name}-log"),
-        memory_events=memory_events(work / f"{name}-log"),
+        voices=voice_report(rows, logs),
+        memory_events=memory_events(logs),
     )
     return report
 
