@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
+from conftest import script_env
 from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig, load_config
 from convtts.speak.base import OutOfMemory, SynthesisError
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check
@@ -389,3 +390,67 @@ def test_the_speaker_check_reads_the_table_without_torch_and_refuses_what_is_not
     (old / "spk2info.pt").write_bytes(b"not a table")
     with pytest.raises(ConfigError, match="cannot read"):
         builtin_speakers(str(old))
+
+
+SPEAK_IN_A_FRESH_PROCESS = """
+import json, sys
+from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+config = Config(
+    speakers=SpeakerConfig(voices=("英文女",), policy="single"),
+    tts=TTSConfig(backend="cosyvoice", cosyvoice=CosyVoiceConfig(model_dir=sys.argv[1])),
+)
+backend = CosyVoiceBackend(config)
+audio = backend.synthesize(sys.argv[2], "英文女", 7)
+print(json.dumps({"samples": len(audio), "transformers": "transformers" in sys.modules}))
+"""
+
+
+def test_a_v1_model_loads_and_speaks_without_importing_transformers(model_dir, backend):
+    # v1 never calls transformers; its import (torch._dynamo, sympy, torch.distributed) was most of a
+    # worker's runtime import on a GPU node (convtts.speak.cosyvoice.deferred)
+    done = subprocess.run(
+        [sys.executable, "-c", SPEAK_IN_A_FRESH_PROCESS, str(model_dir), TEXT],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    counts = text_token_counts(backend.model.frontend, TEXT)
+    assert seen == {"samples": expected_samples(counts, RATIO), "transformers": False}
+
+
+PRELOAD_IN_A_FRESH_PROCESS = """
+import json, os, sys
+from convtts.run.preload import preload
+preload({"cosyvoice": True, "cosyvoice_root": "", "version": 1, "model_dir": sys.argv[1], "whisper": False})
+import torch
+print(json.dumps({
+    "flow_decoder": "cosyvoice.flow.flow_matching" in sys.modules and "matcha.models.components.decoder" in sys.modules,
+    "hift": "cosyvoice.hifigan.generator" in sys.modules,
+    "transformers": "transformers" in sys.modules,
+    "cuda_initialised": torch.cuda.is_initialized(),
+    "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+}))
+"""
+
+
+def test_the_forkserver_preload_imports_what_the_v1_yaml_names_but_not_transformers(model_dir):
+    done = subprocess.run(
+        [sys.executable, "-c", PRELOAD_IN_A_FRESH_PROCESS, str(model_dir)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "flow_decoder": True,
+        "hift": True,
+        "transformers": False,
+        "cuda_initialised": False,
+        "nvml_check": "1",
+    }

@@ -237,3 +237,32 @@ def as_written(samples) -> np.ndarray:
     sf.write(buffer, np.clip(samples, -1.0, 1.0), SAMPLE_RATE, subtype="PCM_16", format="WAV")
     buffer.seek(0)
     return sf.read(buffer, dtype="int16")[0]
+
+
+V1_THEN_V2 = """
+import json, sys
+from convtts.config import CosyVoiceConfig
+from convtts.speak.cosyvoice.runtime import load_model
+load_model(CosyVoiceConfig(model_dir=sys.argv[1]))
+seen = {"after_v1": "transformers" in sys.modules}
+v2 = load_model(CosyVoiceConfig(model_dir=sys.argv[2]))
+import transformers
+seen["v2_backbone"] = isinstance(v2.model.llm.llm.model, transformers.Qwen2ForCausalLM)
+print(json.dumps(seen))
+"""
+
+
+def test_a_v2_model_loads_after_a_v1_model_left_transformers_unimported(tmp_path, v2_model):
+    # the v1 load leaves placeholders for transformers' classes in cosyvoice's modules; v2 subclasses one
+    from convtts.testing.cosyvoice_model import build_model_dir
+
+    v1_model = build_model_dir(tmp_path / "cv1", "tiny", ("英文女",), tokens_per_text_token=RATIO)
+    done = subprocess.run(
+        [sys.executable, "-c", V1_THEN_V2, str(v1_model), str(v2_model)],
+        env=runtime_env("installed"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"after_v1": False, "v2_backbone": True}

@@ -6,9 +6,15 @@ alone: with workers.start_method forkserver the slot's server imports them once,
 is being written, and every worker (and every restarted one) is forked with them in memory.
 
 The forkserver imports this module by name, with the slot's environment; CONVTTS_PRELOAD (set by
-the slot before the server starts) says what to import: JSON {"cosyvoice_root": path or "",
-"whisper": bool}. A failure here is only logged: each worker then imports for itself and reports
-its own error, as it does under spawn.
+the slot before the server starts) says what to import: JSON {"cosyvoice": bool, "cosyvoice_root":
+path or "", "version": the model's CosyVoice generation or null, "model_dir": path, "whisper": bool}.
+It imports the runtime and the modules the model's yaml names (runtime.import_model_modules), and
+transformers for v2/v3 and for Whisper, which use it (v1 does not: speak.cosyvoice.deferred). A
+failure here is only logged: each worker then imports for itself and reports its own error, as it
+does under spawn.
+
+Nothing here may initialise CUDA, or no forked worker could use it: a library that asks
+torch.cuda.is_available() as it loads is answered from NVML (PYTORCH_NVML_BASED_CUDA_CHECK).
 """
 
 from __future__ import annotations
@@ -24,21 +30,38 @@ def plan(config) -> str:
     """The CONVTTS_PRELOAD value for a slot's config."""
     cosyvoice = config.tts.backend == "cosyvoice"
     whisper = config.validate.enabled and config.validate.recogniser == "hf-whisper"
-    return json.dumps({"cosyvoice": cosyvoice, "cosyvoice_root": config.tts.cosyvoice.runtime_root, "whisper": whisper})
+    cosy = config.tts.cosyvoice
+    version = _model_version(cosy.model_dir) if cosyvoice else None
+    wanted = {"cosyvoice": cosyvoice, "cosyvoice_root": cosy.runtime_root, "version": version}
+    return json.dumps({**wanted, "model_dir": cosy.model_dir, "whisper": whisper})
+
+
+def _model_version(model_dir: str) -> int | None:
+    from convtts.config import ConfigError
+    from convtts.speak.cosyvoice.runtime import model_version
+
+    try:
+        return model_version(model_dir)
+    except ConfigError:
+        return None  # the worker's own load says what is wrong
 
 
 def preload(wanted: dict) -> None:
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch  # noqa: F401  (every backend that wants a forkserver runs on torch)
 
     import convtts.run.worker  # noqa: F401
 
+    if wanted.get("whisper") or (wanted.get("version") or 0) >= 2:
+        import transformers  # noqa: F401
     if wanted.get("cosyvoice"):
         from convtts.config import CosyVoiceConfig
-        from convtts.speak.cosyvoice.runtime import import_runtime
+        from convtts.speak.cosyvoice.runtime import import_model_modules, import_runtime
 
-        import_runtime(CosyVoiceConfig(runtime_root=wanted.get("cosyvoice_root", "")))
-    if wanted.get("whisper"):
-        import transformers  # noqa: F401
+        version = wanted.get("version")
+        import_runtime(CosyVoiceConfig(runtime_root=wanted.get("cosyvoice_root", "")), version)
+        if version:
+            import_model_modules(wanted["model_dir"], version)
 
 
 def _run() -> None:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from convtts.config import ConfigError, CosyVoiceConfig
+from convtts.speak.cosyvoice.deferred import resolve_placeholders, transformers_deferred
 from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock, fast_load, lazy_onnx_sessions, time_upstream_steps
 
 log = logging.getLogger(__name__)
@@ -64,8 +67,11 @@ def _refuse_download(model_id, *args, **kwargs):
     raise ConfigError(f"CosyVoice tried to download {model_id!r}: model directories must exist locally")
 
 
-def import_runtime(cosy: CosyVoiceConfig):
-    """Import and return the `cosyvoice.cli.cosyvoice` module from the configured place."""
+def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
+    """Import and return the `cosyvoice.cli.cosyvoice` module from the configured place.
+
+    For a v1 model (`version` 1) transformers is not imported with it (convtts.speak.cosyvoice.deferred).
+    """
     root = runtime_root(cosy)
     check_runtime(cosy)
     go_offline()
@@ -83,7 +89,8 @@ def import_runtime(cosy: CosyVoiceConfig):
             if path not in sys.path:
                 sys.path.insert(0, path)
     try:
-        module = importlib.import_module("cosyvoice.cli.cosyvoice")
+        with transformers_deferred() if version == 1 else contextlib.nullcontext():
+            module = importlib.import_module("cosyvoice.cli.cosyvoice")
     except ImportError as exc:
         raise ConfigError(f"the CosyVoice runtime failed to import: {exc}") from exc
     if root is not None and not _inside(sys.modules["cosyvoice"], root):
@@ -217,6 +224,35 @@ def check_model_dir(cosy: CosyVoiceConfig) -> int:
     return version
 
 
+def import_model_modules(model_dir: str, version: int) -> list[str]:
+    """Import the modules a model directory's yaml names, as its constructor would; returns those that failed.
+
+    A slot's forkserver does this once, so that every forked worker finds them imported: Matcha-TTS's
+    flow decoder alone brings diffusers, torch._dynamo and lightning (2 s on 2 cores, alone). A name
+    that does not import is left to the worker's own load, which says why.
+    """
+    text = (Path(model_dir) / VERSION_YAML[version]).read_text(encoding="utf-8")
+    named = sorted(set(re.findall(r"!(?:new|name|apply):([A-Za-z_][\w.]*)", text)))
+    failed = []
+    with transformers_deferred() if version == 1 else contextlib.nullcontext():
+        for dotted in named:
+            if not _import_longest_prefix(dotted):
+                failed.append(dotted)
+    return failed
+
+
+def _import_longest_prefix(dotted: str) -> bool:
+    """Import the longest importable module path in `dotted` (a.b.Class.method: a.b); True if one imported."""
+    parts = dotted.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        try:
+            importlib.import_module(".".join(parts[:end]))
+            return True
+        except ImportError:
+            continue
+    return len(parts) == 1  # a builtin (setattr) needs no import
+
+
 def constructor_kwargs(cls, cosy: CosyVoiceConfig) -> dict:
     """The load options this class accepts; options it lacks are dropped with a warning if set."""
     params = inspect.signature(cls.__init__).parameters
@@ -241,7 +277,7 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None):
     # snapshot_download for any model_dir that does not exist.
     version = check_model_dir(cosy)
     with clock.phase(IMPORTS):
-        module = import_runtime(cosy)
+        module = import_runtime(cosy, version)
     cls = getattr(module, CLASS_NAME[version], None)
     if cls is None:
         raise ConfigError(
@@ -254,13 +290,15 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None):
     _share_text_normalizers()
     _forget_mel_filters()
     if version >= 2:
+        resolve_placeholders()  # a v1 load in this process left them
         _load_backbone_in_fp32()
         _decode_steps_see_the_whole_cache()
         _read_prompts_with_soundfile()
     time_upstream_steps(module)
     lazy_onnx_sessions(sys.modules.get("cosyvoice.cli.frontend"))
     model_dir = str(Path(cosy.model_dir).resolve())
-    with fast_load(clock):
+    # the modules the yaml names are imported here (Matcha-TTS's decoder brings diffusers)
+    with fast_load(clock), transformers_deferred() if version == 1 else contextlib.nullcontext():
         model = cls(model_dir, **constructor_kwargs(cls, cosy))
     log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
     return model
