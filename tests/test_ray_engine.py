@@ -247,3 +247,16 @@ def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, mo
     folders = [pipe.removeprefix("pipe=") for pipe in pipes]
     assert all(f.startswith("/tmp/convtts-mps.") and not Path(f).exists() for f in folders), folders
     assert len(list(log.rglob("slot-?.log"))) == 3
+
+
+
+def test_address_local_runs_the_job_on_a_cluster_of_its_own(tmp_path):
+    # the driver starts Ray itself, with its own system config (ray_engine.LOCAL_CLUSTER), and stops it
+    source = write_input(tmp_path / "in.json", llava_conversations(images=3))
+    out, log = tmp_path / "out", tmp_path / "log"
+    args = ["--engine", "ray", "--address", "local", "--slot-resource", "CPU", "--workers", "1"]
+    run = start(source, out, log, [*args, "--set", "shards.segments_per_shard=5"])
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr.decode()[-3000:]
+    assert_complete(out)
+    assert len(slots_started(driver_log(log))) == os.cpu_count()  # one slot per core of this machine
