@@ -249,7 +249,6 @@ def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, mo
     assert len(list(log.rglob("slot-?.log"))) == 3
 
 
-
 def test_address_local_runs_the_job_on_a_cluster_of_its_own(tmp_path):
     # the driver starts Ray itself, with its own system config (ray_engine.LOCAL_CLUSTER), and stops it
     source = write_input(tmp_path / "in.json", llava_conversations(images=3))
