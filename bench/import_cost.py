@@ -13,7 +13,6 @@ Run it under `python3 -X importtime` for the full tree.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import sys
@@ -56,7 +55,7 @@ def main() -> int:
     import_runtime(CosyVoiceConfig(), version)
     seconds["runtime"] = round(time.time() - step, 2)
     step = time.time()
-    with transformers_deferred() if version == 1 else contextlib.nullcontext():
+    with transformers_deferred(version == 1):
         for name in V1_MODULES:
             try:
                 importlib.import_module(name)

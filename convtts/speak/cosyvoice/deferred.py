@@ -29,9 +29,9 @@ NAME = "transformers"
 
 
 @contextlib.contextmanager
-def transformers_deferred():
-    """The stand-in in place for the block, unless transformers is imported already or not installed."""
-    spec = importlib.util.find_spec(NAME) if NAME not in sys.modules else None
+def transformers_deferred(defer: bool = True):
+    """The stand-in in place for the block, if `defer` and transformers is installed and not imported yet."""
+    spec = importlib.util.find_spec(NAME) if defer and NAME not in sys.modules else None
     if spec is None:
         yield
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -89,7 +88,7 @@ def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
             if path not in sys.path:
                 sys.path.insert(0, path)
     try:
-        with transformers_deferred() if version == 1 else contextlib.nullcontext():
+        with transformers_deferred(version == 1):
             module = importlib.import_module("cosyvoice.cli.cosyvoice")
     except ImportError as exc:
         raise ConfigError(f"the CosyVoice runtime failed to import: {exc}") from exc
@@ -234,7 +233,7 @@ def import_model_modules(model_dir: str, version: int) -> list[str]:
     text = (Path(model_dir) / VERSION_YAML[version]).read_text(encoding="utf-8")
     named = sorted(set(re.findall(r"!(?:new|name|apply):([A-Za-z_][\w.]*)", text)))
     failed = []
-    with transformers_deferred() if version == 1 else contextlib.nullcontext():
+    with transformers_deferred(version == 1):
         for dotted in named:
             if not _import_longest_prefix(dotted):
                 failed.append(dotted)
@@ -298,7 +297,7 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None):
     lazy_onnx_sessions(sys.modules.get("cosyvoice.cli.frontend"))
     model_dir = str(Path(cosy.model_dir).resolve())
     # the modules the yaml names are imported here (Matcha-TTS's decoder brings diffusers)
-    with fast_load(clock), transformers_deferred() if version == 1 else contextlib.nullcontext():
+    with fast_load(clock), transformers_deferred(version == 1):
         model = cls(model_dir, **constructor_kwargs(cls, cosy))
     log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
     return model
