@@ -88,6 +88,19 @@ def script_env(**extra) -> dict:
     return env
 
 
+def python_reports(code: str, *args, env: dict | None = None, timeout: float = 300) -> dict:
+    """Run `code` in a fresh interpreter with `args`; the JSON object its last line of output prints."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=env or script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return orjson.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_all(*args, env: dict | None = None, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     _require_e2e_marker()
     return subprocess.run(

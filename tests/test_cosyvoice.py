@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from conftest import script_env
+from conftest import python_reports
 from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig, load_config
 from convtts.speak.base import OutOfMemory, SynthesisError
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check
@@ -409,15 +409,7 @@ print(json.dumps({"samples": len(audio), "transformers": "transformers" in sys.m
 def test_a_v1_model_loads_and_speaks_without_importing_transformers(model_dir, backend):
     # v1 never calls transformers; its import (torch._dynamo, sympy, torch.distributed) was most of a
     # worker's runtime import on a GPU node (convtts.speak.cosyvoice.deferred)
-    done = subprocess.run(
-        [sys.executable, "-c", SPEAK_IN_A_FRESH_PROCESS, str(model_dir), TEXT],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = python_reports(SPEAK_IN_A_FRESH_PROCESS, model_dir, TEXT)
     counts = text_token_counts(backend.model.frontend, TEXT)
     assert seen == {"samples": expected_samples(counts, RATIO), "transformers": False}
 
@@ -438,15 +430,7 @@ print(json.dumps({
 
 
 def test_the_forkserver_preload_imports_what_the_v1_yaml_names_but_not_transformers(model_dir):
-    done = subprocess.run(
-        [sys.executable, "-c", PRELOAD_IN_A_FRESH_PROCESS, str(model_dir)],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = python_reports(PRELOAD_IN_A_FRESH_PROCESS, model_dir)
     assert seen == {
         "flow_decoder": True,
         "hift": True,

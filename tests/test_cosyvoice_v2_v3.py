@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 
 from conftest import COSYVOICE_CHECKOUT as CHECKOUT
-from conftest import REPO, assert_complete, run_all, script_env, write_input
+from conftest import REPO, assert_complete, python_reports, run_all, script_env, write_input
 from convtts.testing.cosyvoice_qwen import SAMPLE_RATE, expected_samples
 
 pytestmark = pytest.mark.cosyvoice
@@ -257,12 +257,5 @@ def test_a_v2_model_loads_after_a_v1_model_left_transformers_unimported(tmp_path
     from convtts.testing.cosyvoice_model import build_model_dir
 
     v1_model = build_model_dir(tmp_path / "cv1", "tiny", ("英文女",), tokens_per_text_token=RATIO)
-    done = subprocess.run(
-        [sys.executable, "-c", V1_THEN_V2, str(v1_model), str(v2_model)],
-        env=runtime_env("installed"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"after_v1": False, "v2_backbone": True}
+    seen = python_reports(V1_THEN_V2, v1_model, v2_model, env=runtime_env("installed"), timeout=600)
+    assert seen == {"after_v1": False, "v2_backbone": True}

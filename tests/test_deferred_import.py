@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import need, script_env
+from conftest import need, python_reports
 
 need("transformers", "cosyvoice")
 
@@ -24,10 +21,7 @@ seen = {}
 
 
 def run(body: str) -> dict:
-    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(seen))\n"
-    done = subprocess.run([sys.executable, "-c", code], env=script_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return python_reports(PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(seen))\n")
 
 
 def test_names_wait_for_their_first_use_and_the_stand_in_goes_after_the_block():

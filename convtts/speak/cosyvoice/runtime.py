@@ -223,33 +223,28 @@ def check_model_dir(cosy: CosyVoiceConfig) -> int:
     return version
 
 
-def import_model_modules(model_dir: str, version: int) -> list[str]:
-    """Import the modules a model directory's yaml names, as its constructor would; returns those that failed.
+def import_model_modules(model_dir: str, version: int) -> None:
+    """Import the modules a model directory's yaml names, as its constructor would.
 
     A slot's forkserver does this once, so that every forked worker finds them imported: Matcha-TTS's
     flow decoder alone brings diffusers, torch._dynamo and lightning (2 s on 2 cores, alone). A name
     that does not import is left to the worker's own load, which says why.
     """
     text = (Path(model_dir) / VERSION_YAML[version]).read_text(encoding="utf-8")
-    named = sorted(set(re.findall(r"!(?:new|name|apply):([A-Za-z_][\w.]*)", text)))
-    failed = []
     with transformers_deferred(version == 1):
-        for dotted in named:
-            if not _import_longest_prefix(dotted):
-                failed.append(dotted)
-    return failed
+        for dotted in sorted(set(re.findall(r"!(?:new|name|apply):([A-Za-z_][\w.]*)", text))):
+            _import_longest_prefix(dotted)
 
 
-def _import_longest_prefix(dotted: str) -> bool:
-    """Import the longest importable module path in `dotted` (a.b.Class.method: a.b); True if one imported."""
+def _import_longest_prefix(dotted: str) -> None:
+    """Import the longest importable module path in `dotted` (a.b.Class.method: a.b; a builtin: none)."""
     parts = dotted.split(".")
     for end in range(len(parts) - 1, 0, -1):
         try:
             importlib.import_module(".".join(parts[:end]))
-            return True
+            return
         except ImportError:
             continue
-    return len(parts) == 1  # a builtin (setattr) needs no import
 
 
 def constructor_kwargs(cls, cosy: CosyVoiceConfig) -> dict:
