@@ -214,3 +214,51 @@ def test_remaining_work_sizes_pieces_across_shards(tmp_path):
     queue = WorkQueue(layout, ["shard-00000", "shard-00001"], RUN, workers=2)
     first = queue.next_piece()
     assert len(first.ids) == math.ceil(80 / 4) and queue.remaining() == 60
+
+
+def plan_words(root, *shards: list[int]) -> Layout:
+    """A plan whose shards hold segments of these word counts: ids s{shard}-{index}, in plan order."""
+    layout = plan(root, *[0] * len(shards))
+    for number, words in enumerate(shards):
+        rows = [{"id": f"s{number}-{i}", "text": " ".join(["word"] * k), "speaker": "joe"} for i, k in enumerate(words)]
+        layout.shard_file(shard_name(number)).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return layout
+
+
+def test_the_open_window_goes_out_longest_first_across_shards(tmp_path):
+    """The rows a run begins last hold the shortest utterances of every open shard, not the long ones of
+    the last shard opened: each piece stops where another open shard's next id is longer."""
+    shards = [[12, 11, 6, 5, 2, 1, 1, 1], [10, 9, 8, 7, 4, 3, 1, 1]]
+    layout = plan_words(tmp_path, *shards)
+    words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
+    queue = WorkQueue(layout, ["shard-00000", "shard-00001"], RUN, workers=1)
+    queue.rows = 20  # a window of 40 ids: both shards open at once
+    pieces = []
+    while (piece := queue.next_piece()) is not None:
+        pieces.append(piece)
+    handed = [uid for p in pieces for uid in p.ids]
+    assert [words[uid] for uid in handed] == [12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 1, 1, 1, 1]
+    assert sorted(handed) == sorted(words)  # each id once
+    assert all(len({uid.split("-")[0] for uid in p.ids}) == 1 for p in pieces)  # a piece is one shard's
+    assert [p.shard for p in pieces[:4]] == ["shard-00000", "shard-00001", "shard-00000", "shard-00001"]
+
+
+def test_a_shard_opens_only_when_the_window_needs_it(tmp_path):
+    layout = plan(tmp_path, 30, 30, 30)
+    queue = WorkQueue(layout, [shard_name(n) for n in range(3)], RUN, workers=2)
+    queue.rows = 8  # a window of 32 ids: two shards of 30
+    queue.next_piece()
+    assert list(queue.open) == ["shard-00000", "shard-00001"] and list(queue.waiting) == ["shard-00002"]
+    assert not layout.audio_dir("shard-00002").exists()  # not opened: no resume bookkeeping yet
+
+
+def test_ids_handed_back_go_out_before_a_longer_shard(tmp_path):
+    layout = plan_words(tmp_path, [3, 3, 3, 3], [9, 9, 9, 9])
+    queue = WorkQueue(layout, ["shard-00000", "shard-00001"], RUN, workers=1)
+    queue.rows = 2  # a window of 4 ids: the second shard opens once the first is out
+    first = queue.next_piece()
+    assert first.ids == ["s0-0", "s0-1", "s0-2", "s0-3"]
+    assert queue.next_piece().ids[:2] == ["s1-0", "s1-1"]
+    queue.worker_died(first, -9, 4242)  # nothing of it begun: all four back
+    again = queue.next_piece()
+    assert again.shard == "shard-00000" and again.ids == first.ids

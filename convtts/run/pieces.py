@@ -1,13 +1,18 @@
 """A slot's unit of work: a piece, a run of one shard's not-yet-spoken ids, sized so no worker idles.
 
-A worker asks for more before its queue runs dry and gets the next piece of the oldest opened
-shard. Sizes follow guided self-scheduling: a piece holds about the work left divided by twice the
-workers, so a big run hands out pieces of MAX_PIECE (more for batched workers) and the last ones
-hold MIN_PIECE ids. One shard of 100 ids on 4 workers is cut 13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3,
-3, 3 and seven pieces of 2. A shard's ids go out longest first, so the last pieces hold its
-shortest utterances. At the very end an idle worker takes over ids a busy one holds and has
-not begun (the slot asks for them back), so the workers finish within about one utterance (one
-batch, batched) of each other.
+A worker asks for more before its queue runs dry and gets the next piece. Sizes follow guided
+self-scheduling: a piece holds about the work left divided by twice the workers, so a big run hands
+out pieces of MAX_PIECE (more for batched workers) and the last ones hold MIN_PIECE ids. One shard
+of 100 ids on 4 workers is cut 13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3, 3, 3 and seven pieces of 2.
+
+Ids go out longest first across a window of open shards: the slot keeps shards open until their
+ids to hand out fill WINDOW_BATCHES times every worker's rows, and each piece comes from the open
+shard whose next id is the longest, while its ids are no shorter than the next shard's. A batched
+row takes as long as its audio, so the rows begun last, which the end of a run waits for, are the
+shortest of the window, not the long ones of the last shard opened. Ids handed back (a worker's
+death, or asked back for an idle one) go first. At the very end an idle worker takes over ids a
+busy one holds and has not begun (the slot asks for them back), so the workers finish within about
+one utterance (one batch, batched) of each other.
 
 Only the slot opens a shard (the resume bookkeeping, before any worker of this run is on it) and
 writes its stats file, once every id of every piece of it has been reported or handed back.
@@ -42,6 +47,7 @@ MIN_PIECE = 2  # the tail: pieces this small, and idle workers take over ids not
 # and the hand-back after a crash come in steadily even when the run is large.
 MAX_PIECE = 64
 PIECES_PER_WORKER = 2  # each cut takes 1/(this x workers) of the work left
+WINDOW_BATCHES = 2  # shards open at once hold this many times the rows of all workers (the longest-first window)
 
 
 def cut_size(available: int, remaining: int, workers: int, rows: int = 1) -> int:
@@ -102,6 +108,7 @@ class ShardWork:
     crashes: Counter
     words: dict = field(default_factory=dict)  # words of each id to speak: the plan's estimate of its length
     out: int = 0  # pieces handed out and not yet finished
+    front: int = 0  # ids at the head of `pending` that were handed back: they go out before any other
     pieces: int = 0
     new: int = 0
     failed: int = 0
@@ -152,14 +159,47 @@ class WorkQueue:
         return [len(w.pending) for w in self.open.values()] + [self.estimates[s] for s in self.waiting]
 
     def next_piece(self) -> Piece | None:
-        work = next((w for w in self.open.values() if w.pending), None) or self.open_until_pending()
+        self.open_window()
+        work = self.first_in_line()
         if work is None:
             return None
         size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows)
-        ids = [work.pending.popleft() for _ in range(size)]
+        ids = self.take(work, size)
         work.out += 1
         work.pieces += 1
         return Piece(work.name, ids, {uid: work.crashes[uid] for uid in ids if work.crashes[uid]})
+
+    def open_window(self) -> None:
+        """Open waiting shards until the open ones hold the window's ids to hand out (WINDOW_BATCHES)."""
+        window = WINDOW_BATCHES * self.workers * self.rows
+        while self.waiting and sum(len(w.pending) for w in self.open.values()) < window:
+            self.open_until_pending()
+
+    def first_in_line(self) -> ShardWork | None:
+        """The open shard with ids handed back, else the one whose next id is the longest (the oldest on a tie)."""
+        live = [w for w in self.open.values() if w.pending]
+        if not live:
+            return None
+        return max(live, key=lambda w: (w.front > 0, self.words_of(w, w.pending[0])))
+
+    def take(self, work: ShardWork, size: int) -> list[str]:
+        """Up to `size` ids from the head of `work`: its handed-back ones, then those no shorter than
+        the next id of any other open shard (so the window goes out longest first); no runt left."""
+        others = [self.words_of(w, w.pending[0]) for w in self.open.values() if w.pending and w is not work]
+        bar = max(others, default=0)
+        ids = []
+        while work.pending and len(ids) < size:
+            if len(ids) >= MIN_PIECE and not work.front and self.words_of(work, work.pending[0]) < bar:
+                break
+            ids.append(work.pending.popleft())
+            work.front = max(0, work.front - 1)
+        if 0 < len(work.pending) < MIN_PIECE:
+            ids += [work.pending.popleft() for _ in range(len(work.pending))]
+            work.front = 0
+        return ids
+
+    def words_of(self, work: ShardWork, uid: str) -> float:
+        return work.words.get(uid, self.mean_words)
 
     def open_until_pending(self) -> ShardWork | None:
         """Open waiting shards until one has ids to speak; those with none get their stats at once."""
@@ -189,7 +229,7 @@ class WorkQueue:
         """Ids a worker handed back unbegun: first in line again (an idle worker is waiting for them)."""
         ids = [uid for uid in piece.unstarted() if uid in set(ids)]
         piece.returned.update(ids)
-        self.open[piece.shard].pending.extendleft(reversed(ids))
+        self.put_back(piece.shard, ids)
         if piece.complete():
             self.finish(piece)
 
@@ -211,9 +251,14 @@ class WorkQueue:
         remove_temporaries_of(self.layout, piece.shard, pid, tag)
         back = piece.unreported()
         piece.returned.update(back)
-        self.open[piece.shard].pending.extendleft(reversed(back))  # first in line again, in plan order
+        self.put_back(piece.shard, back)  # first in line again, in the order they went out
         self.finish(piece)
         return charged
+
+    def put_back(self, shard: str, ids: list[str]) -> None:
+        work = self.open[shard]
+        work.pending.extendleft(reversed(ids))
+        work.front += len(ids)
 
     def finish(self, piece: Piece) -> None:
         """A piece is in: the shard's stats, when it was its last piece out and nothing is pending."""

@@ -199,7 +199,7 @@ class Worker:
 
     def segments(self, shard: str) -> dict[str, dict]:
         if shard not in self.shard_rows:
-            if len(self.shard_rows) >= 4:  # pieces come from a shard or two at a time
+            if len(self.shard_rows) >= 16:  # pieces come from the slot's open shards (pieces.WINDOW_BATCHES)
                 self.shard_rows.pop(next(iter(self.shard_rows)))
             self.shard_rows[shard] = {row["id"]: row for row in read_jsonl(self.layout.shard_file(shard))}
         return self.shard_rows[shard]
