@@ -18,7 +18,7 @@ import numpy as np
 
 from convtts.config import Config, ConfigError
 from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
-from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock
+from convtts.speak.cosyvoice.loading import IMPORTS, CudaContext, LoadClock
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
@@ -205,10 +205,16 @@ class CosyVoiceBackend:
         self.config = config
         self.cosy = config.tts.cosyvoice
         self.uses_cuda = torch.cuda.is_available()
-        if self.uses_cuda:
-            with clock.phase("cuda"):  # the process's CUDA context: the first load pays it
-                torch.empty(1, device="cuda")
-        self.model = load_model(self.cosy, clock)  # checks the directory before upstream can download
+        # the process's CUDA context (the first load pays it), made while the modules are built
+        context = CudaContext(clock) if self.uses_cuda and not torch.cuda.is_initialized() else None
+        try:
+            self.model = load_model(self.cosy, clock)  # checks the directory before upstream can download
+        except BaseException:
+            if context is not None:
+                context.thread.join()  # the load's own error is the one to report
+            raise
+        if context is not None:
+            context.wait()
         self.sample_rate = int(self.model.sample_rate)
         self.builtin = set(self.model.list_available_spks())
         # Upstream's frontend serves one caller at a time: the batched engine's look-ahead thread,
