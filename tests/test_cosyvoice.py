@@ -402,16 +402,21 @@ config = Config(
 )
 backend = CosyVoiceBackend(config)
 audio = backend.synthesize(sys.argv[2], "英文女", 7)
-print(json.dumps({"samples": len(audio), "transformers": "transformers" in sys.modules}))
+print(json.dumps({
+    "samples": len(audio),
+    "transformers": "transformers" in sys.modules,
+    "training_tools": sorted(n for n in ("lightning", "hydra", "matplotlib", "gdown") if n in sys.modules),
+}))
 """
 
 
-def test_a_v1_model_loads_and_speaks_without_importing_transformers(model_dir, backend):
+def test_a_v1_model_loads_and_speaks_without_importing_transformers_or_training_tools(model_dir, backend):
     # v1 never calls transformers; its import (torch._dynamo, sympy, torch.distributed) was most of a
-    # worker's runtime import on a GPU node (convtts.speak.cosyvoice.deferred)
+    # worker's runtime import on a GPU node (convtts.speak.cosyvoice.deferred); Matcha-TTS's training
+    # tools come with its matcha.utils package (convtts.speak.cosyvoice.matcha_utils)
     seen = python_reports(SPEAK_IN_A_FRESH_PROCESS, model_dir, TEXT)
     counts = text_token_counts(backend.model.frontend, TEXT)
-    assert seen == {"samples": expected_samples(counts, RATIO), "transformers": False}
+    assert seen == {"samples": expected_samples(counts, RATIO), "transformers": False, "training_tools": []}
 
 
 PRELOAD_IN_A_FRESH_PROCESS = """

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from convtts.config import ConfigError, CosyVoiceConfig
+from convtts.speak.cosyvoice import matcha_utils
 from convtts.speak.cosyvoice.deferred import resolve_placeholders, transformers_deferred
 from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock, fast_load, lazy_onnx_sessions, time_upstream_steps
 
@@ -87,6 +88,7 @@ def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
         for path in (str(root / "third_party" / "Matcha-TTS"), str(root)):
             if path not in sys.path:
                 sys.path.insert(0, path)
+    matcha_utils.install()  # Matcha-TTS's training tools stay unimported
     try:
         with transformers_deferred(version == 1):
             module = importlib.import_module("cosyvoice.cli.cosyvoice")
