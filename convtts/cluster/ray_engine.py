@@ -77,7 +77,8 @@ class Driver:
         self.slots: dict[int, SlotState] = {}
         self.calls: dict = {}  # ObjectRef -> (rank, what it is)
         self.asking: list[int] = []  # slots that asked before the plan was made
-        self.mps: dict[str, tuple] = {}  # node id -> (NodeMPS actor, env for its slots)
+        self.mps: dict[str, tuple] = {}  # node id -> (NodeMPS actor, env for its slots; None while it starts)
+        self.mps_waiting: dict[str, list[int]] = {}  # node id -> slots placed there, waiting for its MPS daemon
         self.disk_full = False
         self.started = time.time()
         self.key = hashlib.blake2b(str(self.layout.root.resolve()).encode(), digest_size=4).hexdigest()
@@ -90,6 +91,9 @@ class Driver:
             handle = actor.options(namespace=NAMESPACE, name=f"slot-{self.key}-{rank}", **self.needs()).remote()
             self.slots[rank] = SlotState(rank, handle)
             self.call(rank, "where", handle.where.remote())
+        for info in self.ray.nodes():  # their daemons start while the slots' processes do
+            if info.get("Alive") and info["Resources"].get(self.o.resource, 0) > 0:
+                self.start_mps(info["NodeID"])
         log.info("%d slots (one per %s); output %s", count, self.o.resource, self.o.out)
 
     def needs(self) -> dict:
@@ -150,24 +154,34 @@ class Driver:
                 return max(1, int(info["Resources"].get(self.o.resource, 1)))
         return 1
 
-    def node_env(self, node: str) -> dict:
-        """The node's MPS daemon (started by the first of its slots): GPU slots only."""
+    def start_mps(self, node: str) -> None:
+        """Start the node's MPS daemon (GPU slots only), once; its slots start when it has."""
+        if self.o.resource != "GPU" or self.o.mps == "off" or node in self.mps:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor = (
+            self.ray.remote(NodeMPS)
+            .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote()
+        )
+        self.mps[node] = (actor, None)
+        self.calls[actor.start.remote(self.o.mps, f"{self.o.log_dir}/mps-{node[:8]}")] = (node, "mps")
+
+    def on_mps(self, node: str, ref) -> None:
+        try:
+            env, said = self.ray.get(ref)
+        except self.ray.exceptions.RayError as exc:  # the node went meanwhile: its slots' start fails next
+            env, said = {}, f"not started: {_first_line(exc)}"
+        log.info("MPS on node %s: %s", node[:8], said)
+        self.mps[node] = (self.mps[node][0], env)
+        for rank in self.mps_waiting.pop(node, []):
+            self.start_slot(self.slots[rank])
+
+    def node_env(self, node: str) -> dict | None:
+        """What a slot on this node needs to reach its MPS daemon; None while the daemon starts."""
         if self.o.resource != "GPU" or self.o.mps == "off":
             return {}
-        if node not in self.mps:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            actor = (
-                self.ray.remote(NodeMPS)
-                .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-                .remote()
-            )
-            try:
-                env, said = self.ray.get(actor.start.remote(self.o.mps, f"{self.o.log_dir}/mps-{node[:8]}"))
-            except self.ray.exceptions.RayError as exc:  # the node went meanwhile: its slot's start fails next
-                env, said = {}, f"not started: {_first_line(exc)}"
-            log.info("MPS on node %s: %s", node[:8], said)
-            self.mps[node] = (actor, env)
         return self.mps[node][1]
 
     # -- the loop ------------------------------------------------------------------------------
@@ -207,6 +221,9 @@ class Driver:
 
     def on_result(self, ref) -> None:
         rank, what = self.calls.pop(ref)
+        if what == "mps":
+            self.on_mps(rank, ref)  # rank: the node id
+            return
         slot = self.slots[rank]
         try:
             value = self.ray.get(ref)
@@ -215,12 +232,11 @@ class Driver:
             return
         if what == "where":
             slot.node = value
-            log_file = f"{self.o.log_dir}/slot-{rank}.log"
-            # the command's start, so that the slots' start-up timelines count from it as on one node
-            env = {k: os.environ[k] for k in ("CONVTTS_RUN_STARTED", "CONVTTS_VALIDATED") if k in os.environ}
-            self.call(
-                rank, "start", slot.actor.start.remote(self.slot_args(slot), {**env, **self.node_env(value)}, log_file)
-            )
+            self.start_mps(value)  # a node that joined after the driver started
+            if self.node_env(value) is None:
+                self.mps_waiting.setdefault(value, []).append(rank)
+            else:
+                self.start_slot(slot)
         elif what == "start":
             pid, slot.host, gpu = value
             log.info(
@@ -236,6 +252,13 @@ class Driver:
             self.answer(slot, None)
         else:
             self.on_line(slot, value)
+
+    def start_slot(self, slot: SlotState) -> None:
+        log_file = f"{self.o.log_dir}/slot-{slot.rank}.log"
+        # the command's start, so that the slots' start-up timelines count from it as on one node
+        env = {k: os.environ[k] for k in ("CONVTTS_RUN_STARTED", "CONVTTS_VALIDATED") if k in os.environ}
+        env.update(self.node_env(slot.node))
+        self.call(slot.rank, "start", slot.actor.start.remote(self.slot_args(slot), env, log_file))
 
     def answer(self, slot: SlotState, line: str | None) -> None:
         """Send the slot an answer (None: none is due) and wait for its next line."""
@@ -372,7 +395,7 @@ class Driver:
         for slot in self.slots.values():
             if slot.code is None:
                 self.ray.kill(slot.actor)
-        for actor, _ in self.mps.values():
+        for actor, _ in self.mps.values():  # one still starting is stopped once it has
             try:
                 self.ray.get(actor.stop.remote(), timeout=60)
             except Exception as exc:
