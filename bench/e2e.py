@@ -131,6 +131,7 @@ def measure(out: Path, started: float, wall: float) -> dict:
     audio = sum(r["duration"] for r in rows)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     window = busy_window(rows)
+    last = max((r["finished"] for r in rows), default=0.0)
     return {
         "utterances": len(rows),
         "audio_seconds": round(audio, 1),
@@ -139,6 +140,9 @@ def measure(out: Path, started: float, wall: float) -> dict:
         "steady_state": window,
         "steady_state_trimmed_audio_s_per_s": trimmed_rate(rows),
         "tail_seconds": round(started + wall - window["ends"], 1) if window.get("ends") else None,
+        # the tail in two: workers running out one by one, then the command's end after the last row
+        "drain_seconds": round(last - window["ends"], 1) if window.get("ends") else None,
+        "after_last_row_seconds": round(started + wall - last, 1) if rows else None,
         "summary_this_run": summary.get("this_run"),
         "startup": startup(out),
     }
@@ -216,7 +220,8 @@ def report(figures: dict) -> str:
         f"{figures['audio_seconds']} s of audio in {figures['wall_seconds']} s: "
         f"{figures['end_to_end_audio_s_per_s']} audio s/s end to end; steady state {steady} "
         f"({figures['steady_state_trimmed_audio_s_per_s']} trimmed); {figures['workers']} workers; "
-        f"tail {figures['tail_seconds']} s after the first worker ran out"
+        f"tail {figures['tail_seconds']} s after the first worker ran out "
+        f"(drain {figures.get('drain_seconds')} s, then {figures.get('after_last_row_seconds')} s to the exit)"
     ]
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
