@@ -240,7 +240,7 @@ CUDA_SYNCS = ("auto", "spin", "yield", "block")
 class WorkerConfig:
     per_slot: int = 0  # worker processes per device slot; 0 chooses from cores and GPU memory
     gpu_mb_per_worker: int = 2600  # a worker's peak GPU memory, for that choice (measure yours)
-    gpu_mb_per_row: int = 500  # and each batch row past the first (tts.cosyvoice.batch_size)
+    gpu_mb_per_row: int = 500  # and each batch row past the first, for a batched backend without its own figures
     rebuild_every: int = 500  # rebuild the TTS model after this many utterances (0: never)
     max_rss_mb: int = 0  # rebuild when the worker's resident memory passes this (0: off)
     max_gpu_mb: int = 0  # rebuild when the worker's GPU memory passes this (0: off)

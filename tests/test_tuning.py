@@ -64,16 +64,55 @@ def test_a_batched_worker_counts_its_rows_and_the_log_says_so(caplog):
     assert worker_gpu_mb(2600, 500, 1) == 2600 and "rows" not in caplog.text
     assert worker_gpu_mb(2600, 500, 32) == 2600 + 31 * 500
     assert "a worker of 32 rows needs about 18100 MiB" in caplog.text
-    # the shipped GPU config on an H200 (143,156 MiB free) leaves the count to the cores (14 on 16 of them):
-    # memory alone would allow 14 workers of 64 rows at 8,900 MiB each
-    from convtts.config import load_config
-    from convtts.speak import backend_rows
 
+
+# -- batched workers of fixed rows: the pass budget shrinks before a worker is dropped ----------------
+
+
+def test_a_slot_fits_its_workers_by_shrinking_their_passes_first(free_gpu, monkeypatch, caplog):
+    from convtts.run.tuning import fit_passes
+
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 32)
+    free_gpu(81_079)  # an H100: 16 workers of 2600 + 64 x 78 MiB do not fit, 8 do with 1529 MiB passes
+    with caplog.at_level(logging.INFO):
+        assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (8, 1529)
+    assert "passes of 1529 MiB (at most 4096" in caplog.text
+    free_gpu(143_156)  # an H200 of a 16-core node: the cores' 14 workers, with 1610 MiB passes
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (14, 1610)
+    assert fit_passes(0, 1, 2600, 16, 78.0, 4096) == (14, 4096)  # room to spare: the configured budget
+    assert fit_passes(0, 2, 2600, 64, 78.0, 4096) == (7, 4096)  # two slots share the cores
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert fit_passes(30, 1, 2600, 64, 78.0, 4096) == (30, 64)  # asked for: kept, and warned about
+    assert "do not fit" in caplog.text
+
+
+def test_a_slot_that_cannot_read_the_free_memory_runs_one_worker_with_its_passes_as_configured(monkeypatch):
+    from convtts.run.tuning import fit_passes
+
+    monkeypatch.setattr("convtts.run.tuning.free_gpu_mb", lambda: 0)
+    assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (1, 4096)
+    assert fit_passes(3, 1, 2600, 64, 78.0, 4096) == (3, 4096)
+
+
+def test_the_shipped_gpu_config_gets_workers_and_passes_that_fit_an_h100(free_gpu, monkeypatch, tmp_path):
+    import argparse
+
+    from convtts.config import load_config
+    from convtts.run.command import size_workers
+
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 32)
+    free_gpu(81_079)
     config = load_config(
-        Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml", ["tts.cosyvoice.model_dir=m"]
+        Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={tmp_path}"]
     )
-    w = config.workers
-    assert int(143156 * 0.9 // worker_gpu_mb(w.gpu_mb_per_worker, w.gpu_mb_per_row, backend_rows(config))) == 14
+    args = argparse.Namespace(workers=0, slots_on_node=1, world=1, device="cuda")
+    workers, sized = size_workers(config, args)
+    # the released CosyVoice-300M's rows at 30 words in bf16: 78.3 MiB of KV cache each
+    assert (workers, sized.tts.cosyvoice.flow.max_mb) == (8, 1512)
+    assert sized.tts.cosyvoice.batch_size == 64 and sized.tts.cosyvoice.model_dir == str(tmp_path)
+    assert size_workers(config, argparse.Namespace(**{**vars(args), "device": "cpu"}))[1] == config  # CPU: as given
 
 
 # -- automatic rows (tts.cosyvoice.batch_size: 0) -------------------------------------------------

@@ -14,7 +14,7 @@ from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layo
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import check_gate
 from convtts.gate.whisper import recogniser_gpu_mb
-from convtts.speak import backend_row_mb, backend_rows, check_backend, with_rows
+from convtts.speak import backend_passes, backend_row_mb, backend_rows, check_backend, with_pass_mb, with_rows
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full
 
@@ -122,7 +122,7 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
 
 def size_workers(config, args: argparse.Namespace):
     """The slot's worker count and the config its workers get: rows set when the backend's are automatic (0)."""
-    from convtts.run.tuning import choose_layout, choose_workers, worker_gpu_mb
+    from convtts.run.tuning import choose_layout, choose_workers, fit_passes, worker_gpu_mb
 
     requested = args.workers or config.workers.per_slot
     slots = args.slots_on_node or args.world
@@ -132,6 +132,10 @@ def size_workers(config, args: argparse.Namespace):
     if rows == 0:
         workers, rows = choose_layout(requested, args.device, slots, base, backend_row_mb(config))
         return workers, with_rows(config, rows)
+    passes = backend_passes(config) if args.device == "cuda" and rows > 1 else None
+    if passes is not None:  # the pass budget shrinks so that the workers fit the GPU's memory
+        workers, pass_mb = fit_passes(requested, slots, base, rows, *passes)
+        return workers, with_pass_mb(config, pass_mb)
     per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
     return choose_workers(requested, args.device, slots, per_worker), config
 

@@ -85,6 +85,55 @@ def free_gpu_mb() -> int:
         return 0
 
 
+# A batched worker of fixed rows peaks at its model, its rows' decode state (the static KV cache)
+# and the working memory of one flow or vocoder pass, which its pass budget caps
+# (tts.cosyvoice.flow.max_mb). On an H100, 8 workers of 64 rows at 30 words with the 4096 MiB
+# default each peaked at 9.7-11.7 GiB, 82 GB together: workers ran out of memory mid-run, lost
+# the utterances they had in flight and went on at half their rows. A slot shrinks the pass
+# budget until its workers fit, down to PASS_MIN_MB, before it runs fewer workers.
+PASS_MIN_MB = 1024
+
+
+def fit_passes(
+    requested: int, slots_on_node: int, base: int, rows: int, row_mb: float, pass_mb: int
+) -> tuple[int, int]:
+    """(workers, MiB a flow or vocoder pass may take) for batched GPU workers of `rows` fixed rows.
+
+    As many workers as the cores allow (at most MAX_WORKERS_PER_GPU; `requested` > 0 wins), each
+    peaking at base + rows x row_mb + its pass budget within 90% of the GPU's free memory; the
+    budget is at most `pass_mb` and shrinks to PASS_MIN_MB before a worker is dropped.
+    """
+    by_cpu = max(1, (cpu_cores() - GPU_NODE_SPARE_CORES) // max(1, slots_on_node))
+    budget = free_gpu_mb() * 0.9
+    workers = requested or min(by_cpu, MAX_WORKERS_PER_GPU)
+    if budget <= 0:
+        return (requested or 1), pass_mb  # nvidia-smi could not say: one worker, as choose_workers does
+    fixed = base + rows * row_mb
+    while not requested and workers > 1 and budget / workers - fixed < PASS_MIN_MB:
+        workers -= 1
+    room = int(budget / workers - fixed)
+    passes = max(64, min(pass_mb, room))
+    log.info(
+        "workers: %d (%s), each %.0f MiB (model %d + %d rows x %.0f) and passes of %d MiB "
+        "(at most %d; 90%% of %.0f MiB free over %d workers leaves %d)",
+        workers,
+        "set by config or --workers" if requested else f"min(cores {by_cpu}, cap {MAX_WORKERS_PER_GPU}), fewer if "
+        f"passes fell under {PASS_MIN_MB} MiB",
+        fixed,
+        base,
+        rows,
+        row_mb,
+        passes,
+        pass_mb,
+        budget / 0.9,
+        workers,
+        room,
+    )
+    if room < 64:
+        log.warning("%d workers of %d rows do not fit this GPU's free memory: expect out-of-memory retries", workers, rows)
+    return workers, passes
+
+
 # Automatic rows (tts.cosyvoice.batch_size: 0). On an H200, 8 batched workers under MPS measured best
 # and 64 rows beat 32 (docs/PERFORMANCE.md); a worker gets fewer rows only when its share of the
 # GPU memory cannot hold them, and a slot runs fewer workers before any gets under MIN_AUTO_ROWS.

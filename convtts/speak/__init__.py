@@ -63,6 +63,19 @@ def backend_row_mb(config: Config) -> float:
     return float(figure(config)) if figure is not None else 0.0
 
 
+def backend_passes(config: Config) -> tuple[float, int] | None:
+    """(GPU MiB each row holds, MiB one pass may take) for a batched backend that sizes its passes, else None."""
+    if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
+        return None
+    figures = getattr(backend_class(config.tts.backend), "passes", None)
+    return figures(config) if figures is not None else None
+
+
+def with_pass_mb(config: Config, mb: int) -> Config:
+    """The config with a batched backend's pass budget set (its `with_pass_mb(config, mb)`)."""
+    return backend_class(config.tts.backend).with_pass_mb(config, mb)
+
+
 def with_rows(config: Config, rows: int) -> Config:
     """The config with a batched backend's rows set (its `with_rows(config, rows)`); unchanged for others."""
     setter = getattr(backend_class(config.tts.backend), "with_rows", None)

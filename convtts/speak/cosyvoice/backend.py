@@ -290,6 +290,23 @@ class CosyVoiceBackend:
         return row_kv_mb(config) + FLOW_MB_PER_ROW
 
     @staticmethod
+    def passes(config: Config) -> tuple[float, int]:
+        """(GPU MiB each row holds all run long: its static KV cache; MiB one flow or vocoder pass may take:
+        tts.cosyvoice.flow.max_mb). A worker of fixed rows peaks at its model, its rows' and one pass."""
+        from convtts.speak.cosyvoice.sizes import row_kv_mb
+
+        return row_kv_mb(config), config.tts.cosyvoice.flow.max_mb
+
+    @staticmethod
+    def with_pass_mb(config: Config, mb: int) -> Config:
+        """The config with tts.cosyvoice.flow.max_mb set to `mb` (the slot's fit to the GPU's memory)."""
+        import dataclasses
+
+        cosy = config.tts.cosyvoice
+        cosy = dataclasses.replace(cosy, flow=dataclasses.replace(cosy.flow, max_mb=mb))
+        return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
+
+    @staticmethod
     def with_rows(config: Config, rows: int) -> Config:
         """The config with tts.cosyvoice.batch_size set to `rows` (the slot's automatic choice)."""
         import dataclasses
