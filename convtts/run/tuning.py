@@ -117,8 +117,9 @@ def fit_passes(
         "workers: %d (%s), each %.0f MiB (model %d + %d rows x %.0f) and passes of %d MiB "
         "(at most %d; 90%% of %.0f MiB free over %d workers leaves %d)",
         workers,
-        "set by config or --workers" if requested else f"min(cores {by_cpu}, cap {MAX_WORKERS_PER_GPU}), fewer if "
-        f"passes fell under {PASS_MIN_MB} MiB",
+        "set by config or --workers"
+        if requested
+        else f"min(cores {by_cpu}, cap {MAX_WORKERS_PER_GPU}), fewer if passes fell under {PASS_MIN_MB} MiB",
         fixed,
         base,
         rows,
@@ -130,7 +131,9 @@ def fit_passes(
         room,
     )
     if room < 64:
-        log.warning("%d workers of %d rows do not fit this GPU's free memory: expect out-of-memory retries", workers, rows)
+        log.warning(
+            "%d workers of %d rows do not fit this GPU's free memory: expect out-of-memory retries", workers, rows
+        )
     return workers, passes
 
 

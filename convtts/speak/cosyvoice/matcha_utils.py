@@ -40,7 +40,7 @@ def install() -> bool:
         return False
     package = LightPackage(spec)
     sys.modules[PACKAGE] = package
-    setattr(sys.modules["matcha"], "utils", package)  # as an import binds it (pydoc.locate walks attributes)
+    sys.modules["matcha"].utils = package  # as an import binds it (pydoc.locate walks attributes)
     sys.modules[PYLOGGER] = package.pylogger = _pylogger()
     return True
 
@@ -63,11 +63,15 @@ class LightPackage(types.ModuleType):
         return getattr(self, name)
 
     def _submodule(self, name: str) -> bool:
-        return any((Path(folder) / f"{name}.py").is_file() or (Path(folder) / name).is_dir() for folder in self.__path__)
+        return any(
+            (Path(folder) / f"{name}.py").is_file() or (Path(folder) / name).is_dir() for folder in self.__path__
+        )
 
 
 def _pylogger() -> types.ModuleType:
-    module = types.ModuleType(PYLOGGER, "Matcha-TTS's get_pylogger for one process (convtts.speak.cosyvoice.matcha_utils)")
+    module = types.ModuleType(
+        PYLOGGER, "Matcha-TTS's get_pylogger for one process (convtts.speak.cosyvoice.matcha_utils)"
+    )
     module.get_pylogger = get_pylogger
     return module
 
