@@ -118,7 +118,16 @@ def run(engine: str, args, source: Path) -> dict:
         "stderr_tail": done.stderr[-2000:],
     }
     figures.update(measure(out, started, wall))
+    figures["out_of_memory"] = out_of_memory(log)
     return figures
+
+
+def out_of_memory(log: Path) -> int:
+    """Batches a worker lost to a CUDA out-of-memory (each restarts what it had in flight at half its rows)."""
+    return sum(
+        path.read_text(errors="replace").count("CUDA out of memory with")
+        for path in log.rglob("slot-*-worker-*.log")
+    )
 
 
 def measure(out: Path, started: float, wall: float) -> dict:
@@ -221,7 +230,8 @@ def report(figures: dict) -> str:
         f"{figures['end_to_end_audio_s_per_s']} audio s/s end to end; steady state {steady} "
         f"({figures['steady_state_trimmed_audio_s_per_s']} trimmed); {figures['workers']} workers; "
         f"tail {figures['tail_seconds']} s after the first worker ran out "
-        f"(drain {figures.get('drain_seconds')} s, then {figures.get('after_last_row_seconds')} s to the exit)"
+        f"(drain {figures.get('drain_seconds')} s, then {figures.get('after_last_row_seconds')} s to the exit); "
+        f"{figures.get('out_of_memory')} batches lost to out-of-memory"
     ]
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
