@@ -125,8 +125,7 @@ def run(engine: str, args, source: Path) -> dict:
 def out_of_memory(log: Path) -> int:
     """Batches a worker lost to a CUDA out-of-memory (each restarts what it had in flight at half its rows)."""
     return sum(
-        path.read_text(errors="replace").count("CUDA out of memory with")
-        for path in log.rglob("slot-*-worker-*.log")
+        path.read_text(errors="replace").count("CUDA out of memory with") for path in log.rglob("slot-*-worker-*.log")
     )
 
 
