@@ -38,6 +38,11 @@ def worker_gpu_mb(base: int, per_row: int, rows: int) -> int:
     return peak
 
 
+def gpu_slot_cores(slots_on_node: int) -> int:
+    """Cores one GPU slot's workers may use: the node's, less the spare ones, shared by its slots."""
+    return max(1, (cpu_cores() - GPU_NODE_SPARE_CORES) // max(1, slots_on_node))
+
+
 def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_worker: int) -> int:
     """The worker count for one slot, with its reasons logged. `requested` > 0 wins."""
     if requested > 0:
@@ -48,7 +53,7 @@ def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_w
         by_cpu = max(1, cpu_cores() // slots)
         log.info("workers: %d (%d cores shared by %d CPU slots)", by_cpu, cpu_cores(), slots_on_node)
         return by_cpu
-    by_cpu = max(1, (cpu_cores() - GPU_NODE_SPARE_CORES) // slots)
+    by_cpu = gpu_slot_cores(slots)
     free_mb = free_gpu_mb()
     by_memory = max(1, int(free_mb * 0.9 // gpu_mb_per_worker)) if free_mb else 1
     count = min(by_cpu, by_memory, MAX_WORKERS_PER_GPU)
@@ -103,7 +108,7 @@ def fit_passes(
     peaking at base + rows x row_mb + its pass budget within 90% of the GPU's free memory; the
     budget is at most `pass_mb` and shrinks to PASS_MIN_MB before a worker is dropped.
     """
-    by_cpu = max(1, (cpu_cores() - GPU_NODE_SPARE_CORES) // max(1, slots_on_node))
+    by_cpu = gpu_slot_cores(slots_on_node)
     budget = free_gpu_mb() * 0.9
     workers = requested or min(by_cpu, MAX_WORKERS_PER_GPU)
     if budget <= 0:
@@ -154,7 +159,7 @@ def choose_layout(
         workers = choose_workers(requested, device, slots_on_node, gpu_mb_per_worker)
         log.info("rows: %d per worker (automatic, CPU)", CPU_ROWS)
         return workers, CPU_ROWS
-    by_cpu = max(1, (cpu_cores() - GPU_NODE_SPARE_CORES) // max(1, slots_on_node))
+    by_cpu = gpu_slot_cores(slots_on_node)
     workers = requested or min(by_cpu, BATCHED_WORKERS_PER_GPU)
     budget = free_gpu_mb() * 0.9
     while True:

@@ -47,27 +47,28 @@ def build_backend(config: Config) -> Backend:
     return backend_class(config.tts.backend)(config)
 
 
+def _backend_figure(config: Config, name: str):
+    """The backend class's sizing method `name` (rows, row_gpu_mb, passes); None if it has none or is unknown."""
+    if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
+        return None
+    return getattr(backend_class(config.tts.backend), name, None)
+
+
 def backend_rows(config: Config) -> int:
     """Utterances one worker of this backend speaks at once (a batched backend's `rows(config)`), else 1."""
-    if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
-        return 1
-    rows = getattr(backend_class(config.tts.backend), "rows", None)
+    rows = _backend_figure(config, "rows")
     return int(rows(config)) if rows is not None else 1
 
 
 def backend_row_mb(config: Config) -> float:
     """GPU MiB each batch row of a worker takes (a batched backend's `row_gpu_mb(config)`), else 0."""
-    if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
-        return 0.0
-    figure = getattr(backend_class(config.tts.backend), "row_gpu_mb", None)
+    figure = _backend_figure(config, "row_gpu_mb")
     return float(figure(config)) if figure is not None else 0.0
 
 
 def backend_passes(config: Config) -> tuple[float, int] | None:
     """(GPU MiB each row holds, MiB one pass may take) for a batched backend that sizes its passes, else None."""
-    if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
-        return None
-    figures = getattr(backend_class(config.tts.backend), "passes", None)
+    figures = _backend_figure(config, "passes")
     return figures(config) if figures is not None else None
 
 

@@ -4,6 +4,7 @@ pool of thousands."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import io
 import logging
@@ -188,6 +189,12 @@ def weights_checksum(tensors) -> str:
     return hashlib.blake2b(total.numpy().tobytes(), digest_size=8).hexdigest()
 
 
+def _with_cosyvoice(config: Config, **changes) -> Config:
+    """The config with these tts.cosyvoice fields changed (the slot's sizing of its workers)."""
+    cosy = dataclasses.replace(config.tts.cosyvoice, **changes)
+    return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
+
+
 class CosyVoiceBackend:
     """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
 
@@ -300,19 +307,13 @@ class CosyVoiceBackend:
     @staticmethod
     def with_pass_mb(config: Config, mb: int) -> Config:
         """The config with tts.cosyvoice.flow.max_mb set to `mb` (the slot's fit to the GPU's memory)."""
-        import dataclasses
-
-        cosy = config.tts.cosyvoice
-        cosy = dataclasses.replace(cosy, flow=dataclasses.replace(cosy.flow, max_mb=mb))
-        return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
+        flow = dataclasses.replace(config.tts.cosyvoice.flow, max_mb=mb)
+        return _with_cosyvoice(config, flow=flow)
 
     @staticmethod
     def with_rows(config: Config, rows: int) -> Config:
         """The config with tts.cosyvoice.batch_size set to `rows` (the slot's automatic choice)."""
-        import dataclasses
-
-        cosy = dataclasses.replace(config.tts.cosyvoice, batch_size=rows)
-        return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
+        return _with_cosyvoice(config, batch_size=rows)
 
     @property
     def batch_rows(self) -> int:
