@@ -41,7 +41,7 @@ def hundred_segments(tmp_path_factory) -> Path:
     return write_input(tmp_path_factory.mktemp("input") / "convs.json", llava_conversations(9))
 
 
-def paced_run(source: Path, out: Path, log: Path, workers: int) -> subprocess.CompletedProcess:
+def paced_run(source: Path, out: Path, log: Path, workers: int, *more, env=None) -> subprocess.CompletedProcess:
     return run_all(
         "--input",
         source,
@@ -54,7 +54,8 @@ def paced_run(source: Path, out: Path, log: Path, workers: int) -> subprocess.Co
         "--workers",
         workers,
         *PACED,
-        env=script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS),
+        *more,
+        env=env or script_env(CONVTTS_TEST_UTTERANCE_SECONDS=UTTERANCE_SECONDS),
     )
 
 
@@ -258,3 +259,34 @@ def test_batched_rows_stay_full_across_pieces_and_the_tail_is_short(tmp_path, hu
         assert len(live) > 40 and min(live) >= 3 and sum(live) / len(live) >= 3.8, (worker, live)
     ends = [max(b for _, b in spans_of(rows, worker)) for worker in ("slot0-w0", "slot0-w1")]
     assert abs(ends[0] - ends[1]) <= longest + 0.5, (ends, longest)
+
+
+def test_a_batched_worker_holds_few_ids_it_cannot_begin(tmp_path, hundred_segments):
+    """A batched worker asks for its free rows and one id more: the rest wait in the slot, longest
+    first, so a slow worker never sits on long ids while a fast one begins shorter ones (one shard:
+    the whole job is one longest-first window)."""
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = script_env(
+        CONVTTS_TEST_UTTERANCE_SECONDS=0.3,
+        CONVTTS_TEST_ROWS=4,
+        CONVTTS_TEST_SLOW_WORKER="slot0-w1",
+        CONVTTS_TEST_SLOW_FACTOR=3,
+    )
+    result = paced_run(
+        hundred_segments, out, log, 2, "--set", "tts.backend=paced_backend:PacedBatchTone", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(out)
+    # each worker's 4 rows and the 1 id more it may hold, and one piece of 2 that came meanwhile
+    assert shorter_begun_before(out, rows) <= 2 * (4 + 1 + 2), slot_log(log)
+
+
+def shorter_begun_before(out: Path, rows: list[dict]) -> int:
+    """The most ids of fewer words that began before an id did (0 when they began longest first)."""
+    words = {
+        row["id"]: len(row["text"].split())
+        for shard in (out / "plan" / "shards").glob("shard-?????.jsonl")
+        for row in read_jsonl(shard)
+    }
+    begun = [(r["finished"] - r["synthesis_seconds"], words[r["id"]]) for r in rows]
+    return max(sum(w < length and t < start - 0.05 for t, w in begun) for start, length in begun)

@@ -126,11 +126,11 @@ class FedWork:
     def pending_counts(self) -> list[int]:
         return [len(s.pending) for s in self.shards.values()]
 
-    def next_piece(self) -> Piece | None:
+    def next_piece(self, room: int = 0) -> Piece | None:
         work = next((s for s in self.shards.values() if s.pending), None) or self.ask_driver()
         if work is None:
             return None
-        size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows)
+        size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows, room)
         ids = [work.pending.popleft() for _ in range(size)]
         return Piece(work.name, ids, {uid: work.crashes[uid] for uid in ids if work.crashes[uid]})
 

@@ -1,7 +1,7 @@
 """What a slot and its workers say to each other over their pipe: one small dataclass per message.
 
 Worker to slot: Ready once its model is up (with where its start-up time went), Want when its
-queue of ids runs low, per utterance Started and Spoken or Failed, Built at every model load,
+queue of ids runs low (both with the room it has: how many ids it may take, 0 for no bound), per utterance Started and Spoken or Failed, Built at every model load,
 Returned in answer to HandBack, DiskFull when it had to stop.
 Slot to worker: SpeakPiece (a piece of a shard), Nothing (no ids now: ask again once idle),
 HandBack (give back ids not begun yet: an idle worker will speak them), or Stop.
@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 class Ready:
     wid: int
     phases: dict = field(default_factory=dict)  # start-up seconds by phase (see worker.StartupClock)
+    room: int = 0  # ids it may take for its first piece (0: as many as the slot cuts)
 
 
 @dataclass(frozen=True)
 class Want:
-    pass
+    room: int = 0  # ids it may take (0: as many as the slot cuts)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 A worker asks for more before its queue runs dry and gets the next piece. Sizes follow guided
 self-scheduling: a piece holds about the work left divided by twice the workers, so a big run hands
-out pieces of MAX_PIECE (more for batched workers) and the last ones hold MIN_PIECE ids. One shard
-of 100 ids on 4 workers is cut 13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3, 3, 3 and seven pieces of 2.
+out pieces of MAX_PIECE and the last ones hold MIN_PIECE ids. One shard of 100 ids on 4 workers is
+cut 13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3, 3, 3 and seven pieces of 2. A batched worker says how many
+it takes (its free rows and an eighth more): the ids it could not begin yet stay here, in order,
+for whichever worker frees a row first.
 
 Ids go out longest first across a window of open shards: the slot keeps shards open until their
 ids to hand out fill WINDOW_BATCHES times every worker's rows, and each piece comes from the open
@@ -50,14 +52,15 @@ PIECES_PER_WORKER = 2  # each cut takes 1/(this x workers) of the work left
 WINDOW_BATCHES = 2  # shards open at once hold this many times the rows of all workers (the longest-first window)
 
 
-def cut_size(available: int, remaining: int, workers: int, rows: int = 1) -> int:
+def cut_size(available: int, remaining: int, workers: int, rows: int = 1, room: int = 0) -> int:
     """How many of a shard's `available` ids the next piece takes, `remaining` ids being left in all.
 
     A batched worker decodes `rows` utterances at once and asks for its next piece before its
     rows run dry, so a piece need not fill them: it may hold up to four times that early on, and
-    the last pieces hold MIN_PIECE ids whatever the rows.
+    the last pieces hold MIN_PIECE ids whatever the rows. `room`: the most the asking worker takes
+    (a batched one asks for its free rows and a few more; 0: no bound).
     """
-    high = max(MAX_PIECE, 4 * rows)
+    high = min(max(MAX_PIECE, 4 * rows), room or math.inf)
     size = max(MIN_PIECE, min(high, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
     return available if available - size < MIN_PIECE else size  # no runt left behind in the shard
 
@@ -158,12 +161,13 @@ class WorkQueue:
     def pending_counts(self) -> list[int]:
         return [len(w.pending) for w in self.open.values()] + [self.estimates[s] for s in self.waiting]
 
-    def next_piece(self) -> Piece | None:
+    def next_piece(self, room: int = 0) -> Piece | None:
+        """The next piece, of at most `room` ids (and a runt) when the worker asking gives a bound."""
         self.open_window()
         work = self.first_in_line()
         if work is None:
             return None
-        size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows)
+        size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows, room)
         ids = self.take(work, size)
         work.out += 1
         work.pieces += 1

@@ -73,6 +73,7 @@ class Handle:
     ready: bool = False
     pieces: list = field(default_factory=list)  # Pieces handed to it and not finished
     wants: bool = False  # asked for more and has no answer yet
+    room: int = 0  # how many ids it asked for (0: as many as the work cuts)
     asked_back: bool = False  # a HandBack is out to it
     stopping: bool = False  # told to stop
     spoke: bool = False  # finished at least one utterance since it started
@@ -276,10 +277,11 @@ class Slot:
 
     def on_ready(self, handle: Handle, message: Ready) -> None:
         handle.ready = handle.wants = True  # its first piece, as soon as its own model is up
+        handle.room = message.room
         self.timeline.ready(handle.wid, message.phases)
 
     def on_want(self, handle: Handle, message: Want) -> None:
-        handle.wants = True
+        handle.wants, handle.room = True, message.room
 
     def on_started(self, handle: Handle, message: Started) -> None:
         piece = handle.piece_of(message.uid)
@@ -354,7 +356,7 @@ class Slot:
         for handle in list(self.handles.values()):
             if not handle.ready or not handle.wants:
                 continue
-            piece = None if self.halted or self.work is None else self.work.next_piece()
+            piece = None if self.halted or self.work is None else self.work.next_piece(handle.room)
             if piece is not None:
                 handle.pieces.append(piece)
                 handle.tell(SpeakPiece(piece.shard, piece.ids, piece.crashes))  # dead: on_death returns it

@@ -108,7 +108,7 @@ class Worker:
 
     def serve(self) -> None:
         self.build("start")
-        self.send(Ready(self.args.wid, self.startup))
+        self.send(Ready(self.args.wid, self.startup, self.room()))
         self.wanting = True  # Ready asks for the first piece
         while not self.stopping:
             self.refill()
@@ -149,10 +149,23 @@ class Worker:
         self.send(DiskFull(disk_full_text(exc)))
 
     # -- the slot's messages ---------------------------------------------------------------
+    def rows(self) -> int:
+        return getattr(self.backend, "batch_rows", 1) if can_batch(self.backend) else 1
+
     def low_water(self) -> int:
         """Ask for more while this many ids are still queued: a batched worker's rows never wait."""
-        rows = getattr(self.backend, "batch_rows", 1) if can_batch(self.backend) else 1
-        return rows // 2
+        rows = self.rows()
+        return max(1, rows // 16) if rows > 1 else 0
+
+    def room(self) -> int:
+        """How many ids to ask for (0: no bound). A batched worker holds its rows and a few more: the
+        rest wait in the slot, longest first, for whichever worker frees a row next, so no worker
+        sits on long ids it cannot begin while another runs dry at the end of a run."""
+        rows = self.rows()
+        if rows <= 1:
+            return 0
+        held = len(self.in_flight) + len(self.queue) + len(self.alone)
+        return max(rows // 8, rows + rows // 4 - held, 1)
 
     def refill(self) -> None:
         """Read what the slot said; ask for more when the queue runs low; with nothing left, wait for an answer.
@@ -166,7 +179,7 @@ class Worker:
             return
         idle = not self.queue and not self.alone and not self.in_flight
         if not self.wanting and len(self.queue) <= self.low_water() and (idle or not self.starved):
-            self.send(Want())
+            self.send(Want(self.room()))
             self.wanting = True
         while self.wanting and not self.queue and not self.alone and not self.stopping:
             self.take(self.conn.recv())

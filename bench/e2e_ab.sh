@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Two versions of the code on the same job, on the same machine, in one call: the end-to-end figures
+# of bench/e2e.py for a baseline (a `git archive` tar of another commit) and for this tree, in
+# turns (baseline, this tree, baseline, ...), so that a warm page cache or a busy host favours
+# neither. Each run's JSON and its slot logs land in $OUT/<label>-<N>-<turn>/.
+#
+#   git archive -o .whl/base.tar <commit>          # on the developer machine
+#   OUT=$OUT BASE=.whl/base.tar SIZES="300 1000" TURNS=1 bash bench/e2e_ab.sh   # on the GPU machine
+#
+# Knobs: BASE (required), SIZES ["300"], TURNS [1], GPUS [0], ENGINES [bash], MODEL [/tmp/cv300m],
+# SETUP [1: bench/gpu_setup.sh first].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+here="$PWD" out="${OUT:?set OUT}" base_tar="${BASE:?set BASE to a git archive tar}"
+model="${MODEL:-/tmp/cv300m}"
+mkdir -p "$out"
+if [[ "${SETUP:-1}" != 0 ]]; then
+  MODEL_SIZE=full bash bench/gpu_setup.sh .whl "$model"
+fi
+base=/tmp/e2e-ab-base
+rm -rf "$base" && mkdir -p "$base" && tar -C "$base" -xf "$base_tar"
+cp bench/e2e.py "$base/bench/e2e.py"  # one measure for both: this tree's
+run() {  # label tree conversations turn
+  local dest="$out/$1-$3-$4"
+  (cd "$2" && OUT="$dest" WORK="/tmp/e2e-ab-$1-$3-$4" SETUP=0 GPUS="${GPUS:-0}" CONVERSATIONS="$3" \
+    ENGINES="${ENGINES:-bash}" MODEL="$model" bash bench/e2e_gpu.sh >"$dest.log" 2>&1) || echo "$1 $3 $4: exit $?"
+  grep -hE "end to end|^  slot" "$dest.log" | sed "s|^|$1 $3 #$4: |" || true
+}
+for size in ${SIZES:-300}; do
+  for turn in $(seq "${TURNS:-1}"); do
+    run base "$base" "$size" "$turn"
+    run new "$here" "$size" "$turn"
+  done
+done
