@@ -153,7 +153,23 @@ def measure(out: Path, started: float, wall: float) -> dict:
         "after_last_row_seconds": round(started + wall - last, 1) if rows else None,
         "summary_this_run": summary.get("this_run"),
         "startup": startup(out),
+        "last_rows": last_rows(rows, started),
     }
+
+
+def last_rows(rows: list[dict], started: float, count: int = 8) -> list[dict]:
+    """The utterances that finished last, seconds from the command's start: whether the end waited for
+    a long row begun early (its decode at full load) or for ids begun late."""
+    ends = sorted(rows, key=lambda r: r["finished"])[-count:]
+    return [
+        {
+            "worker": r["worker"],
+            "audio": r["duration"],
+            "began": round(r["finished"] - r["synthesis_seconds"] - started, 1),
+            "finished": round(r["finished"] - started, 1),
+        }
+        for r in ends
+    ]
 
 
 def busy_window(rows: list[dict]) -> dict:
@@ -232,6 +248,10 @@ def report(figures: dict) -> str:
         f"(drain {figures.get('drain_seconds')} s, then {figures.get('after_last_row_seconds')} s to the exit); "
         f"{figures.get('out_of_memory')} batches lost to out-of-memory"
     ]
+    lines.append(
+        "  last rows (audio s, began-finished s): "
+        + ", ".join(f"{r['worker']} {r['audio']:.1f} {r['began']}-{r['finished']}" for r in figures["last_rows"])
+    )
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
         phases = ", ".join(f"{name} {p['mean']:.1f}/{p['max']:.1f}" for name, p in slot["phases"].items())
