@@ -87,6 +87,22 @@ def test_a_batch_speaks_each_utterance_as_it_would_alone(solo, batched):
         assert np.abs(audio - solo.synthesize(text, "英文女", 1000 + i)).max() < TOLERANCE, text
 
 
+def test_short_rows_are_spoken_while_long_ones_still_decode(model_dir):
+    """Once nothing is left to take a freed row, the decoded rows go through the flow as soon as they
+    are as many as the rows still decoding: the short ones are not held until the long ones end."""
+    backend = CosyVoiceBackend(config(model_dir, 8))  # a flow pass is due at 4 decoded rows
+    steps = []
+    step = backend.engine._step
+    backend.engine._step = lambda: steps.append(1) or step()
+    short, long = ["Yes.", "A cat sat.", "Hi there."], [TEXTS[1]] * 3
+    try:
+        spoken_at = {key: len(steps) for key, _ in backend.synthesize_many(items(short + long))}
+    finally:
+        backend.close()
+    assert len(spoken_at) == 6
+    assert max(spoken_at[k] for k in (0, 1, 2)) < min(spoken_at[k] for k in (3, 4, 5)), spoken_at
+
+
 def test_each_utterance_has_its_own_seed(batched):
     twice = dict(
         batched.synthesize_many([(0, TEXTS[0], "英文女", 7), (1, TEXTS[0], "英文女", 8), (2, TEXTS[0], "英文女", 7)])

@@ -104,10 +104,17 @@ class Scheduler:
         self.failed.append(seq.request)
 
     def flow_due(self, flow_rows: int) -> bool:
-        """Enough decoded rows for one flow pass, or nothing left that could add to them."""
+        """Enough decoded rows for one flow pass; or, once no new chunk is at hand to take a freed row,
+        as many decoded rows as are still running. Without that rule a worker's last rows would hold
+        every row decoded before them (and the next chunk of each) until the slowest one ends: at the
+        end of a run, tens of seconds."""
         if not self.decoded:
             return False
-        return len(self.decoded) >= flow_rows or not (self.running or self.waiting or self.incoming)
+        if len(self.decoded) >= flow_rows:
+            return True
+        if self.waiting or self.incoming:
+            return False
+        return len(self.decoded) >= len(self.running)
 
     def take_decoded(self) -> list[Sequence]:
         decoded, self.decoded = self.decoded, []
