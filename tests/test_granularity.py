@@ -272,9 +272,7 @@ def test_a_batched_worker_holds_few_ids_it_cannot_begin(tmp_path, hundred_segmen
         CONVTTS_TEST_SLOW_WORKER="slot0-w1",
         CONVTTS_TEST_SLOW_FACTOR=3,
     )
-    result = paced_run(
-        hundred_segments, out, log, 2, "--set", "tts.backend=paced_backend:PacedBatchTone", env=env
-    )
+    result = paced_run(hundred_segments, out, log, 2, "--set", "tts.backend=paced_backend:PacedBatchTone", env=env)
     assert result.returncode == 0, result.stderr
     rows = assert_complete(out)
     # each worker's 4 rows and the 1 id more it may hold, and one piece of 2 that came meanwhile

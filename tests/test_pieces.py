@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 
 from conftest import read_jsonl
-from convtts.run.pieces import MAX_PIECE, MIN_PIECE, WorkQueue, cut_size, preview_cuts
+from convtts.run.pieces import MAX_PIECE, MIN_PIECE, WorkQueue, batched_room, cut_size, preview_cuts
 from convtts.state.layout import Layout, shard_name
 from convtts.state.shardio import append_line, read_json, shard_complete
 
@@ -48,7 +48,9 @@ def test_every_piece_is_within_bounds_and_no_shard_leaves_a_runt(counts, workers
     for count in counts:
         cut, available = [], count
         while available:
-            cut.append(cut_size(available, remaining, workers, rows))
+            # a batched worker's first piece fills its rows; later ones are what its busy rows ask for
+            room = batched_room(rows, 0 if len(sizes) + len(cut) < workers else rows + rows // 4)
+            cut.append(cut_size(available, remaining, workers, rows, room))
             available -= cut[-1]
             remaining -= cut[-1]
         assert sum(cut) == count and all(size <= high + low - 1 for size in cut)
@@ -56,6 +58,16 @@ def test_every_piece_is_within_bounds_and_no_shard_leaves_a_runt(counts, workers
         assert all(size >= low for size in cut) or (cut == [count] and count < low)
         sizes += cut
     assert sizes == preview_cuts(counts, workers, rows) and sum(sizes) == sum(counts)
+
+
+def test_a_batched_worker_asks_for_its_rows_first_and_then_an_eighth_of_them():
+    assert batched_room(64, 0) == 80  # its rows and the engine's look-ahead of a quarter
+    assert batched_room(64, 70) == 10
+    assert batched_room(64, 112) == 8  # busy: an eighth of its rows a piece
+    assert batched_room(1, 0) == 0  # one row: as many as the slot cuts
+    sizes = preview_cuts([1000], 4, rows=64)
+    assert sizes[:4] == [80] * 4 and set(sizes[4:80]) == {8} and max(sizes[4:]) == 8, sizes
+    assert sizes[-1] == MIN_PIECE and sum(sizes) == 1000  # and the tail's pieces shrink as before
 
 
 def test_a_batched_worker_gets_up_to_four_batches_early_and_the_tail_pieces_late():

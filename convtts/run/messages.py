@@ -1,8 +1,9 @@
 """What a slot and its workers say to each other over their pipe: one small dataclass per message.
 
 Worker to slot: Ready once its model is up (with where its start-up time went), Want when its
-queue of ids runs low (both with the room it has: how many ids it may take, 0 for no bound), per utterance Started and Spoken or Failed, Built at every model load,
-Returned in answer to HandBack, DiskFull when it had to stop.
+queue of ids runs low (both with its room: how many ids it takes, 0 for no bound), per utterance
+Started and Spoken or Failed, Built at every model load, Returned in answer to HandBack, DiskFull
+when it had to stop.
 Slot to worker: SpeakPiece (a piece of a shard), Nothing (no ids now: ask again once idle),
 HandBack (give back ids not begun yet: an idle worker will speak them), or Stop.
 """

@@ -65,12 +65,23 @@ def cut_size(available: int, remaining: int, workers: int, rows: int = 1, room: 
     return available if available - size < MIN_PIECE else size  # no runt left behind in the shard
 
 
+def batched_room(rows: int, held: int) -> int:
+    """How many ids a worker decoding `rows` at once asks for while it holds `held` (begun, queued or
+    waiting for the gate): enough for its rows and the engine's look-ahead of a quarter of them,
+    and at least an eighth of its rows; 0 (no bound) for a worker of one row."""
+    if rows <= 1:
+        return 0
+    return max(rows // 8, rows + rows // 4 - held, 1)
+
+
 def preview_cuts(counts: list[int], workers: int, rows: int = 1) -> list[int]:
-    """The piece sizes a run with these pending counts per shard is cut into, if no worker dies."""
+    """The piece sizes a run with these pending counts per shard is cut into, if no worker dies (a
+    batched worker's first piece fills it, the next ones are what its busy rows ask for)."""
     sizes, remaining = [], sum(counts)
     for available in counts:
         while available:
-            size = cut_size(available, remaining, workers, rows)
+            room = batched_room(rows, 0 if len(sizes) < workers else rows + rows // 4)
+            size = cut_size(available, remaining, workers, rows, room)
             sizes.append(size)
             available -= size
             remaining -= size

@@ -31,6 +31,7 @@ from convtts.run.messages import (
     Stop,
     Want,
 )
+from convtts.run.pieces import batched_room
 from convtts.run.startup import phase_text
 from convtts.run.utterance import Attempt, Context, Settings, synthesize_with_retries
 from convtts.state.layout import Layout
@@ -161,11 +162,7 @@ class Worker:
         """How many ids to ask for (0: no bound). A batched worker holds its rows and a few more: the
         rest wait in the slot, longest first, for whichever worker frees a row next, so no worker
         sits on long ids it cannot begin while another runs dry at the end of a run."""
-        rows = self.rows()
-        if rows <= 1:
-            return 0
-        held = len(self.in_flight) + len(self.queue) + len(self.alone)
-        return max(rows // 8, rows + rows // 4 - held, 1)
+        return batched_room(self.rows(), len(self.in_flight) + len(self.queue) + len(self.alone))
 
     def refill(self) -> None:
         """Read what the slot said; ask for more when the queue runs low; with nothing left, wait for an answer.
