@@ -217,17 +217,22 @@ def test_an_idle_worker_takes_over_what_a_slow_one_has_not_begun(tmp_path, hundr
     assert Counter(r["worker"] for r in rows)["slot0-w0"] < 0.15 * len(rows)
 
 
-def test_batched_rows_stay_full_across_pieces_and_the_tail_is_short(tmp_path, hundred_segments):
-    """A batched voice of 4 rows (tests/paced_backend.py PacedBatchTone, one slow worker): each worker
-    asks for its next piece before its rows run dry, so they stay full across pieces and shards,
-    and the two end within about one utterance of each other."""
-    out, log = tmp_path / "out", tmp_path / "log"
-    env = script_env(
+def slow_batched_env() -> dict:
+    """Workers of 4 rows (tests/paced_backend.py PacedBatchTone), the second three times slower."""
+    return script_env(
         CONVTTS_TEST_UTTERANCE_SECONDS=0.3,
         CONVTTS_TEST_ROWS=4,
         CONVTTS_TEST_SLOW_WORKER="slot0-w1",
         CONVTTS_TEST_SLOW_FACTOR=3,
     )
+
+
+def test_batched_rows_stay_full_across_pieces_and_the_tail_is_short(tmp_path, hundred_segments):
+    """A batched voice of 4 rows (tests/paced_backend.py PacedBatchTone, one slow worker): each worker
+    asks for its next piece before its rows run dry, so they stay full across pieces and shards,
+    and the two end within about one utterance of each other."""
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = slow_batched_env()
     result = run_all(
         "--input",
         hundred_segments,
@@ -266,12 +271,7 @@ def test_a_batched_worker_holds_few_ids_it_cannot_begin(tmp_path, hundred_segmen
     first, so a slow worker never sits on long ids while a fast one begins shorter ones (one shard:
     the whole job is one longest-first window)."""
     out, log = tmp_path / "out", tmp_path / "log"
-    env = script_env(
-        CONVTTS_TEST_UTTERANCE_SECONDS=0.3,
-        CONVTTS_TEST_ROWS=4,
-        CONVTTS_TEST_SLOW_WORKER="slot0-w1",
-        CONVTTS_TEST_SLOW_FACTOR=3,
-    )
+    env = slow_batched_env()
     result = paced_run(hundred_segments, out, log, 2, "--set", "tts.backend=paced_backend:PacedBatchTone", env=env)
     assert result.returncode == 0, result.stderr
     rows = assert_complete(out)
