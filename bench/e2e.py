@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -119,7 +120,25 @@ def run(engine: str, args, source: Path) -> dict:
     }
     figures.update(measure(out, started, wall))
     figures["out_of_memory"] = out_of_memory(log)
+    figures["engine_stages"] = engine_stages(log)
     return figures
+
+
+ENGINE_LINE = re.compile(r"engine: (\d+) utterances in ([\d.]+) s: (.*)")
+STAGE = re.compile(r"(\w+) ([\d.]+) s")
+
+
+def engine_stages(log: Path) -> dict:
+    """Where the batched workers' time went, summed over their engine lines (engine.StageTimer):
+    seconds per stage and the share of the workers' time in the engine."""
+    wall, stages = 0.0, {}
+    for path in log.rglob("slot-*-worker-*.log"):
+        for match in ENGINE_LINE.finditer(path.read_text(errors="replace")):
+            wall += float(match.group(2))
+            for name, seconds in STAGE.findall(match.group(3)):
+                stages[name] = stages.get(name, 0.0) + float(seconds)
+    share = {name: round(seconds / wall, 3) for name, seconds in stages.items()} if wall else {}
+    return {"seconds": round(wall, 1), "share": share}
 
 
 def out_of_memory(log: Path) -> int:
@@ -252,6 +271,12 @@ def report(figures: dict) -> str:
         "  last rows (audio s, began-finished s): "
         + ", ".join(f"{r['worker']} {r['audio']:.1f} {r['began']}-{r['finished']}" for r in figures["last_rows"])
     )
+    stages = figures.get("engine_stages") or {}
+    if stages.get("share"):
+        shares = ", ".join(
+            f"{name} {share:.0%}" for name, share in sorted(stages["share"].items(), key=lambda x: -x[1])
+        )
+        lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}")
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
         phases = ", ".join(f"{name} {p['mean']:.1f}/{p['max']:.1f}" for name, p in slot["phases"].items())

@@ -24,7 +24,7 @@ run() {  # label tree conversations turn
   local dest="$out/$1-$3-$4"
   (cd "$2" && OUT="$dest" WORK="/tmp/e2e-ab-$1-$3-$4" SETUP=0 GPUS="${GPUS:-0}" CONVERSATIONS="$3" \
     ENGINES="${ENGINES:-bash}" MODEL="$model" bash bench/e2e_gpu.sh >"$dest.log" 2>&1) || echo "$1 $3 $4: exit $?"
-  grep -hE "end to end|^  slot|^  last rows" "$dest.log" | sed "s|^|$1 $3 #$4: |" || true
+  grep -hE "end to end|^  slot|^  last rows|^  engine" "$dest.log" | sed "s|^|$1 $3 #$4: |" || true
 }
 for size in ${SIZES:-300}; do
   for turn in $(seq "${TURNS:-1}"); do

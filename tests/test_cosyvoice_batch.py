@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -101,6 +103,20 @@ def test_short_rows_are_spoken_while_long_ones_still_decode(model_dir):
         backend.close()
     assert len(spoken_at) == 6
     assert max(spoken_at[k] for k in (0, 1, 2)) < min(spoken_at[k] for k in (3, 4, 5)), spoken_at
+
+
+def test_each_call_logs_where_its_time_went(batched, caplog):
+    """One line a call: the utterances, the wall time, and the seconds and count of each stage."""
+    with caplog.at_level("INFO", logger="convtts.speak.cosyvoice.engine.engine"):
+        assert len(dict(batched.synthesize_many(items()))) == len(TEXTS)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine: ")]
+    match = re.fullmatch(r"engine: 6 utterances in ([\d.]+) s: (.*)", line)
+    assert match, line
+    stages = dict(
+        (name, float(seconds)) for name, seconds, _ in re.findall(r"(\w+) ([\d.]+) s(?: \((\d+)\))?", match[2])
+    )
+    assert {"step", "prefill", "flow", "other"} <= set(stages), line
+    assert abs(sum(stages.values()) - float(match[1])) < 0.2, line
 
 
 def test_each_utterance_has_its_own_seed(batched):
