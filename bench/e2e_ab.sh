@@ -8,7 +8,8 @@
 #   OUT=$OUT BASE=.whl/base.tar SIZES="300 1000" TURNS=1 bash bench/e2e_ab.sh   # on the GPU machine
 #
 # Knobs: BASE (required), SIZES ["300"], TURNS [1], GPUS [0], ENGINES [bash], MODEL [/tmp/cv300m],
-# SETUP [1: bench/gpu_setup.sh first].
+# SETUP [1: bench/gpu_setup.sh first], PACK [0; 1 packs $OUT into $OUT.tgz, with each run's worker
+# logs: a device call brings back only a few files].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 here="$PWD" out="${OUT:?set OUT}" base_tar="${BASE:?set BASE to a git archive tar}"
@@ -32,3 +33,7 @@ for size in ${SIZES:-300}; do
     run new "$here" "$size" "$turn"
   done
 done
+if [[ "${PACK:-0}" == 1 ]]; then
+  logs=(/tmp/e2e-ab-*/log-*)
+  tar -czf "$out.tgz" "$out" "${logs[@]}" 2>/dev/null && rm -rf "$out"
+fi
