@@ -29,6 +29,16 @@ COSYVOICE_CHECKOUT = os.environ.pop("COSYVOICE_ROOT", "")
 REQUIRE_EXTRAS = os.environ.get("CONVTTS_TEST_REQUIRE_EXTRAS") == "1"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def repository_log_untouched():
+    """No test may leave logs in the repository's own log/ (run_all.sh's default): a user's logs live
+    there, and CI runs on a clone."""
+    before = set((REPO / "log").iterdir()) if (REPO / "log").is_dir() else set()
+    yield
+    after = set((REPO / "log").iterdir()) if (REPO / "log").is_dir() else set()
+    assert after <= before, f"tests wrote to {REPO / 'log'}: {sorted(str(p) for p in after - before)}"
+
+
 def need(module: str, extra: str):
     """Import an optional library, or skip the test (the whole module, when called at its top) saying
     which extra installs it and why the import failed. Under CONVTTS_TEST_REQUIRE_EXTRAS=1 (`make
@@ -104,7 +114,7 @@ def python_reports(code: str, *args, env: dict | None = None, timeout: float = 3
 def run_all(*args, env: dict | None = None, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     _require_e2e_marker()
     return subprocess.run(
-        ["bash", str(REPO / "run_all.sh"), *map(str, args)],
+        ["bash", str(REPO / "run_all.sh"), *with_log_dir([str(arg) for arg in args])],
         env=env or script_env(),
         capture_output=True,
         text=True,
@@ -112,6 +122,15 @@ def run_all(*args, env: dict | None = None, timeout: float = 300, **popen) -> su
         stdin=subprocess.DEVNULL,
         **popen,
     )
+
+
+def with_log_dir(args: list[str]) -> list[str]:
+    """The run's logs beside its output folder when the test names none: run_all.sh's default is the
+    repository's own log/, which a test must not write to."""
+    if "--log-dir" in args or "--output-dir" not in args:
+        return args
+    out = Path(args[args.index("--output-dir") + 1])
+    return [*args, "--log-dir", str(out.parent / f"{out.name}-log")]
 
 
 def read_jsonl(path: Path) -> list[dict]:
