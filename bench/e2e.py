@@ -119,8 +119,9 @@ def run(engine: str, args, source: Path) -> dict:
         "stderr_tail": done.stderr[-2000:],
     }
     figures.update(measure(out, started, wall))
-    figures["out_of_memory"] = out_of_memory(log)
-    figures["engine_stages"] = engine_stages(log)
+    worker_logs = [path.read_text(errors="replace") for path in log.rglob("slot-*-worker-*.log")]
+    figures["out_of_memory"] = out_of_memory(worker_logs)
+    figures["engine_stages"] = engine_stages(worker_logs)
     return figures
 
 
@@ -128,12 +129,12 @@ ENGINE_LINE = re.compile(r"engine: (\d+) utterances in ([\d.]+) s: (.*)")
 STAGE = re.compile(r"(\w+) ([\d.]+) s")
 
 
-def engine_stages(log: Path) -> dict:
+def engine_stages(worker_logs: list[str]) -> dict:
     """Where the batched workers' time went, summed over their engine lines (engine.StageTimer):
     seconds per stage and the share of the workers' time in the engine."""
     wall, stages = 0.0, {}
-    for path in log.rglob("slot-*-worker-*.log"):
-        for match in ENGINE_LINE.finditer(path.read_text(errors="replace")):
+    for text in worker_logs:
+        for match in ENGINE_LINE.finditer(text):
             wall += float(match.group(2))
             for name, seconds in STAGE.findall(match.group(3)):
                 stages[name] = stages.get(name, 0.0) + float(seconds)
@@ -141,11 +142,9 @@ def engine_stages(log: Path) -> dict:
     return {"seconds": round(wall, 1), "share": share}
 
 
-def out_of_memory(log: Path) -> int:
+def out_of_memory(worker_logs: list[str]) -> int:
     """Batches a worker lost to a CUDA out-of-memory (each restarts what it had in flight at half its rows)."""
-    return sum(
-        path.read_text(errors="replace").count("CUDA out of memory with") for path in log.rglob("slot-*-worker-*.log")
-    )
+    return sum(text.count("CUDA out of memory with") for text in worker_logs)
 
 
 def measure(out: Path, started: float, wall: float) -> dict:
