@@ -17,7 +17,7 @@ import torch
 
 from convtts.speak.cosyvoice.engine.audio import AudioStage
 from convtts.speak.cosyvoice.engine.precision import matmul_mode
-from convtts.speak.cosyvoice.engine.requests import TORCH_LOCK, Sequence
+from convtts.speak.cosyvoice.engine.requests import Sequence
 
 def tf32_agrees(parts: list[str]) -> bool:
     """Whether the parts ask for the same TF32 switch (all tf32, or none): TF32 is one switch for the
@@ -55,10 +55,7 @@ class Renderer:
         return None
 
     def _job(self, seqs: list[Sequence], speed: float, ready) -> None:
-        # The lock keeps the decode's graph captures out while a job runs (and the job out while one is
-        # made): on an H200, a job's first vocoder pass beside a capture failed in cuFFT and then every
-        # worker on the GPU with an illegal memory access. Captures come early in a run, and rarely after.
-        with TORCH_LOCK, torch.inference_mode(), self.timer("render"):
+        with torch.inference_mode(), self.timer("render"):
             if self.stream is None:
                 self.audio.render(renderable(seqs), speed)
                 return
