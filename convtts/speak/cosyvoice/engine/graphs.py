@@ -15,7 +15,6 @@ from collections.abc import Callable
 import torch
 
 from convtts.speak.base import is_out_of_memory
-from convtts.speak.cosyvoice.engine.requests import TORCH_LOCK
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ class StepGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         try:
             # thread_local: the text frontend's thread may copy to the GPU meanwhile; only this thread is captured
-            with TORCH_LOCK, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 (self.compiled or self.step)(rows, length)
         except Exception as exc:
             if is_out_of_memory(exc):

@@ -33,9 +33,7 @@ class Renderer:
         self.audio, self.device, self.timer = audio, device, timer
         self.overlap = overlap
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="render") if overlap else None
-        # torch hands out streams of one priority round-robin from a pool of 32, shared with the graph captures'
-        # own streams; a stream of the next priority comes from a pool nothing else in a worker draws on
-        self.stream = torch.cuda.Stream(device, priority=-1) if overlap and device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
         self.job: tuple[list[Sequence], Future] | None = None
 
     def busy(self) -> bool:

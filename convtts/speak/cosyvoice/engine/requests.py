@@ -71,17 +71,15 @@ class Sequence:
 Row = Sequence  # the flow's name for a decoded sequence
 
 
-# What torch keeps for the whole process, which the flow's thread (render.py) and the decode's both
-# use: the global generators (each swap of a stream in and out, each seeding of the CUDA one) and CUDA
-# graph capture (a capture claims the CUDA generator, whose use elsewhere then fails, and every capture
-# goes through one capture stream). Each of those holds this lock.
-TORCH_LOCK = threading.RLock()
+# torch's global generators are the process's: the flow's thread (render.py) and the decode's both
+# swap streams in and out of them, so each swap, and each seeding of the CUDA one, holds this lock.
+RANDOM_LOCK = threading.RLock()
 
 
 @contextmanager
 def own_random_stream(request: Request):
     """Run upstream code that draws from torch's global CPU generator on this request's stream."""
-    with TORCH_LOCK:
+    with RANDOM_LOCK:
         saved = torch.get_rng_state()
         torch.set_rng_state(request.generator.get_state())
         try:

@@ -28,7 +28,6 @@ import torch
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.estimator import padded_forward
 from convtts.speak.cosyvoice.engine.precision import is_reduced, matmul_mode, part_module
-from convtts.speak.cosyvoice.engine.requests import TORCH_LOCK
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ class GraphCache:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         try:
-            with TORCH_LOCK, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 output = self.fn(*static)
         except Exception as exc:
             if is_out_of_memory(exc):
