@@ -145,9 +145,6 @@ class FlowConfig:
     max_graphs: int = 16  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
     max_mb: int = 4096  # GPU memory one flow or vocoder pass may take beyond the weights: caps its rows
     vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
-    # Flow and vocoder passes in a thread beside the decode (always: the rows still decoding go on stepping
-    # meanwhile), or in the decode's own thread (never: every pass stops them); auto: beside it on a GPU.
-    overlap: str = "auto"
 
     def check(self) -> None:
         if not 0 <= self.max_graphs <= 256:
@@ -156,8 +153,6 @@ class FlowConfig:
             raise ConfigError(f"tts.cosyvoice.flow.max_mb must be at least 64, got {self.max_mb}")
         if not 1 <= self.vocoder_rows <= 256:
             raise ConfigError(f"tts.cosyvoice.flow.vocoder_rows must be between 1 and 256, got {self.vocoder_rows}")
-        if self.overlap not in OVERLAPS:
-            raise ConfigError(f"tts.cosyvoice.flow.overlap must be one of {OVERLAPS}, got {self.overlap!r}")
 
 
 @dataclass(frozen=True)
@@ -212,7 +207,6 @@ class CosyVoiceConfig:
 
 DECODES = ("static", "upstream")
 SAMPLERS = ("auto", "cpu", "gpu")
-OVERLAPS = ("auto", "always", "never")  # tts.cosyvoice.flow.overlap
 
 
 @dataclass(frozen=True)

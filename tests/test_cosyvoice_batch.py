@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-import time
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import run_short_of_memory, speak_with_two_refused
-from convtts.config import Config, CosyVoiceConfig, FlowConfig, PrecisionConfig, SpeakerConfig, TTSConfig
+from convtts.config import Config, CosyVoiceConfig, PrecisionConfig, SpeakerConfig, TTSConfig
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine
@@ -240,110 +239,3 @@ def test_decode_settings_are_checked_up_front():
     ):
         with pytest.raises(ConfigError, match=message):
             load_config(None, bad)
-
-
-# -- the flow beside the decode (tts.cosyvoice.flow.overlap) -------------------------------------
-
-
-def overlapped_backend(model_dir, rows: int = 4) -> CosyVoiceBackend:
-    """The flow beside the decode; every part in fp32 (parts that differ in TF32 keep it in one thread)."""
-    fp32 = PrecisionConfig(llm="fp32", flow="fp32", vocoder="fp32")
-    return CosyVoiceBackend(config(model_dir, rows, precision=fp32, flow=FlowConfig(overlap="always")))
-
-
-def test_beside_the_decode_each_utterance_is_spoken_as_in_its_thread(model_dir, batched):
-    """The flow's thread renders the same audio: each row's noise comes from its own utterance's streams."""
-    backend = overlapped_backend(model_dir)
-    try:
-        assert backend.engine.renderer.overlap and not batched.engine.renderer.overlap
-        beside = dict(backend.synthesize_many(items()))
-        again = dict(backend.synthesize_many(items()))
-    finally:
-        backend.close()
-    inline = dict(batched.synthesize_many(items()))
-    assert sorted(beside) == sorted(inline) == list(range(len(TEXTS)))
-    for i in inline:
-        np.testing.assert_array_equal(beside[i], inline[i])
-        np.testing.assert_array_equal(again[i], inline[i])
-
-
-def rows_stepped_during_renders(backend, texts, patience: float) -> list[int]:
-    """For each flow job: the decode steps taken while it ran. Each job waits (up to `patience` seconds)
-    until the decode has stepped once, which it can do only if it runs beside the decode."""
-    engine, steps, stepped = backend.engine, [0], []
-    step, render = engine._step, engine.audio.render
-
-    def counting_step():
-        steps[0] += 1
-        return step()
-
-    def waiting_render(seqs, speed):
-        before, deadline = steps[0], time.monotonic() + patience
-        while engine.scheduler is not None and engine.scheduler.running and steps[0] == before:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        stepped.append(steps[0] - before)
-        return render(seqs, speed)
-
-    engine._step, engine.audio.render = counting_step, waiting_render
-    assert len(dict(backend.synthesize_many(items(texts)))) == len(texts)
-    return stepped
-
-
-def test_the_rows_still_decoding_step_while_the_flow_renders(model_dir):
-    """Beside the decode, a flow job does not stop the rows still running; in its thread, it does."""
-    short, long = ["Yes.", "A cat sat.", "Hi there.", "Go on."], [TEXTS[1]] * 4
-    backend = overlapped_backend(model_dir, rows=8)
-    try:
-        beside = rows_stepped_during_renders(backend, short + long, patience=20)
-    finally:
-        backend.close()
-    inline_backend = CosyVoiceBackend(config(model_dir, 8, flow=FlowConfig(overlap="never")))
-    try:
-        inline = rows_stepped_during_renders(inline_backend, short + long, patience=1)
-    finally:
-        inline_backend.close()
-    assert beside[0] > 0, beside  # the first job (the four short rows) ran while the long ones decoded
-    assert sum(inline) == 0, inline
-
-
-def test_a_call_with_the_flow_beside_it_logs_the_flow_apart(model_dir, caplog):
-    backend = overlapped_backend(model_dir)
-    try:
-        with caplog.at_level("INFO", logger="convtts.speak.cosyvoice.engine.engine"):
-            assert len(dict(backend.synthesize_many(items()))) == len(TEXTS)
-    finally:
-        backend.close()
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine: ")]
-    match = re.fullmatch(r"engine: 6 utterances in ([\d.]+) s: (.*); beside it: render ([\d.]+) s \((\d+)\)", line)
-    assert match, line
-    inline = [float(s) for s in re.findall(r"([\d.]+) s", match[2])]
-    assert abs(sum(inline) - float(match[1])) < 0.2, line  # the decode's stages still sum to the wall time
-    assert float(match[3]) > 0 and int(match[4]) >= 2, line
-
-
-def test_out_of_memory_in_the_flows_thread_reaches_the_caller(model_dir, monkeypatch):
-    """A job's CUDA out-of-memory is raised in the decode's thread; nothing it held is yielded, and the
-    engine speaks the next call whole."""
-    from convtts.speak.cosyvoice.engine.audio import AudioStage
-
-    backend = overlapped_backend(model_dir)
-    render, failures = AudioStage.render, [1]
-
-    def short_of_memory(stage, seqs, speed):
-        if failures:
-            failures.pop()
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return render(stage, seqs, speed)
-
-    monkeypatch.setattr(AudioStage, "render", short_of_memory)
-    try:
-        finished = {}
-        with pytest.raises(OutOfMemory):
-            for key, audio in backend.synthesize_many(items()):
-                finished[key] = audio
-        assert not finished and not backend.engine.renderer.busy()
-        assert sorted(dict(backend.synthesize_many(items()))) == list(range(len(TEXTS)))
-    finally:
-        backend.close()

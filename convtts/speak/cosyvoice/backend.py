@@ -486,8 +486,6 @@ class CosyVoiceBackend:
         if self.frontend is not None:
             self.frontend.shutdown(wait=True)
             self.frontend = None
-        if self.engine is not None:
-            self.engine.close()  # its flow thread
         self.model = None
         self.engine = None
         self.prompts = {}

@@ -16,15 +16,14 @@ import inspect
 import logging
 import time
 from collections import defaultdict, deque
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 
-from convtts.config import OVERLAPS, CosyVoiceConfig, PrecisionConfig
+from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.audio import AudioStage
 from convtts.speak.cosyvoice.engine.readback import TokenReadback
-from convtts.speak.cosyvoice.engine.render import Renderer, common_tf32, tf32_agrees
 from convtts.speak.cosyvoice.engine.requests import RUNNING, Sequence
 from convtts.speak.cosyvoice.engine.runner import DecodeOptions
 from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, supports_static
@@ -74,19 +73,15 @@ class StageTimer:
             self.seconds[stage] += time.perf_counter() - started
             self.calls[stage] += 1
 
-    def since(self, before: tuple[dict, dict], wall: float, beside: tuple[str, ...] = ()) -> str:
-        """Where `wall` seconds went since the snapshot `before`, e.g. 'read 41.0 s (5210), flow 30.2 s (96), ...';
-        the `beside` stages ran in another thread meanwhile, and are listed after the rest."""
+    def since(self, before: tuple[dict, dict], wall: float) -> str:
+        """Where `wall` seconds went since the snapshot `before`, e.g. 'read 41.0 s (5210), flow 30.2 s (96), ...'."""
         seconds, calls = before
         spent = {stage: self.seconds[stage] - seconds.get(stage, 0.0) for stage in self.seconds}
-        inline = sorted((s for s in spent if s not in beside), key=spent.get, reverse=True)
-        aside = [s for s in beside if s in spent]
-
-        def part(stage: str) -> str:
-            return f"{stage} {spent[stage]:.1f} s ({self.calls[stage] - calls.get(stage, 0)})"
-
-        line = ", ".join([part(s) for s in inline] + [f"other {max(0.0, wall - sum(spent[s] for s in inline)):.1f} s"])
-        return line + (f"; beside it: {', '.join(part(s) for s in aside)}" if aside else "")
+        parts = [
+            f"{stage} {spent[stage]:.1f} s ({self.calls[stage] - calls.get(stage, 0)})"
+            for stage in sorted(spent, key=spent.get, reverse=True)
+        ]
+        return ", ".join(parts + [f"other {max(0.0, wall - sum(spent.values())):.1f} s"])
 
     def snapshot(self) -> tuple[dict, dict]:
         return dict(self.seconds), dict(self.calls)
@@ -126,22 +121,6 @@ class BatchEngine:
         self.ratios = float(bounds["min_token_text_ratio"].default), float(bounds["max_token_text_ratio"].default)
         self.scheduler: Scheduler | None = None
         self.timer = StageTimer()
-        self.renderer = Renderer(self.audio, self.device, self.timer, self._overlaps(settings or CosyVoiceConfig()))
-
-    def _overlaps(self, settings: CosyVoiceConfig) -> bool:
-        """Whether the flow and vocoder run beside the decode (tts.cosyvoice.flow.overlap; auto: on a GPU)."""
-        mode = settings.flow.overlap
-        if mode not in OVERLAPS:
-            raise ValueError(f"tts.cosyvoice.flow.overlap must be one of {OVERLAPS}, got {mode!r}")
-        if mode == "never" or (mode == "auto" and self.device.type != "cuda"):
-            return False
-        if not tf32_agrees(self.parts()):
-            log.info("the flow runs in the decode's thread: its parts differ in TF32 (%s)", ", ".join(self.parts()))
-            return False
-        return True
-
-    def parts(self) -> list[str]:
-        return [self.precision.llm, self.precision.flow, self.precision.vocoder]
 
     def _runner(self):
         kind = self.options.decode
@@ -195,7 +174,7 @@ class BatchEngine:
         sampler = self._device_sampler if self.gpu_sampling else None
         started, before, spoken = time.perf_counter(), self.timer.snapshot(), 0
         try:
-            with torch.inference_mode(), self._tf32():
+            with torch.inference_mode():
                 self.runner.prepare(self.max_rows, sampler)
                 decode = self._decode_ahead if self.gpu_sampling else self._decode
                 for request in decode(iter(requests), speed):
@@ -205,25 +184,14 @@ class BatchEngine:
             self._settle()
             wall = time.perf_counter() - started
             # one line a call (a worker makes one per model build and per run, about): where its time went
-            stages = self.timer.since(before, wall, beside=("render",))
-            log.info("engine: %d utterances in %.1f s: %s", spoken, wall, stages)
-
-    def _tf32(self):
-        """Overlapping, TF32 is set once for the call (the parts agree on it); else each part sets its own."""
-        return common_tf32(self.parts()) if self.renderer.overlap else nullcontext()
-
-    def close(self) -> None:
-        """End the flow's thread (a job under way finishes first)."""
-        self.renderer.close()
+            log.info("engine: %d utterances in %.1f s: %s", spoken, wall, self.timer.since(before, wall))
 
     def _device_sampler(self, rows: int) -> GpuSampler:
         self.readback = TokenReadback(rows, self.device)
         return GpuSampler(self.sampler, self.runner.vocab, self.stops, rows, self.device)
 
     def _settle(self) -> None:
-        """Wait for text frontends still at work (they share upstream's frontend with the next caller), and for
-        a flow job still under way (its rows' requests were not handed back: the caller has them)."""
-        self.renderer.settle()
+        """Wait for text frontends still at work (they share upstream's frontend with the next caller)."""
         if self.scheduler is not None:
             for request in self.scheduler.incoming:
                 request.resolve()
@@ -233,7 +201,7 @@ class BatchEngine:
         """Tokens drawn on the CPU: every step's log-probabilities come to the host."""
         scheduler = self.scheduler
         logp = None
-        while not scheduler.finished() or self.renderer.busy():
+        while not scheduler.finished():
             scheduler.fill(source)
             yield from scheduler.take_failed()
             for new in self._admit():
@@ -241,14 +209,15 @@ class BatchEngine:
             if scheduler.running:
                 self._sample(logp)
                 logp = self._step() if scheduler.running else None
-            yield from self._rendered(speed)
+            if scheduler.flow_due(self.flow_rows):
+                yield from self._flush(speed)
             yield from scheduler.take_failed()
 
     def _decode_ahead(self, source, speed: float):
         """Tokens drawn on the GPU: step n+1 is launched before the tokens of step n are read."""
         scheduler = self.scheduler
         launched: deque = deque()
-        while not scheduler.finished() or self.renderer.busy():
+        while not scheduler.finished():
             scheduler.fill(source)
             yield from scheduler.take_failed()
             self._admit()  # first tokens drawn on the GPU: nothing comes back
@@ -256,7 +225,8 @@ class BatchEngine:
                 launched.append(self._step())
             while len(launched) > (1 if scheduler.running else 0):
                 self._read(*launched.popleft())
-            yield from self._rendered(speed)
+            if scheduler.flow_due(self.flow_rows):
+                yield from self._flush(speed)
             yield from scheduler.take_failed()
 
     # -- decode ------------------------------------------------------------------------------
@@ -345,21 +315,15 @@ class BatchEngine:
             self.runner.release(ended)
 
     # -- flow and vocoder --------------------------------------------------------------------
-    def _rendered(self, speed: float):
-        """The requests whose audio is complete: from a flow job that ended (waited for when nothing else
-        can move), then from a pass started now if one is due and none is under way."""
-        scheduler = self.scheduler
-        idle = not (scheduler.running or scheduler.waiting or scheduler.incoming)
-        yield from self._complete(self.renderer.take(wait=idle))
-        if not self.renderer.busy() and scheduler.flow_due(self.flow_rows):
-            yield from self._complete(self.renderer.render(scheduler.take_decoded(), speed) or [])
-
-    def _complete(self, seqs: list[Sequence]):
-        """Rows the flow and vocoder have rendered: each request's next chunk queued, or the request yielded.
+    def _flush(self, speed: float):
+        """Flow and vocoder for the decoded rows together; yield the requests that are complete.
 
         Rows finish their decode a few at a time; gathering them first lets one flow pass serve
         many (on an H200 the flow of rows vocoded as they finished took 60% of the time).
         """
+        seqs = self.scheduler.take_decoded()
+        with self.timer("flow"):
+            self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed)
         for seq in seqs:
             if not seq.kept and seq.request.error is None:
                 seq.request.error = RuntimeError("the LLM produced no speech tokens")

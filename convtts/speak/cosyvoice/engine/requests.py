@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -71,19 +70,13 @@ class Sequence:
 Row = Sequence  # the flow's name for a decoded sequence
 
 
-# torch's global generators are the process's: the flow's thread (render.py) and the decode's both
-# swap streams in and out of them, so each swap, and each seeding of the CUDA one, holds this lock.
-RANDOM_LOCK = threading.RLock()
-
-
 @contextmanager
 def own_random_stream(request: Request):
     """Run upstream code that draws from torch's global CPU generator on this request's stream."""
-    with RANDOM_LOCK:
-        saved = torch.get_rng_state()
-        torch.set_rng_state(request.generator.get_state())
-        try:
-            yield
-        finally:
-            request.generator.set_state(torch.get_rng_state())
-            torch.set_rng_state(saved)
+    saved = torch.get_rng_state()
+    torch.set_rng_state(request.generator.get_state())
+    try:
+        yield
+    finally:
+        request.generator.set_state(torch.get_rng_state())
+        torch.set_rng_state(saved)

@@ -22,7 +22,7 @@ from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.flow import SPREAD
 from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
-from convtts.speak.cosyvoice.engine.requests import RANDOM_LOCK, Request, own_random_stream
+from convtts.speak.cosyvoice.engine.requests import Request, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import hift_widths, rows_within, vocoder_bytes_per_sample
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,9 @@ def stretch(mel: torch.Tensor, speed: float) -> torch.Tensor:
 def vocode_one(hift, request: Request, mel: torch.Tensor, speed: float, takes_finalize: bool) -> np.ndarray:
     """Upstream's non-streaming vocoder call for one utterance, its noise drawn from the utterance's seed."""
     mel = stretch(mel, speed)
-    with RANDOM_LOCK, own_random_stream(request):  # the lock spans the whole call: it seeds the CUDA generator
-        if mel.device.type == "cuda":
-            torch.cuda.manual_seed(request.seed)  # the vocoder's noise, drawn on the GPU
+    if mel.device.type == "cuda":
+        torch.cuda.manual_seed(request.seed)  # the vocoder's noise, drawn on the GPU
+    with own_random_stream(request):
         if takes_finalize:
             speech, _ = hift.inference(speech_feat=mel, finalize=True)
         else:
@@ -59,9 +59,9 @@ def draw_noise(gen, request: Request, samples: int, device) -> dict:
     goes on to sample the utterance's next chunk from the same stream.
     """
     harmonics = gen.harmonic_num + 1
-    with RANDOM_LOCK, own_random_stream(request):
-        if torch.device(device).type == "cuda":
-            torch.cuda.manual_seed(request.seed)
+    if torch.device(device).type == "cuda":
+        torch.cuda.manual_seed(request.seed)
+    with own_random_stream(request):
         if type(gen).__name__ == "SineGen":
             phase = Uniform(low=-np.pi, high=np.pi).sample(sample_shape=(1, harmonics, 1)).to(device)
             phase[:, 0, :] = 0
