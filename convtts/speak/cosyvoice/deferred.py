@@ -26,6 +26,7 @@ import sys
 import types
 
 NAME = "transformers"
+DYNAMO = "torch._dynamo"
 
 
 @contextlib.contextmanager
@@ -45,6 +46,35 @@ def transformers_deferred(defer: bool = True):
             del sys.modules[NAME]
         if _SUBMODULES in sys.meta_path:
             sys.meta_path.remove(_SUBMODULES)
+
+
+@contextlib.contextmanager
+def v1_imports_deferred(defer: bool = True):
+    """What a v1 model's import does not need, kept out for the block: transformers (a stand-in) and
+    torch._dynamo (hidden)."""
+    with transformers_deferred(defer), dynamo_hidden(defer):
+        yield
+
+
+@contextlib.contextmanager
+def dynamo_hidden(hide: bool = True):
+    """torch._dynamo made unimportable for the block, unless it is imported already.
+
+    diffusers (under Matcha-TTS's flow decoder) imports it only for `allow_in_graph`, a hint to
+    torch.compile, and falls back to a decorator that changes nothing when the import fails. On an
+    H200 node that import was 4.8-5.6 s of a slot's 11.7-13.9 s preload (torch._dynamo brings sympy;
+    bench/results/h200-2026-11-26-engine-stages/importtime-*.txt), before any worker could start.
+    torch.compile, if asked for, imports it later as usual.
+    """
+    if not hide or DYNAMO in sys.modules:
+        yield
+        return
+    sys.modules[DYNAMO] = None  # `import torch._dynamo` raises ImportError while this is there
+    try:
+        yield
+    finally:
+        if DYNAMO in sys.modules and sys.modules[DYNAMO] is None:
+            del sys.modules[DYNAMO]
 
 
 def real_transformers() -> types.ModuleType:
