@@ -125,7 +125,8 @@ def test_a_v1_worker_loads_and_speaks_without_torch_dynamo(tmp_path):
         from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
         from convtts.speak.cosyvoice.backend import CosyVoiceBackend
         cosy = CosyVoiceConfig(model_dir=sys.argv[1], batch_size=2)
-        config = Config(speakers=SpeakerConfig(voices=("英文女", "英文男")), tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
+        voices = SpeakerConfig(voices=("英文女", "英文男"))
+        config = Config(speakers=voices, tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
         backend = CosyVoiceBackend(config)
         items = [(i, text, "英文女", 7 + i) for i, text in enumerate(["A cat sat.", "The boats came in."])]
         seen["samples"] = [len(audio) for _, audio in backend.synthesize_many(items)]
