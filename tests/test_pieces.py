@@ -11,7 +11,15 @@ import pytest
 import soundfile as sf
 
 from conftest import read_jsonl
-from convtts.run.pieces import MAX_PIECE, MIN_PIECE, WorkQueue, batched_room, cut_size, preview_cuts
+from convtts.run.pieces import (
+    MAX_PIECE,
+    MIN_PIECE,
+    WorkQueue,
+    batched_room,
+    cut_size,
+    preview_cuts,
+    preview_room,
+)
 from convtts.state.layout import Layout, shard_name
 from convtts.state.shardio import append_line, read_json, shard_complete
 
@@ -48,8 +56,7 @@ def test_every_piece_is_within_bounds_and_no_shard_leaves_a_runt(counts, workers
     for count in counts:
         cut, available = [], count
         while available:
-            # a batched worker's first piece fills its rows; later ones are what its busy rows ask for
-            room = batched_room(rows, 0 if len(sizes) + len(cut) < workers else rows + rows // 4)
+            room = preview_room(rows, len(sizes) + len(cut), workers)
             cut.append(cut_size(available, remaining, workers, rows, room))
             available -= cut[-1]
             remaining -= cut[-1]

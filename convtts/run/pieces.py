@@ -74,14 +74,18 @@ def batched_room(rows: int, held: int) -> int:
     return max(rows // 8, rows + rows // 4 - held, 1)
 
 
+def preview_room(rows: int, pieces_cut: int, workers: int) -> int:
+    """The room a preview counts for the next piece: a batched worker's first piece fills it, the
+    next ones are what its busy rows ask for."""
+    return batched_room(rows, 0 if pieces_cut < workers else rows + rows // 4)
+
+
 def preview_cuts(counts: list[int], workers: int, rows: int = 1) -> list[int]:
-    """The piece sizes a run with these pending counts per shard is cut into, if no worker dies (a
-    batched worker's first piece fills it, the next ones are what its busy rows ask for)."""
+    """The piece sizes a run with these pending counts per shard is cut into, if no worker dies."""
     sizes, remaining = [], sum(counts)
     for available in counts:
         while available:
-            room = batched_room(rows, 0 if len(sizes) < workers else rows + rows // 4)
-            size = cut_size(available, remaining, workers, rows, room)
+            size = cut_size(available, remaining, workers, rows, preview_room(rows, len(sizes), workers))
             sizes.append(size)
             available -= size
             remaining -= size
