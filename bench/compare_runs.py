@@ -135,22 +135,27 @@ def run_variant(name: str, items: list[str], args, input_file: Path, work: Path)
 def print_table(reports: list[dict]) -> None:
     first = reports[0].get("audio_seconds_per_second")
     first_steady = reports[0].get("steady_audio_seconds_per_second")
+    first_whole = reports[0].get("whole_job_audio_seconds_per_second")
     print(
-        "| variant | audio s/s | vs first | steady audio s/s (s) | vs first | gate s/utt (mean, p90) | "
+        "| variant | audio s/s | vs first | steady audio s/s (s) | vs first | whole job audio s/s | vs first | "
+        "gate s/utt (mean, p90) | "
         "gate s per audio s | ASR checked | re-spoken (retried after an error) | failed | voices | "
         "prompt registrations (s/utt) | GPU MiB/worker | out of memory (fewest rows) | GPU busy | CPU busy | exit |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         rate, gate, voices, memory = r.get("audio_seconds_per_second"), r["gate"] or {}, r["voices"], r["memory"]
         events = r.get("memory_events") or {"out_of_memory": "-", "fewest_rows": "-"}
         ratio = f"{rate / first:.3f}" if rate and first else "-"
         steady = r.get("steady_audio_seconds_per_second")
         steady_ratio = f"{steady / first_steady:.3f}" if steady and first_steady else "-"
+        whole = r.get("whole_job_audio_seconds_per_second")
+        whole_ratio = f"{whole / first_whole:.3f}" if whole and first_whole else "-"
         per_worker = max((w["gpu_mb_max"] for w in memory["workers"].values()), default=None)
         checked = sum(n for kind, n in gate.get("asr", {}).items() if not kind.startswith(("skipped", "off")))
         print(
             f"| {r['variant']['name']} | {rate} | {ratio} | {steady} ({r.get('steady_seconds')}) | {steady_ratio} | "
+            f"{whole} | {whole_ratio} | "
             f"{gate.get('gate_seconds_mean')}, "
             f"{gate.get('gate_seconds_p90')} | "
             f"{gate.get('gate_seconds_per_audio_second')} | {checked}/{gate.get('gated', 0)} | "

@@ -17,7 +17,8 @@
 # "tts.cosyvoice.precision.llm=bf16 tts.cosyvoice.precision.flow=bf16"), GATE_SETS [""] (more for the
 # gated run, e.g. "validate.asr_batch=32"; workers=N or batch=N give the gated runs their own setting: 16
 # copies of Whisper beside 16 x 64 rows fill an H200), SECONDS_WINDOW [60; packed takes are written
-# about 150 at a time per worker, so give it 150: the table's steady column starts at the last worker's first write], UTTERANCES [6000], MAX_WORDS [10],
+# about 150 at a time per worker, so give it 150: the table's steady column starts at the last worker's first write;
+# 0 runs each job to its end, and the table adds the whole job's audio over its wall time], UTTERANCES [6000], MAX_WORDS [10],
 # REBUILD_EVERY [100], PACKED [0; 1 adds a gated run with validate.asr_pack=true], SYNCS [auto; "auto block"
 # runs each pair again with workers.cuda_sync=block], MODEL_SIZE [full], WHISPER_SIZE [turbo], GPU [0], SETUP [1: install the carried
 # wheels; 0 on a machine that has the packages], WHEELS [.whl], TEXT [tests/data/llava_style.json], PYTHON [python3].

@@ -159,7 +159,7 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
             for x in p.read_bytes().splitlines()
             if x.strip()
         ]
-    rate = windowed(rows, *window) if window else steady_state(rows)
+    rate = windowed(rows, *window) if window else {**steady_state(rows), **whole_job(rows, wall)}
     report = {
         "setting": asdict(setting),
         "exit_code": run.returncode,
@@ -248,6 +248,13 @@ def steady_state(rows: list[dict]) -> dict:
         "utterances_per_hour": round(len(window) / span * 3600) if span > 0 else None,
         "mean_utterance_seconds": round(audio / len(window), 2),
     }
+
+
+def whole_job(rows: list[dict], wall: float) -> dict:
+    """A run that went to its end: all its audio over the command's whole wall time (start-up, every
+    hold of the gate's batches and the tail included), the figure a user of a finished job sees."""
+    audio = sum(r["duration"] for r in rows)
+    return {"whole_job_audio_seconds_per_second": round(audio / wall, 3) if rows and wall > 0 else None}
 
 
 def memory_report(rows: list[dict], samples: list[dict]) -> dict:

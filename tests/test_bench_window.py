@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from throughput import MIN_STEADY_SECONDS, windowed  # bench/ is not a package
+from throughput import MIN_STEADY_SECONDS, whole_job, windowed  # bench/ is not a package
 
 
 def rows_of(worker: str, times: list[float], duration: float = 2.0) -> list[dict]:
@@ -30,3 +30,11 @@ def test_no_steady_figure_when_a_worker_wrote_too_late_to_measure():
     figures = windowed(rows, 0.0, 80.0)
     assert figures["steady_audio_seconds_per_second"] is None
     assert figures["audio_seconds_per_second"] == round(4 * 2.0 / 80, 3)
+
+
+def test_a_whole_job_counts_every_row_over_the_commands_wall_time():
+    """A job run to its end: rows held for the gate and written late, and the start-up before the
+    first row, all count, over the wall time of the whole command."""
+    rows = rows_of("w0", [5.0, 6.0, 7.0]) + rows_of("w1", [40.0] * 10)
+    assert whole_job(rows, 50.0)["whole_job_audio_seconds_per_second"] == round(13 * 2.0 / 50.0, 3)
+    assert whole_job([], 50.0)["whole_job_audio_seconds_per_second"] is None
