@@ -297,3 +297,79 @@ def test_the_compiled_step_is_the_eager_step():
                 logps.append(runner.step(seqs))
             torch.testing.assert_close(logps[1], logps[0], **FP32)
     assert counters["stats"]["unique_graphs"] >= 1  # it did compile
+
+
+def v1_chunk_kinds(slots: list[int], text_tokens: list[int], kinds: list[str]) -> list[Sequence]:
+    """v1 chunks as its frontends make them: sft and cross-lingual (a speaker embedding), zero-shot (also a
+    prompt's text and speech tokens), instruct (the instruction as prompt text, no speaker embedding)."""
+    seqs = []
+    for slot, tokens, kind in zip(slots, text_tokens, kinds):
+        seq = sequence(slot, tokens, 500 + slot)
+        generator = torch.Generator().manual_seed(600 + slot)
+        if kind in ("zero_shot", "instruct"):
+            seq.chunk["prompt_text"] = torch.randint(0, 250, (1, 6), generator=generator, dtype=torch.int32)
+        if kind == "zero_shot":
+            seq.chunk["llm_prompt_speech_token"] = torch.randint(0, 100, (1, 9), generator=generator, dtype=torch.int32)
+        elif kind == "instruct":
+            del seq.chunk["llm_embedding"]
+        seqs.append(seq)
+    return seqs
+
+
+def test_v1_chunks_prefill_together_as_one_at_a_time():
+    """One padded forward for chunks of different lengths and kinds: each slot gets the keys, values, length and
+    first log-probabilities that its own prefill (upstream's forward_chunk) gives, and decodes on as it would."""
+    from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, v1_prompt_length
+
+    llm = v1_llm()
+    slots, tokens = [0, 2, 3, 5, 6], [5, 12, 3, 17, 4]
+    kinds = ["sft", "zero_shot", "instruct", "sft", "zero_shot"]
+    alone, together = (v1_chunk_kinds(slots, tokens, kinds) for _ in range(2))
+    one, many = (TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64)) for _ in range(2))
+    forwards = []
+    prompts = many.prompts
+    many.prompts = lambda seqs: forwards.append(len(seqs)) or prompts(seqs)
+    with torch.inference_mode():
+        one.prepare(8)
+        many.prepare(8)
+        first = [one.prefill(seq) for seq in alone]
+        assert many.groups(together) == [together]
+        batched = many.prefill_many(together)
+        assert forwards == [5]  # one forward for the five
+        assert many.cache.capacity == one.cache.capacity == 256
+        for a, b, logp_a, logp_b in zip(alone, together, first, batched):
+            n = a.prompt_len
+            assert b.prompt_len == n == v1_prompt_length(a.chunk) and int(many.cache.lengths[b.slot]) == n
+            assert b.launched == 0
+            torch.testing.assert_close(logp_b, logp_a, **FP32)
+            torch.testing.assert_close(many.cache.k[:, b.slot, :, :n], one.cache.k[:, a.slot, :, :n], **FP32)
+            torch.testing.assert_close(many.cache.v[:, b.slot, :, :n], one.cache.v[:, a.slot, :, :n], **FP32)
+        for step in range(3):
+            for a, b in zip(alone, together):
+                a.tokens.append(step + 20)
+                b.tokens.append(step + 20)
+            torch.testing.assert_close(many.step(together), one.step(alone), **FP32)
+
+
+def test_prefill_groups_are_bounded():
+    """At most PREFILL_ROWS chunks a group, and rows x positions^2 within PREFILL_AREA; the other runners
+    prefill one chunk at a time."""
+    from convtts.speak.cosyvoice.engine.runner import PREFILL_AREA, PREFILL_ROWS
+    from convtts.speak.cosyvoice.engine.runner_qwen import QwenRunner
+    from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner
+
+    runner = TransformerRunner(v1_llm(blocks=1), torch.device("cpu"), "fp32", DecodeOptions())
+    short = [sequence(slot, 5, slot) for slot in range(PREFILL_ROWS + 3)]
+    assert [len(group) for group in runner.groups(short)] == [PREFILL_ROWS, 3]
+    side = 1024  # prompts of 1024 positions: sos, speaker, 1021 text tokens, task
+    rows = PREFILL_AREA // side**2
+    long = [sequence(slot, side - 3, slot) for slot in range(rows + 1)]
+    assert runner.prompt_length(long[0]) == side
+    assert [len(group) for group in runner.groups(long)] == [rows, 1]
+    mixed = short[: rows - 1] + long[:1] + short[rows - 1 : rows]  # a long one counts for every row of its group
+    assert [len(group) for group in runner.groups(mixed)] == [rows, 1]
+    grouped = runner.groups(short + long)
+    assert [seq for group in grouped for seq in group] == short + long  # admission order
+    assert not UpstreamTransformerRunner.batched and not QwenRunner.batched
+    upstream = UpstreamTransformerRunner(v1_llm(blocks=1), torch.device("cpu"), "fp32", DecodeOptions())
+    assert upstream.groups(short[:3]) == [[seq] for seq in short[:3]]

@@ -22,6 +22,13 @@ from convtts.speak.cosyvoice.engine.kvcache import PaddedCache, StaticCache, rou
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 HEADROOM = 2  # cache positions past a row's decode bound: the step launched before its end is read
+# A batched prefill's group: at most this many chunks, and rows x positions^2 (the size of its attention
+# scores) at most that of 16 prompts of 512 positions. For v1 in fp32 (16 heads) one layer's score tensors
+# come to roughly 100-150 MB a row at 512 positions (estimated from their shapes, not measured), within the
+# FLOW_MB_PER_ROW (200 MiB) that sizes.py sets aside per row for flow work; a prefill and a flow pass never
+# run at once. The prompts of 10-word chunks (text, and a zero-shot voice's speech tokens) are shorter.
+PREFILL_ROWS = 16
+PREFILL_AREA = 16 * 512 * 512
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,7 @@ class Runner:
     """The model-independent part: precision, logits in fp32."""
 
     static = False
+    batched = False  # a static runner whose family supplies prompts(seqs) and prompt_length(seq)
 
     def __init__(self, llm, device, precision: str, options: DecodeOptions):
         self.llm, self.device, self.options = llm, device, options
@@ -77,6 +85,14 @@ class Runner:
 
     def release_all(self) -> None:
         """Drop what the decode holds on the device (the next prepare allocates again)."""
+
+    def groups(self, seqs) -> list[list]:
+        """The admitted sequences, in order, in groups that prefill_many takes at once: one by one here."""
+        return [[seq] for seq in seqs]
+
+    def prefill_many(self, seqs) -> list[torch.Tensor]:
+        """prefill() of each sequence, in order; a family whose prompts batch does them in one forward."""
+        return [self.prefill(seq) for seq in seqs]
 
 
 class UpstreamRunner(Runner):
@@ -117,7 +133,8 @@ class StaticRunner(Runner):
 
     A family supplies `prompt(seq)` (log-probabilities and per-layer keys and values of the
     chunk's prompt), `tables(capacity)` (position tables) and `forward(rows, length)` (the last
-    hidden states of the first `rows` slots, attending over `length` positions).
+    hidden states of the first `rows` slots, attending over `length` positions); with `batched`,
+    also `prompts(seqs)` (prompt() of several chunks in one padded forward) and `prompt_length`.
     """
 
     static = True
@@ -163,11 +180,44 @@ class StaticRunner(Runner):
         with self.precision():
             logp, keys, values = self.prompt(seq)
             self.fit(keys[0].shape[2] + seq.max_len + HEADROOM)
-            seq.prompt_len = self.cache.fill(seq.slot, keys, values)
-            seq.launched = 0
-            if self.sampler is not None:
-                self.sampler.start(seq.slot, seq, logp, self.cache.tokens)
+            self.place(seq, logp, keys, values)
         return logp
+
+    def groups(self, seqs) -> list[list]:
+        """Consecutive sequences up to PREFILL_ROWS, their padded attention within PREFILL_AREA (one alone if
+        bigger); one by one where the family has no batched prompt."""
+        if not self.batched:
+            return super().groups(seqs)
+        groups, longest = [], 0
+        for seq in seqs:
+            length = self.prompt_length(seq)
+            wider = max(longest, length)
+            if groups and len(groups[-1]) < PREFILL_ROWS and (len(groups[-1]) + 1) * wider**2 <= PREFILL_AREA:
+                groups[-1].append(seq)
+                longest = wider
+            else:
+                groups.append([seq])
+                longest = length
+        return groups
+
+    def prefill_many(self, seqs) -> list[torch.Tensor]:
+        """The prompts of `seqs` in one forward, each into its slot; their first log-probabilities, in order."""
+        if not self.batched or len(seqs) == 1:
+            return super().prefill_many(seqs)
+        with self.precision():
+            prompts = self.prompts(seqs)
+            # the cache grows (if it must) once, for the longest need, before any slot is written
+            self.fit(max(keys[0].shape[2] + seq.max_len for seq, (_, keys, _) in zip(seqs, prompts)) + HEADROOM)
+            for seq, (logp, keys, values) in zip(seqs, prompts):
+                self.place(seq, logp, keys, values)
+        return [logp for logp, _, _ in prompts]
+
+    def place(self, seq, logp, keys, values) -> None:
+        """A prompt's keys and values into the sequence's slot; its first token drawn when the GPU draws."""
+        seq.prompt_len = self.cache.fill(seq.slot, keys, values)
+        seq.launched = 0
+        if self.sampler is not None:
+            self.sampler.start(seq.slot, seq, logp, self.cache.tokens)
 
     def fit(self, positions: int) -> None:
         """Grow the cache (and start new graphs) when a row needs more positions than it has."""
@@ -221,6 +271,14 @@ class StaticRunner(Runner):
         torch.clamp(lengths + 1, max=self.cache.capacity - 1, out=lengths)
 
     def prompt(self, seq):
+        raise NotImplementedError
+
+    def prompts(self, seqs) -> list[tuple]:
+        """What prompt() returns for each of `seqs`, from one forward (families with `batched`)."""
+        raise NotImplementedError
+
+    def prompt_length(self, seq) -> int:
+        """The positions of the sequence's prompt, before any of it runs (families with `batched`)."""
         raise NotImplementedError
 
     def tables(self, capacity: int) -> None:

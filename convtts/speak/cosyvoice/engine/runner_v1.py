@@ -16,6 +16,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from convtts.speak.cosyvoice.engine.runner import StaticRunner, UpstreamRunner
 
@@ -56,6 +57,95 @@ def v1_prefill(llm, lm_input: torch.Tensor):
         lm_input, offset=0, required_cache_size=-1, att_cache=empty, cnn_cache=empty, att_mask=mask
     )
     return out[:, -1], cache
+
+
+def v1_prompt_length(chunk: dict) -> int:
+    """The positions of the chunk's v1_prompt, from its tensors' shapes (nothing runs)."""
+    parts = [chunk.get(name) for name in ("prompt_text", "text", "llm_prompt_speech_token")]
+    speaker = chunk.get("llm_embedding")
+    return 2 + sum(part.shape[1] for part in parts if part is not None) + speaker_rows(speaker)
+
+
+def speaker_rows(embedding) -> int:
+    """Positions a chunk's llm_embedding takes in its prompt: one (v1's sft and zero-shot chunks), or none."""
+    return 0 if embedding is None else int(embedding.shape[0])
+
+
+def v1_prompts(llm, chunks: list[dict], sos: int, device, dtype) -> tuple[torch.Tensor, list[int]]:
+    """v1_prompt of several chunks, right-padded to the longest ([rows, positions, width]), and each one's length.
+
+    The texts go through the text encoder together: it masks each row's keys by its length, and its
+    relative positions depend on query-key distance only, so a row's padding on the right changes
+    nothing of it (up to float rounding).
+    """
+    texts = [torch.concat(text_parts(chunk, device), dim=1)[0] for chunk in chunks]
+    lengths = on_device([len(text) for text in texts], torch.int32, device)
+    encoded, _ = llm.encode(llm.text_embedding(pad_sequence(texts, batch_first=True)), lengths)
+    speakers = speaker_embeddings(llm, chunks, device, dtype, encoded.dtype)
+    start = llm.llm_embedding.weight[sos].reshape(1, -1)
+    task = llm.llm_embedding.weight[llm.task_id].reshape(1, -1)
+    rows = []
+    for i, chunk in enumerate(chunks):
+        speech = chunk.get("llm_prompt_speech_token")
+        parts = [start, speakers[i], encoded[i, : len(texts[i])], task]
+        if speech is not None and speech.shape[1]:
+            parts.append(llm.speech_embedding(speech.to(device))[0])
+        rows.append(torch.concat(parts))
+    return pad_sequence(rows, batch_first=True), [len(row) for row in rows]
+
+
+def text_parts(chunk: dict, device) -> list[torch.Tensor]:
+    """The prompt's text, then the chunk's ([1, tokens] each), as v1_prompt joins them."""
+    prompt_text = chunk.get("prompt_text", torch.zeros(1, 0, dtype=torch.int32))
+    return [prompt_text.to(device), chunk["text"].to(device)]
+
+
+def speaker_embeddings(llm, chunks: list[dict], device, dtype, out_dtype) -> list[torch.Tensor]:
+    """Each chunk's speaker embedding as v1_prompt projects it ([1, width]), or [0, width] for a chunk without;
+    the chunks that have one go through the projection together."""
+    given = [i for i, chunk in enumerate(chunks) if speaker_rows(chunk.get("llm_embedding"))]
+    rows = [torch.zeros(0, llm.llm_input_size, dtype=out_dtype, device=device)] * len(chunks)
+    if given:
+        stacked = torch.concat([chunks[i]["llm_embedding"].to(device) for i in given])
+        projected = llm.spk_embed_affine_layer(F.normalize(stacked, dim=1).to(dtype))
+        sizes = [speaker_rows(chunks[i]["llm_embedding"]) for i in given]
+        for i, part in zip(given, projected.split(sizes)):
+            rows[i] = part
+    return rows
+
+
+def v1_prefill_rows(llm, lm_input: torch.Tensor, lengths: list[int]):
+    """v1_prefill of right-padded prompts: each row's last hidden state [rows, width] and the per-layer caches
+    [rows, heads, positions, 2 x dim] (a row's positions past its length are padding).
+
+    forward_chunk's own steps at offset 0 without a cache (it asserts one row): embedding, positions,
+    the layers under a causal mask that also hides each row's padding, the final norm.
+    """
+    encoder = llm.llm
+    rows, size, _ = lm_input.shape
+    device = lm_input.device
+    valid = on_device(lengths, torch.long, device)
+    causal = torch.tril(torch.ones((size, size), dtype=torch.bool, device=device))
+    mask = causal[None] & (torch.arange(size, device=device)[None, None, :] < valid[:, None, None])
+    empty = torch.zeros((0, 0, 0, 0), device=device)
+    xs = lm_input if getattr(encoder, "global_cmvn", None) is None else encoder.global_cmvn(lm_input)
+    xs, _, _ = encoder.embed(xs, torch.ones((rows, 1, size), dtype=torch.bool, device=device), 0)
+    pos_emb = encoder.embed.position_encoding(offset=0, size=size)
+    caches = []
+    for layer in encoder.encoders:
+        xs, _, cache, _ = layer(xs, mask, pos_emb, att_cache=empty, cnn_cache=empty)
+        caches.append(cache)
+    if encoder.normalize_before:
+        xs = encoder.after_norm(xs)
+    return xs[torch.arange(rows, device=device), valid - 1], caches
+
+
+def on_device(values: list[int], dtype, device) -> torch.Tensor:
+    """A short list of numbers on the device; from pinned memory, so the copy does not wait for the GPU's queue."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def sos_of(llm) -> int:
@@ -109,6 +199,8 @@ def supports_static(llm) -> bool:
 class TransformerRunner(StaticRunner):
     """v1 decode steps of our own over the static cache, from the encoder's own weights."""
 
+    batched = True  # prompts(): chunks admitted together prefill in one forward
+
     def __init__(self, llm, device, precision, options):
         encoder = llm.llm
         attention = encoder.encoders[0].self_attn
@@ -126,6 +218,26 @@ class TransformerRunner(StaticRunner):
             [cache[i : i + 1, :, :, :dim] for i in range(cache.shape[0])],
             [cache[i : i + 1, :, :, dim:] for i in range(cache.shape[0])],
         )
+
+    def prompt_length(self, seq) -> int:
+        return v1_prompt_length(seq.chunk)
+
+    def prompts(self, seqs) -> list[tuple]:
+        """prompt() of several chunks in one padded forward (a prefill is mostly launch overhead: one chunk's
+        small kernels take as long as many chunks'); per chunk, in order, what prompt() returns for it."""
+        chunks = [seq.chunk for seq in seqs]
+        lm_input, lengths = v1_prompts(self.llm, chunks, sos_of(self.llm), self.device, self.dtype)
+        hidden, caches = v1_prefill_rows(self.llm, lm_input, lengths)
+        logp = self.logp(hidden)
+        dim = caches[0].shape[-1] // 2
+        return [
+            (
+                logp[i : i + 1],
+                [cache[i : i + 1, :, :length, :dim] for cache in caches],
+                [cache[i : i + 1, :, :length, dim:] for cache in caches],
+            )
+            for i, length in enumerate(lengths)
+        ]
 
     def tables(self, capacity: int) -> None:
         """Per layer, linear_pos of relative positions 0..capacity-1, as [heads, head size, positions]."""
