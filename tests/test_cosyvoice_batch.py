@@ -239,3 +239,43 @@ def test_decode_settings_are_checked_up_front():
     ):
         with pytest.raises(ConfigError, match=message):
             load_config(None, bad)
+
+
+def prefill_forwards(engine) -> list[int]:
+    """The number of chunks in each batched prefill the engine's runner makes from now on."""
+    sizes = []
+    prompts = engine.runner.prompts
+    engine.runner.prompts = lambda seqs: sizes.append(len(seqs)) or prompts(seqs)
+    return sizes
+
+
+@pytest.mark.parametrize("sampler", ["cpu", "gpu"])
+def test_rows_admitted_together_prefill_in_one_forward(solo, sampler):
+    """The first four rows prefill in one padded forward: each utterance draws the tokens, and gets the audio,
+    of one prefill per chunk."""
+    options = DecodeOptions(sampler=sampler, row_tokens=64)
+    together, one_by_one = BatchEngine(solo.model, 4, options=options), BatchEngine(solo.model, 4, options=options)
+    one_by_one.runner.batched = False
+    sizes = prefill_forwards(together)
+    batched, alone = decode(solo, together), decode(solo, one_by_one)
+    assert sizes[0] == 4, sizes
+    for i in range(len(TEXTS)):
+        assert batched[i].error is None and batched[i].tokens == alone[i].tokens, TEXTS[i]
+        np.testing.assert_array_equal(np.concatenate(batched[i].audio), np.concatenate(alone[i].audio))
+
+
+def test_a_chunk_whose_prefill_fails_fails_alone(solo, caplog):
+    """One bad chunk fails its group's forward: the group's chunks prefill again one at a time, and only the bad
+    one's utterance fails; the others speak as in a run without it."""
+    engine = BatchEngine(solo.model, 4, options=DecodeOptions(row_tokens=64))
+    sizes = prefill_forwards(engine)
+    requests = [Request(i, solo._chunks(text, "英文女"), 1000 + i) for i, text in enumerate(TEXTS)]
+    bad = requests[1].chunks[0]
+    bad["text"] = torch.full_like(bad["text"], 10**6)  # past the text embedding's rows: not a memory error
+    with caplog.at_level("WARNING", logger="convtts.speak.cosyvoice.engine.engine"):
+        spoken = {request.key: request for request in engine.speak(requests)}
+    assert sizes[0] == 4 and "4 chunks failed to prefill together (IndexError" in caplog.text
+    assert isinstance(spoken[1].error, IndexError)
+    clean = decode(solo, BatchEngine(solo.model, 4, options=DecodeOptions(row_tokens=64)))
+    for i in (0, 2, 3, 4, 5):
+        assert spoken[i].error is None and spoken[i].tokens == clean[i].tokens, TEXTS[i]

@@ -231,13 +231,34 @@ class BatchEngine:
 
     # -- decode ------------------------------------------------------------------------------
     def _admit(self) -> list[torch.Tensor]:
-        """Prefill the chunks that take free rows; their first log-probabilities, in admission order."""
+        """Prefill the chunks that take free rows; their first log-probabilities, in admission order.
+
+        Chunks admitted together prefill in groups (one forward each, where the runner batches them);
+        a group that fails is prefilled again one chunk at a time, so only the faulty chunk fails.
+        """
         logps = []
-        for seq in self.scheduler.admit():
+        for group in self.runner.groups(self.scheduler.admit()):
+            if len(group) == 1:
+                logps += self._prefill_each(group)
+                continue
+            try:
+                with self.timer("prefill"):
+                    logps += self.runner.prefill_many(group)
+            except Exception as exc:
+                if is_out_of_memory(exc):
+                    raise
+                log.warning("%d chunks failed to prefill together (%r): each is prefilled alone", len(group), exc)
+                logps += self._prefill_each(group)
+        return logps
+
+    def _prefill_each(self, seqs) -> list[torch.Tensor]:
+        """One prefill per chunk; a chunk whose prefill fails is abandoned (its utterance only)."""
+        logps = []
+        for seq in seqs:
             try:
                 with self.timer("prefill"):
                     logps.append(self.runner.prefill(seq))
-            except Exception as exc:  # this utterance only
+            except Exception as exc:
                 if is_out_of_memory(exc):
                     raise
                 self.scheduler.abandon(seq, exc)
