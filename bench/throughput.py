@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,8 @@ def _gpu_state(gpu: str) -> tuple[int | None, float | None]:
 
 def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
     out, logs = work / setting.name, work / f"{setting.name}-log"
+    for scratch in (out, logs):  # a run again on the same machine starts afresh, not as a resume of the last
+        shutil.rmtree(scratch, ignore_errors=True)
     cmd = [
         "bash",
         str(REPO / "run_all.sh"),
@@ -159,7 +162,10 @@ def run_setting(setting: Setting, args, input_file: Path, work: Path) -> dict:
             for x in p.read_bytes().splitlines()
             if x.strip()
         ]
-    rate = windowed(rows, *window) if window else {**steady_state(rows), **whole_job(rows, wall)}
+    if window:
+        rate = windowed(rows, *window)
+    else:  # a job that failed is no whole job: its figure would count whatever an earlier run left behind
+        rate = {**steady_state(rows), **whole_job(rows if run.returncode == 0 else [], wall)}
     report = {
         "setting": asdict(setting),
         "exit_code": run.returncode,
