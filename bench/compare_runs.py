@@ -132,6 +132,11 @@ def run_variant(name: str, items: list[str], args, input_file: Path, work: Path)
     return report
 
 
+def against(value, base) -> str:
+    """A figure as a share of the first variant's, or - where either is missing."""
+    return f"{value / base:.3f}" if value and base else "-"
+
+
 def print_table(reports: list[dict]) -> None:
     first = reports[0].get("audio_seconds_per_second")
     first_steady = reports[0].get("steady_audio_seconds_per_second")
@@ -146,16 +151,14 @@ def print_table(reports: list[dict]) -> None:
     for r in reports:
         rate, gate, voices, memory = r.get("audio_seconds_per_second"), r["gate"] or {}, r["voices"], r["memory"]
         events = r.get("memory_events") or {"out_of_memory": "-", "fewest_rows": "-"}
-        ratio = f"{rate / first:.3f}" if rate and first else "-"
         steady = r.get("steady_audio_seconds_per_second")
-        steady_ratio = f"{steady / first_steady:.3f}" if steady and first_steady else "-"
         whole = r.get("whole_job_audio_seconds_per_second")
-        whole_ratio = f"{whole / first_whole:.3f}" if whole and first_whole else "-"
         per_worker = max((w["gpu_mb_max"] for w in memory["workers"].values()), default=None)
         checked = sum(n for kind, n in gate.get("asr", {}).items() if not kind.startswith(("skipped", "off")))
         print(
-            f"| {r['variant']['name']} | {rate} | {ratio} | {steady} ({r.get('steady_seconds')}) | {steady_ratio} | "
-            f"{whole} | {whole_ratio} | "
+            f"| {r['variant']['name']} | {rate} | {against(rate, first)} | "
+            f"{steady} ({r.get('steady_seconds')}) | {against(steady, first_steady)} | "
+            f"{whole} | {against(whole, first_whole)} | "
             f"{gate.get('gate_seconds_mean')}, "
             f"{gate.get('gate_seconds_p90')} | "
             f"{gate.get('gate_seconds_per_audio_second')} | {checked}/{gate.get('gated', 0)} | "
