@@ -127,19 +127,24 @@ def run(engine: str, args, source: Path) -> dict:
 
 ENGINE_LINE = re.compile(r"engine: (\d+) utterances in ([\d.]+) s: (.*)")
 STAGE = re.compile(r"(\w+) ([\d.]+) s")
+FLOW_GRAPHS = re.compile(r"flow passes (\d+) bucketed: (\d+) replayed, (\d+) captured")
 
 
 def engine_stages(worker_logs: list[str]) -> dict:
     """Where the batched workers' time went, summed over their engine lines (engine.StageTimer):
-    seconds per stage and the share of the workers' time in the engine."""
-    wall, stages = 0.0, {}
+    seconds per stage and the share of the workers' time in the engine; and the flow's passes on
+    the GPU, how many replayed a CUDA graph and how many graphs were captured."""
+    wall, stages, graphs = 0.0, {}, [0, 0, 0]
     for text in worker_logs:
         for match in ENGINE_LINE.finditer(text):
             wall += float(match.group(2))
             for name, seconds in STAGE.findall(match.group(3)):
                 stages[name] = stages.get(name, 0.0) + float(seconds)
+            if counts := FLOW_GRAPHS.search(match.group(3)):
+                graphs = [total + int(n) for total, n in zip(graphs, counts.groups())]
     share = {name: round(seconds / wall, 3) for name, seconds in stages.items()} if wall else {}
-    return {"seconds": round(wall, 1), "share": share}
+    passes = dict(zip(("passes", "replayed", "captured"), graphs))
+    return {"seconds": round(wall, 1), "share": share, "flow_passes": passes}
 
 
 def out_of_memory(worker_logs: list[str]) -> int:
@@ -275,7 +280,13 @@ def report(figures: dict) -> str:
         shares = ", ".join(
             f"{name} {share:.0%}" for name, share in sorted(stages["share"].items(), key=lambda x: -x[1])
         )
-        lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}")
+        passes = stages.get("flow_passes") or {}
+        graphs = (
+            f"; flow passes on the GPU {passes['passes']}: {passes['replayed']} replayed, {passes['captured']} captured"
+            if passes.get("passes")
+            else ""
+        )
+        lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}{graphs}")
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
         phases = ", ".join(f"{name} {p['mean']:.1f}/{p['max']:.1f}" for name, p in slot["phases"].items())

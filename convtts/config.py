@@ -145,10 +145,23 @@ class FlowConfig:
     max_graphs: int = 16  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
     max_mb: int = 4096  # GPU memory one flow or vocoder pass may take beyond the weights: caps its rows
     vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
+    # The shapes of the flow's passes. An eager pass costs a worker's CPU some 20,000 kernel launches, a
+    # replayed graph one: fewer shapes replay more often, at the price of padding (GPU work).
+    spread: float = 1.25  # longest over shortest row in one flow pass
+    frame_buckets: int = 8  # widths a doubling of frames is cut into (a pass is padded up to the next)
+    capture_after: int = 2  # passes of one shape before its graph is captured
 
     def check(self) -> None:
         if not 0 <= self.max_graphs <= 256:
             raise ConfigError(f"tts.cosyvoice.flow.max_graphs must be between 0 and 256, got {self.max_graphs}")
+        if not 1.0 <= self.spread <= 100.0:
+            raise ConfigError(f"tts.cosyvoice.flow.spread must be between 1.0 and 100, got {self.spread}")
+        if self.frame_buckets not in (1, 2, 4, 8, 16, 32):
+            raise ConfigError(
+                f"tts.cosyvoice.flow.frame_buckets must be 1, 2, 4, 8, 16 or 32, got {self.frame_buckets}"
+            )
+        if not 1 <= self.capture_after <= 100:
+            raise ConfigError(f"tts.cosyvoice.flow.capture_after must be between 1 and 100, got {self.capture_after}")
         if self.max_mb < 64:
             raise ConfigError(f"tts.cosyvoice.flow.max_mb must be at least 64, got {self.max_mb}")
         if not 1 <= self.vocoder_rows <= 256:

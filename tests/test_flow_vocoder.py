@@ -36,6 +36,8 @@ SECONDS = [0.3, 0.6, 0.65, 0.7, 0.75]  # one row alone, four sharing flow and vo
 SETTINGS = [
     (Setting("eager"), FP32),  # padded flow pass at its own width, HiFT in one pass of four rows
     (Setting("bucketed", bucket=True), FP32),  # rows and frames padded to the CUDA graphs' buckets
+    # every row in one pass, padded to a coarse width: far more padding than any row's own
+    (Setting("one-wide-pass", bucket=True, spread=100.0, frame_buckets=1), FP32),
     (Setting("flow-bf16", flow="bf16", bucket=True, vocoder_rows=1), FLOW_BF16),
     (Setting("flow-fp16", flow="fp16", vocoder_rows=1), FLOW_FP16),
     (Setting("vocoder-bf16", vocoder="bf16"), VOCODER_BF16),
@@ -228,6 +230,9 @@ def test_flow_settings_are_checked_up_front():
         ("tts.cosyvoice.flow.vocoder_rows=0", "vocoder_rows"),
         ("tts.cosyvoice.flow.max_mb=10", "max_mb"),
         ("tts.cosyvoice.flow.max_graphs=-1", "max_graphs"),
+        ("tts.cosyvoice.flow.spread=0.9", "spread"),
+        ("tts.cosyvoice.flow.frame_buckets=3", "frame_buckets"),
+        ("tts.cosyvoice.flow.capture_after=0", "capture_after"),
         ("tts.cosyvoice.cuda_graphs=yes please", "cuda_graphs"),
         ("tts.cosyvoice.flow.graphs=true", "graphs"),
     ):
@@ -336,3 +341,28 @@ def test_the_padded_estimator_traces_as_one_graph():
         traced = torch.compile(forward, backend="aot_eager", fullgraph=True, dynamic=False)
         args = (x, mask, mu, torch.rand(2), torch.randn(2, 80), cond)
         torch.testing.assert_close(traced(*args), forward(*args))
+
+
+def test_pass_widths_are_padded_by_at_most_one_bucket():
+    """frame_buckets widths a doubling: a pass grows by at most 1/frame_buckets of its frames (or to 16),
+    and coarser buckets give fewer shapes to capture."""
+    for per_octave in (1, 2, 4, 8, 16, 32):
+        widths = {width_bucket(frames, per_octave) for frames in range(1, 2049)}
+        for frames in range(1, 2049):
+            width = width_bucket(frames, per_octave)
+            assert frames <= width <= max(frames * (1 + 1 / per_octave), -(-frames // 16) * 16), (per_octave, frames)
+        if per_octave > 1:
+            assert len(widths) < len({width_bucket(f, per_octave * 2) for f in range(1, 2049)})
+    assert width_bucket(500) == 512 and width_bucket(500, 2) == 512 and width_bucket(520, 2) == 768
+
+
+def test_a_wider_spread_makes_fewer_passes(models, rows):
+    """flow.spread reaches the passes: every row of the first test's five in one pass at 100."""
+    chunk, tokens, _ = rows(1)
+    inner = models(1).model
+    cosy = load_config(None, ["tts.cosyvoice.flow.spread=100", "tts.cosyvoice.flow.frame_buckets=2"]).tts.cosyvoice
+    wide = Flow.configured(inner.flow, "fp32", cosy, inner.device)
+    assert wide.spread == 100.0 and wide.solver.frame_buckets == 2
+    assert [len(g) for g in wide.groups(make_rows(chunk, tokens))] == [len(tokens)]
+    narrow = Flow.configured(inner.flow, "fp32", CosyVoiceConfig(), inner.device)
+    assert len(narrow.groups(make_rows(chunk, tokens))) == 2

@@ -34,6 +34,8 @@ class Setting:
     vocoder_rows: int = 16  # 1: upstream's call per row
     max_mb: int = 4096
     max_graphs: int = 16
+    spread: float = 1.25  # longest over shortest row in one flow pass
+    frame_buckets: int = 8  # widths a doubling of frames is cut into (bucketed passes)
 
 
 @dataclass
@@ -93,6 +95,8 @@ def build(model, setting: Setting) -> tuple[Flow, Vocoder]:
         max_graphs=setting.max_graphs,
         max_mb=setting.max_mb,
         bucket=setting.bucket,
+        spread=setting.spread,
+        frame_buckets=setting.frame_buckets,
     )
     return flow, Vocoder(inner.hift, setting.vocoder, setting.vocoder_rows, setting.max_mb)
 

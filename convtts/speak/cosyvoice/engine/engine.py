@@ -173,6 +173,7 @@ class BatchEngine:
         self.scheduler = Scheduler(self.max_rows, self.ratios, ahead=max(1, self.max_rows // 4))
         sampler = self._device_sampler if self.gpu_sampling else None
         started, before, spoken = time.perf_counter(), self.timer.snapshot(), 0
+        graphs_before = self.flow_graphs()
         try:
             with torch.inference_mode():
                 self.runner.prepare(self.max_rows, sampler)
@@ -184,7 +185,20 @@ class BatchEngine:
             self._settle()
             wall = time.perf_counter() - started
             # one line a call (a worker makes one per model build and per run, about): where its time went
-            log.info("engine: %d utterances in %.1f s: %s", spoken, wall, self.timer.since(before, wall))
+            passes, replayed, captured = (now - then for now, then in zip(self.flow_graphs(), graphs_before))
+            log.info(
+                "engine: %d utterances in %.1f s: %s; flow passes %d bucketed: %d replayed, %d captured",
+                spoken,
+                wall,
+                self.timer.since(before, wall),
+                passes,
+                replayed,
+                captured,
+            )
+
+    def flow_graphs(self) -> tuple[int, int, int]:
+        """The flow's bucketed passes so far, how many replayed a CUDA graph, graphs captured."""
+        return self.audio.flow_pass.solver.graphs.counts()
 
     def _device_sampler(self, rows: int) -> GpuSampler:
         self.readback = TokenReadback(rows, self.device)

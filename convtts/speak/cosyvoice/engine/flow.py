@@ -18,15 +18,17 @@ from convtts.speak.cosyvoice.engine.requests import Row, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import estimator_widths, flow_bytes_per_frame, rows_within
 from convtts.speak.cosyvoice.engine.solver import Solver, width_bucket
 
-SPREAD = 1.25  # longest over shortest row in one flow pass: padding costs work, not accuracy
+SPREAD = 1.25  # longest over shortest row in one pass (flow.spread's default): padding costs work, not accuracy
 
 
-def length_groups(rows: list[Row], frames_of=lambda row: len(row.kept), cap=lambda frames: 1 << 30) -> list[list[Row]]:
-    """Rows by length, cut where the longest would pass SPREAD times the shortest or the group
+def length_groups(
+    rows: list[Row], frames_of=lambda row: len(row.kept), cap=lambda frames: 1 << 30, spread: float = SPREAD
+) -> list[list[Row]]:
+    """Rows by length, cut where the longest would pass `spread` times the shortest or the group
     would pass `cap(longest)` rows (the memory of one pass)."""
     groups: list[list[Row]] = []
     for row in sorted(rows, key=frames_of):
-        if groups and frames_of(row) <= SPREAD * frames_of(groups[-1][0]) and len(groups[-1]) < cap(frames_of(row)):
+        if groups and frames_of(row) <= spread * frames_of(groups[-1][0]) and len(groups[-1]) < cap(frames_of(row)):
             groups[-1].append(row)
         else:
             groups.append([row])
@@ -46,11 +48,16 @@ class Flow:
         max_graphs: int = 16,
         max_mb: int = 4096,
         bucket: bool | None = None,
+        spread: float = SPREAD,
+        frame_buckets: int = 8,
+        capture_after: int = 2,
     ):
         self.flow, self.precision, self.device = flow, precision, device
         self.v1 = type(flow).__name__ == "MaskedDiffWithXvec"
-        self.solver = Solver(flow.decoder, precision, graphs, compile, max_graphs, device, bucket)
-        self.max_mb = max_mb
+        self.solver = Solver(
+            flow.decoder, precision, graphs, compile, max_graphs, device, bucket, frame_buckets, capture_after
+        )
+        self.max_mb, self.spread = max_mb, spread
         self.per_frame = flow_bytes_per_frame(estimator_widths(flow.decoder.estimator), precision)
         # v2's conformer encoder runs in the flow's format too (v1's is at the token rate, cheap;
         # v3 has none, only a look-ahead convolution)
@@ -60,7 +67,7 @@ class Flow:
 
     @classmethod
     def configured(cls, flow, precision: str, cosy, device) -> Flow:
-        """The flow as tts.cosyvoice configures it (cuda_graphs, flow.compile, .max_graphs, .max_mb)."""
+        """The flow as tts.cosyvoice configures it (cuda_graphs and tts.cosyvoice.flow)."""
         return cls(
             flow,
             precision,
@@ -69,15 +76,18 @@ class Flow:
             compile=cosy.flow.compile,
             max_graphs=cosy.flow.max_graphs,
             max_mb=cosy.flow.max_mb,
+            spread=cosy.flow.spread,
+            frame_buckets=cosy.flow.frame_buckets,
+            capture_after=cosy.flow.capture_after,
         )
 
     def groups(self, rows: list[Row]) -> list[list[Row]]:
         """The rows' flow passes: close lengths together, each within the memory budget."""
 
         def cap(frames: int) -> int:
-            return rows_within(self.max_mb, width_bucket(frames) * self.per_frame / 2**20)
+            return rows_within(self.max_mb, width_bucket(frames, self.solver.frame_buckets) * self.per_frame / 2**20)
 
-        return length_groups(rows, self.frames, cap)
+        return length_groups(rows, self.frames, cap, self.spread)
 
     def frames(self, row: Row) -> int:
         """Mel frames of the row's pass: its prompt's and its own."""

@@ -4,7 +4,8 @@ A flow pass is ten estimator calls on 2 x rows (classifier-free guidance), each 
 small kernels: on a GPU the launches, not the arithmetic, set its time. The solve is a pure
 function of its inputs, so on a GPU it is captured once per shape and replayed. Shapes are
 bucketed to make them repeat: rows up to the next of ROW_BUCKETS (extra rows copy the last real
-one), frames up to the next width_bucket (at most 1/8 more, padded with zeros and masked). The
+one), frames up to the next width_bucket (tts.cosyvoice.flow.frame_buckets widths a doubling: at
+most 1/8 more by default, padded with zeros and masked). The
 padding-safe estimator (estimator.py) keeps every row equal to its solo rendering up to float
 rounding, whatever the bucket adds.
 
@@ -13,8 +14,8 @@ Modes, from the reference to the fastest:
   inference sample for sample);
 - eager, padded pass or bf16/fp16: the padding-safe estimator, at the pass's own shape;
 - bucketed (a GPU with tts.cosyvoice.cuda_graphs): padded to its bucket, captured as one graph
-  for all ten steps from a bucket's second pass, at most `max_graphs` kept (the most used), all
-  sharing one memory pool; torch.compile of the estimator when flow.compile is set.
+  for all ten steps from a bucket's `capture_after`-th pass, at most `max_graphs` kept (the most
+  used), all sharing one memory pool; torch.compile of the estimator when flow.compile is set.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 STEPS = 10  # upstream's n_timesteps
 ROW_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-CAPTURE_AFTER = 2  # passes of one bucket before it is captured: one-off shapes stay eager
 
 
 def rows_bucket(rows: int) -> int:
@@ -43,9 +43,10 @@ def rows_bucket(rows: int) -> int:
     return -(-rows // 32) * 32
 
 
-def width_bucket(frames: int) -> int:
-    """frames rounded up to a multiple of 16, or of 1/8 to 1/16 of it when larger (at most 1/8 more)."""
-    step = max(16, 1 << max(0, frames.bit_length() - 4))
+def width_bucket(frames: int, per_octave: int = 8) -> int:
+    """frames rounded up to a multiple of 16, or, when larger, to the next of `per_octave` widths
+    between two powers of two (8: at most 1/8 more; 2: at most 1/2)."""
+    step = max(16, 1 << max(0, frames.bit_length() - per_octave.bit_length()))
     return -(-frames // step) * step
 
 
@@ -81,19 +82,21 @@ class Captured:
 
 
 class GraphCache:
-    """One CUDA graph per bucket of a pure function of tensors, captured from a bucket's second pass.
+    """One CUDA graph per bucket of a pure function of tensors, captured from a bucket's
+    `capture_after`-th pass (one-off shapes stay eager).
 
     When `limit` graphs are held, a bucket seen more often than the least seen of them takes its
     place; one seen as often waits (churn would cost a capture per pass for no replay).
     """
 
-    def __init__(self, fn, limit: int):
-        self.fn, self.limit = fn, limit
+    def __init__(self, fn, limit: int, capture_after: int = 2):
+        self.fn, self.limit, self.capture_after = fn, limit, capture_after
         self.graphs: dict = {}
         self.seen: Counter = Counter()
         self.pool = None
         self.broken = False  # a capture failed: eager from then on
         self.replays = 0
+        self.captures = 0
 
     def run(self, key, inputs: tuple) -> torch.Tensor:
         self.seen[key] += 1
@@ -110,7 +113,7 @@ class GraphCache:
         return out
 
     def _admit(self, key) -> bool:
-        if self.broken or self.limit <= 0 or self.seen[key] < CAPTURE_AFTER:
+        if self.broken or self.limit <= 0 or self.seen[key] < self.capture_after:
             return False
         if len(self.graphs) < self.limit:
             return True
@@ -139,16 +142,31 @@ class GraphCache:
             log.warning("the flow's CUDA graph capture failed (%s: %s); the flow runs eagerly", type(exc).__name__, exc)
             return
         self.graphs[key] = Captured(graph, static, output)
+        self.captures += 1
+
+    def counts(self) -> tuple[int, int, int]:
+        """Passes run so far, how many replayed a graph, and graphs captured."""
+        return sum(self.seen.values()), self.replays, self.captures
 
 
 class Solver:
     """The Euler solve of one engine's flow: its estimator(s), precision and mode."""
 
     def __init__(
-        self, decoder, precision: str, graphs: bool, compile: bool, max_graphs: int, device, bucket: bool | None = None
+        self,
+        decoder,
+        precision: str,
+        graphs: bool,
+        compile: bool,
+        max_graphs: int,
+        device,
+        bucket: bool | None = None,
+        frame_buckets: int = 8,
+        capture_after: int = 2,
     ):
         """`bucket` None: bucketed on a GPU with graphs or compile; True pads to buckets anywhere (tests)."""
         self.decoder = decoder
+        self.frame_buckets = frame_buckets
         self.precision = precision
         self.causal = type(decoder).__name__ == "CausalConditionalCFM"
         self.cosine = decoder.t_scheduler == "cosine"
@@ -163,7 +181,7 @@ class Solver:
         self.bucketed = self.safe is not None and (on_gpu and (graphs or compile) if bucket is None else bucket)
         if compile and self.safe is not None:
             self.safe = compiled(self.safe)
-        self.graphs = GraphCache(self._solve_safe, max_graphs if graphs and on_gpu else 0)
+        self.graphs = GraphCache(self._solve_safe, max_graphs if graphs and on_gpu else 0, capture_after)
 
     def solve(self, x, mask, mu, spks, cond, frames: list[int]) -> torch.Tensor:
         """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
@@ -188,7 +206,7 @@ class Solver:
 
     def _bucketed(self, x, mask, mu, spks, cond):
         rows, width = x.shape[0], x.shape[2]
-        key = (rows_bucket(rows), width_bucket(width))
+        key = (rows_bucket(rows), width_bucket(width, self.frame_buckets))
         inputs = pad_pass((x, mask, mu, cond), spks, *key)
         if x.device.type != "cuda":  # the bucketed shapes without a GPU to capture them (tests)
             return self._solve_safe(*inputs)[:rows, :, :width]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# bench/e2e.py under several settings of this tree on one machine, in turns, so that every setting
+# meets the same host and page cache. Each argument is NAME or NAME:group.key=value,group.key=value
+# (a bare NAME runs the shipped config). Figures land in $OUT as NAME-SIZE-ROUND.json/.txt, packed
+# into $OUT/e2e-settings.tgz as well (a device call returns only a few files).
+#
+#   OUT=$OUT SIZES="300 1000" bash bench/e2e_settings.sh shipped \
+#       wide:tts.cosyvoice.flow.spread=100,tts.cosyvoice.flow.frame_buckets=4
+#
+# Knobs: SIZES [300] conversations per job, ROUNDS [1], SETUP [1; 0 on a machine already set up],
+# WHEELS [.whl], MODEL [/tmp/cv300m], GPUS [0].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-bench/results/e2e-settings}" model="${MODEL:-/tmp/cv300m}"
+(($#)) || { echo "usage: bash bench/e2e_settings.sh NAME[:k=v,...] ..." >&2; exit 2; }
+mkdir -p "$out"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
+if [[ "${SETUP:-1}" != 0 ]]; then
+  started=$SECONDS
+  MODEL_SIZE=full bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$model"
+  echo "setup done in $((SECONDS - started)) s"
+fi
+rc=0
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  for size in ${SIZES:-300}; do
+    for spec in "$@"; do
+      name="${spec%%:*}" sets=()
+      if [[ "$spec" == *:* ]]; then
+        IFS=, read -ra pairs <<<"${spec#*:}"
+        for pair in "${pairs[@]}"; do sets+=(--set "$pair"); done
+      fi
+      run="$name-$size-$round" work="/tmp/e2e-settings/$name-$size-$round"
+      rm -rf "$work"
+      echo "== $run: ${sets[*]:-shipped config}"
+      python3 bench/e2e.py --model-dir "$model" --conversations "$size" --engine bash --gpus "${GPUS:-0}" \
+        --work "$work" --out "$out/$run.json" "${sets[@]}" | tee "$out/$run.txt" || rc=1
+    done
+  done
+done
+tar -czf "$out/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz .
+exit $rc
