@@ -2,7 +2,7 @@
 # bench/e2e.py under several settings of this tree on one machine, in turns, so that every setting
 # meets the same host and page cache. Each argument is NAME or NAME:group.key=value,group.key=value
 # (a bare NAME runs the shipped config). Figures land in $OUT as NAME-SIZE-ROUND.json/.txt, packed
-# into $OUT/e2e-settings.tgz as well (a device call returns only a few files).
+# into $OUT/e2e-settings.tgz after each run as well (a device call returns only a few files).
 #
 #   OUT=$OUT SIZES="300 1000" bash bench/e2e_settings.sh shipped \
 #       wide:tts.cosyvoice.flow.spread=100,tts.cosyvoice.flow.frame_buckets=4
@@ -34,8 +34,8 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       echo "== $run: ${sets[*]:-shipped config}"
       python3 bench/e2e.py --model-dir "$model" --conversations "$size" --engine bash --gpus "${GPUS:-0}" \
         --work "$work" --out "$out/$run.json" "${sets[@]}" | tee "$out/$run.txt" || rc=1
+      tar -czf "/tmp/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz . && mv /tmp/e2e-settings.tgz "$out/"
     done
   done
 done
-tar -czf "$out/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz .
 exit $rc

@@ -148,14 +148,17 @@ class FlowConfig:
     # The shapes of the flow's passes. An eager pass costs a worker's CPU some 20,000 kernel launches, a
     # replayed graph one: fewer shapes replay more often, at the price of padding (GPU work).
     spread: float = 1.25  # longest over shortest row in one flow pass
+    # the same once a worker has no more input in hand: its last rows wait on each pass, and the GPU has room
+    tail_spread: float = 100.0
     frame_buckets: int = 8  # widths a doubling of frames is cut into (a pass is padded up to the next)
     capture_after: int = 2  # passes of one shape before its graph is captured
 
     def check(self) -> None:
         if not 0 <= self.max_graphs <= 256:
             raise ConfigError(f"tts.cosyvoice.flow.max_graphs must be between 0 and 256, got {self.max_graphs}")
-        if not 1.0 <= self.spread <= 100.0:
-            raise ConfigError(f"tts.cosyvoice.flow.spread must be between 1.0 and 100, got {self.spread}")
+        for name in ("spread", "tail_spread"):
+            if not 1.0 <= getattr(self, name) <= 100.0:
+                raise ConfigError(f"tts.cosyvoice.flow.{name} must be between 1.0 and 100, got {getattr(self, name)}")
         if self.frame_buckets not in (1, 2, 4, 8, 16, 32):
             raise ConfigError(
                 f"tts.cosyvoice.flow.frame_buckets must be 1, 2, 4, 8, 16 or 32, got {self.frame_buckets}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import run_short_of_memory, speak_with_two_refused
-from convtts.config import Config, CosyVoiceConfig, PrecisionConfig, SpeakerConfig, TTSConfig
+from convtts.config import Config, CosyVoiceConfig, FlowConfig, PrecisionConfig, SpeakerConfig, TTSConfig
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine
@@ -103,6 +103,35 @@ def test_short_rows_are_spoken_while_long_ones_still_decode(model_dir):
         backend.close()
     assert len(spoken_at) == 6
     assert max(spoken_at[k] for k in (0, 1, 2)) < min(spoken_at[k] for k in (3, 4, 5)), spoken_at
+
+
+def test_the_last_rows_go_through_the_flow_in_wide_passes(solo, model_dir):
+    """While input is left, a flush is cut into passes of close lengths (flow.spread); once the feed
+    has run dry, each flush is one pass whatever its lengths (flow.tail_spread), and the audio is
+    each utterance's own."""
+    wide_tail = FlowConfig(spread=1.0, tail_spread=100.0)  # every length its own pass before the tail
+    backend = CosyVoiceBackend(config(model_dir, 4, flow=wide_tail))  # a flush is due at 2 decoded rows
+    flushes = []
+    groups = backend.engine.audio.flow_pass.groups
+
+    def counted(rows, tail=False):
+        passes = groups(rows, tail)
+        flushes.append((tail, len({len(row.kept) for row in rows}), len(passes)))
+        return passes
+
+    backend.engine.audio.flow_pass.groups = counted
+    texts = TEXTS * 2
+    try:
+        results = dict(backend.synthesize_many(items(texts)))
+    finally:
+        backend.close()
+    fed = [(lengths, passes) for tail, lengths, passes in flushes if not tail]
+    last = [(lengths, passes) for tail, lengths, passes in flushes if tail]
+    assert fed and all(passes == lengths for lengths, passes in fed), flushes
+    assert last and all(passes == 1 for _, passes in last) and max(n for n, _ in last) > 1, flushes
+    assert flushes[-1][0] and not flushes[0][0], flushes
+    for i, text in enumerate(texts):
+        assert np.abs(results[i] - solo.synthesize(text, "英文女", 1000 + i)).max() < TOLERANCE, text
 
 
 def test_each_call_logs_where_its_time_went(batched, caplog):

@@ -23,9 +23,10 @@ class AudioStage:
         self.flow_pass = Flow.configured(flow, precision.flow, settings, device)
         self.vocoder = Vocoder.configured(hift, precision.vocoder, settings)
 
-    def render(self, seqs: list[Sequence], speed: float) -> None:
-        """Append each sequence's audio to its request (or set the request's error)."""
-        done = [pair for group in self.flow_pass.groups(seqs) for pair in self._mels(group)]
+    def render(self, seqs: list[Sequence], speed: float, tail: bool = False) -> None:
+        """Append each sequence's audio to its request (or set the request's error); `tail`: the
+        caller has no more input, its flow passes may be wider (flow.tail_spread)."""
+        done = [pair for group in self.flow_pass.groups(seqs, tail) for pair in self._mels(group)]
         requests, mels = [seq.request for seq, _ in done], [mel for _, mel in done]
         for (seq, _), audio in zip(done, self.vocoder.speak(requests, mels, speed)):
             if isinstance(audio, BaseException):

@@ -354,11 +354,14 @@ class BatchEngine:
         """Flow and vocoder for the decoded rows together; yield the requests that are complete.
 
         Rows finish their decode a few at a time; gathering them first lets one flow pass serve
-        many (on an H200 the flow of rows vocoded as they finished took 60% of the time).
+        many (on an H200 the flow of rows vocoded as they finished took 60% of the time). Once no
+        input is left, the passes are wider (flow.tail_spread): the rows still decoding stop for
+        each pass, and a short job's end is its slowest rows.
         """
+        tail = self.scheduler.drained()
         seqs = self.scheduler.take_decoded()
         with self.timer("flow"):
-            self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed)
+            self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed, tail)
         for seq in seqs:
             if not seq.kept and seq.request.error is None:
                 seq.request.error = RuntimeError("the LLM produced no speech tokens")

@@ -51,6 +51,7 @@ class Flow:
         spread: float = SPREAD,
         frame_buckets: int = 8,
         capture_after: int = 2,
+        tail_spread: float | None = None,
     ):
         self.flow, self.precision, self.device = flow, precision, device
         self.v1 = type(flow).__name__ == "MaskedDiffWithXvec"
@@ -58,6 +59,7 @@ class Flow:
             flow.decoder, precision, graphs, compile, max_graphs, device, bucket, frame_buckets, capture_after
         )
         self.max_mb, self.spread = max_mb, spread
+        self.tail_spread = spread if tail_spread is None else tail_spread
         self.per_frame = flow_bytes_per_frame(estimator_widths(flow.decoder.estimator), precision)
         # v2's conformer encoder runs in the flow's format too (v1's is at the token rate, cheap;
         # v3 has none, only a look-ahead convolution)
@@ -79,15 +81,17 @@ class Flow:
             spread=cosy.flow.spread,
             frame_buckets=cosy.flow.frame_buckets,
             capture_after=cosy.flow.capture_after,
+            tail_spread=cosy.flow.tail_spread,
         )
 
-    def groups(self, rows: list[Row]) -> list[list[Row]]:
-        """The rows' flow passes: close lengths together, each within the memory budget."""
+    def groups(self, rows: list[Row], tail: bool = False) -> list[list[Row]]:
+        """The rows' flow passes: close lengths together (within `spread`, or `tail_spread` for a
+        worker's last rows), each within the memory budget."""
 
         def cap(frames: int) -> int:
             return rows_within(self.max_mb, width_bucket(frames, self.solver.frame_buckets) * self.per_frame / 2**20)
 
-        return length_groups(rows, self.frames, cap, self.spread)
+        return length_groups(rows, self.frames, cap, self.tail_spread if tail else self.spread)
 
     def frames(self, row: Row) -> int:
         """Mel frames of the row's pass: its prompt's and its own."""

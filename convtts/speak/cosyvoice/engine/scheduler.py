@@ -116,6 +116,10 @@ class Scheduler:
             return False
         return len(self.decoded) >= len(self.running)
 
+    def drained(self) -> bool:
+        """No request is left to take or to admit: the rows decoding now are the last of this call."""
+        return self.exhausted and not (self.incoming or self.waiting)
+
     def take_decoded(self) -> list[Sequence]:
         decoded, self.decoded = self.decoded, []
         return decoded
