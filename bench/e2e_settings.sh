@@ -29,7 +29,9 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
         IFS=, read -ra pairs <<<"${spec#*:}"
         for pair in "${pairs[@]}"; do sets+=(--set "$pair"); done
       fi
-      run="$name-$size-$round" work="/tmp/e2e-settings/$name-$size-$round"
+      run="$name-$size-$round"
+      while [[ -e "$out/$run.json" ]]; do run="$run-again"; done  # a size listed twice keeps both runs
+      work="/tmp/e2e-settings/$run"
       rm -rf "$work"
       echo "== $run: ${sets[*]:-shipped config}"
       python3 bench/e2e.py --model-dir "$model" --conversations "$size" --engine bash --gpus "${GPUS:-0}" \
