@@ -77,10 +77,11 @@ def test_a_slot_fits_its_workers_by_shrinking_their_passes_first(free_gpu, monke
     with caplog.at_level(logging.INFO):
         assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (8, 1529)
     assert "passes of 1529 MiB (at most 4096" in caplog.text
-    free_gpu(143_156)  # an H200 of a 16-core node: the cores' 14 workers, with 1610 MiB passes
+    free_gpu(143_156)  # an H200 of a 16-core node: 768 rows a GPU, 12 workers of 64 with 3144 MiB passes
     monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
-    assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (14, 1610)
-    assert fit_passes(0, 1, 2600, 16, 78.0, 4096) == (14, 4096)  # room to spare: the configured budget
+    assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (12, 3144)
+    assert fit_passes(0, 1, 2600, 96, 78.0, 4096) == (8, 4096)  # the shipped 96 rows: 8 workers
+    assert fit_passes(0, 1, 2600, 16, 78.0, 4096) == (14, 4096)  # the cores' 14: room to spare, the configured budget
     assert fit_passes(0, 2, 2600, 64, 78.0, 4096) == (7, 4096)  # two slots share the cores
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -110,8 +111,9 @@ def test_the_shipped_gpu_config_gets_workers_and_passes_that_fit_an_h100(free_gp
     args = argparse.Namespace(workers=0, slots_on_node=1, world=1, device="cuda")
     workers, sized = size_workers(config, args)
     # the released CosyVoice-300M's rows at 30 words in bf16: 78.3 MiB of KV cache each
-    assert (workers, sized.tts.cosyvoice.flow.max_mb) == (7, 1215)
-    assert sized.tts.cosyvoice.batch_size == 64 and sized.tts.cosyvoice.model_dir == str(tmp_path)
+    # 96 rows: 768 a GPU would be 8 workers, the memory holds 5 (with 2881 MiB passes)
+    assert (workers, sized.tts.cosyvoice.flow.max_mb) == (5, 2881)
+    assert sized.tts.cosyvoice.batch_size == 96 and sized.tts.cosyvoice.model_dir == str(tmp_path)
     assert size_workers(config, argparse.Namespace(**{**vars(args), "device": "cpu"}))[1] == config  # CPU: as given
 
 
