@@ -257,6 +257,9 @@ class WorkerConfig:
     per_slot: int = 0  # worker processes per device slot; 0 chooses from cores and GPU memory
     gpu_mb_per_worker: int = 2600  # a worker's peak GPU memory, for that choice (measure yours)
     gpu_mb_per_row: int = 500  # and each batch row past the first, for a batched backend without its own figures
+    rows_per_gpu: int = (
+        0  # batched workers of fixed rows: at most this many rows a GPU when per_slot is 0 (0: no bound)
+    )
     rebuild_every: int = 500  # rebuild the TTS model after this many utterances (0: never)
     max_rss_mb: int = 0  # rebuild when the worker's resident memory passes this (0: off)
     max_gpu_mb: int = 0  # rebuild when the worker's GPU memory passes this (0: off)
@@ -276,7 +279,7 @@ class WorkerConfig:
             raise ConfigError(f"workers.cuda_sync must be one of {CUDA_SYNCS}, got {self.cuda_sync!r}")
         if self.start_method not in START_METHODS:
             raise ConfigError(f"workers.start_method must be one of {START_METHODS}, got {self.start_method!r}")
-        if self.per_slot < 0 or self.rebuild_every < 0 or self.max_rss_mb < 0 or self.max_gpu_mb < 0:
+        if min(self.per_slot, self.rows_per_gpu, self.rebuild_every, self.max_rss_mb, self.max_gpu_mb) < 0:
             raise ConfigError("workers.* counts and limits must not be negative")
         if self.gpu_mb_per_worker < 1 or self.gpu_mb_per_row < 0:
             raise ConfigError("workers.gpu_mb_per_worker must be at least 1 and workers.gpu_mb_per_row not negative")

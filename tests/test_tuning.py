@@ -77,11 +77,12 @@ def test_a_slot_fits_its_workers_by_shrinking_their_passes_first(free_gpu, monke
     with caplog.at_level(logging.INFO):
         assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (8, 1529)
     assert "passes of 1529 MiB (at most 4096" in caplog.text
-    free_gpu(143_156)  # an H200 of a 16-core node: 768 rows a GPU, 12 workers of 64 with 3144 MiB passes
+    free_gpu(143_156)  # an H200 of a 16-core node: the cores' 14 workers, with 1610 MiB passes
     monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
-    assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (12, 3144)
-    assert fit_passes(0, 1, 2600, 96, 78.0, 4096) == (8, 4096)  # the shipped 96 rows: 8 workers
-    assert fit_passes(0, 1, 2600, 16, 78.0, 4096) == (14, 4096)  # the cores' 14: room to spare, the configured budget
+    assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (14, 1610)
+    assert fit_passes(0, 1, 2600, 64, 78.0, 4096, rows_per_gpu=768) == (12, 3144)  # 768 rows a GPU: 12 x 64
+    assert fit_passes(0, 1, 2600, 96, 78.0, 4096, rows_per_gpu=768) == (8, 4096)  # or 8 x 96
+    assert fit_passes(0, 1, 2600, 16, 78.0, 4096, rows_per_gpu=768) == (14, 4096)  # the cores bound 16-row workers
     assert fit_passes(0, 2, 2600, 64, 78.0, 4096) == (7, 4096)  # two slots share the cores
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -100,7 +101,7 @@ def test_a_slot_that_cannot_read_the_free_memory_runs_one_worker_with_its_passes
 def test_the_shipped_gpu_config_gets_workers_and_passes_that_fit_an_h100(free_gpu, monkeypatch, tmp_path):
     import argparse
 
-    from convtts.config import load_config
+    from convtts.config import ConfigError, load_config
     from convtts.run.command import size_workers
 
     monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 32)
@@ -114,6 +115,12 @@ def test_the_shipped_gpu_config_gets_workers_and_passes_that_fit_an_h100(free_gp
     # 96 rows: 768 a GPU would be 8 workers, the memory holds 5 (with 2881 MiB passes)
     assert (workers, sized.tts.cosyvoice.flow.max_mb) == (5, 2881)
     assert sized.tts.cosyvoice.batch_size == 96 and sized.tts.cosyvoice.model_dir == str(tmp_path)
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    free_gpu(143_156)  # an H200: its 768 rows as 8 workers of 96, with the configured passes
+    workers, sized = size_workers(config, args)
+    assert (workers, sized.tts.cosyvoice.flow.max_mb) == (8, 4096)
+    with pytest.raises(ConfigError, match="must not be negative"):
+        load_config(None, ["workers.rows_per_gpu=-1"])
     assert size_workers(config, argparse.Namespace(**{**vars(args), "device": "cpu"}))[1] == config  # CPU: as given
 
 
@@ -184,7 +191,7 @@ def test_a_rows_memory_follows_the_model_the_text_and_the_precision(tmp_path):
 def test_the_slot_hands_its_workers_the_rows_it_chose(tmp_path):
     import argparse
 
-    from convtts.config import load_config
+    from convtts.config import ConfigError, load_config
     from convtts.run.command import size_workers
 
     config = load_config(

@@ -134,7 +134,7 @@ def size_workers(config, args: argparse.Namespace):
         return workers, with_rows(config, rows)
     passes = backend_passes(config) if args.device == "cuda" and rows > 1 else None
     if passes is not None:  # the pass budget shrinks so that the workers fit the GPU's memory
-        workers, pass_mb = fit_passes(requested, slots, base, rows, *passes)
+        workers, pass_mb = fit_passes(requested, slots, base, rows, *passes, config.workers.rows_per_gpu)
         return workers, with_pass_mb(config, pass_mb)
     per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
     return choose_workers(requested, args.device, slots, per_worker), config

@@ -11,10 +11,6 @@ log = logging.getLogger(__name__)
 # The per-worker GPU memory figure comes from workers.gpu_mb_per_worker (default 2600 MiB: one
 # CosyVoice-300M worker peaked near 2 GiB on an H200, plus headroom).
 MAX_WORKERS_PER_GPU = 16  # past this, MPS gave no more throughput in our sweeps
-# Batched workers of fixed rows: about this many rows decoding at once on one GPU. On an H200, 12 x 64
-# and 8 x 96 both hold 768, and 8 x 96 was 7-12% faster end to end (fewer processes to start and to
-# schedule; docs/PERFORMANCE.md); 16 x 64 gained nothing.
-ROWS_PER_GPU = 768
 # Cores left to the slot processes and the system on a GPU node: on a 16-core H200 node, 14 CosyVoice
 # workers kept 83% of the cores busy (about 0.95 core each), so 16 would starve them.
 GPU_NODE_SPARE_CORES = 2
@@ -104,18 +100,18 @@ PASS_MIN_MB = 1024
 
 
 def fit_passes(
-    requested: int, slots_on_node: int, base: int, rows: int, row_mb: float, pass_mb: int
+    requested: int, slots_on_node: int, base: int, rows: int, row_mb: float, pass_mb: int, rows_per_gpu: int = 0
 ) -> tuple[int, int]:
     """(workers, MiB a flow or vocoder pass may take) for batched GPU workers of `rows` fixed rows.
 
-    As many workers as the cores allow, at most ROWS_PER_GPU rows together and MAX_WORKERS_PER_GPU
-    (`requested` > 0 wins), each peaking at base + rows x row_mb + its pass budget within 90% of the
+    As many workers as the cores allow, at most `rows_per_gpu` rows together (0: no bound) and
+    MAX_WORKERS_PER_GPU (`requested` > 0 wins), each peaking at base + rows x row_mb + its pass budget within 90% of the
     GPU's free memory; the budget is at most `pass_mb` and shrinks to PASS_MIN_MB before a worker is
     dropped.
     """
     by_cpu = gpu_slot_cores(slots_on_node)
     budget = free_gpu_mb() * 0.9
-    by_rows = max(1, ROWS_PER_GPU // max(1, rows))
+    by_rows = max(1, rows_per_gpu // max(1, rows)) if rows_per_gpu else MAX_WORKERS_PER_GPU
     workers = requested or min(by_cpu, by_rows, MAX_WORKERS_PER_GPU)
     if budget <= 0:
         return (requested or 1), pass_mb  # nvidia-smi could not say: one worker, as choose_workers does
@@ -130,8 +126,8 @@ def fit_passes(
         workers,
         "set by config or --workers"
         if requested
-        else f"min(cores {by_cpu}, {ROWS_PER_GPU} rows / {rows} = {by_rows}, cap {MAX_WORKERS_PER_GPU}), "
-        f"fewer if passes fell under {PASS_MIN_MB} MiB",
+        else f"min(cores {by_cpu}, {rows_per_gpu or 'any'} rows a GPU / {rows} = {by_rows}, "
+        f"cap {MAX_WORKERS_PER_GPU}), fewer if passes fell under {PASS_MIN_MB} MiB",
         fixed,
         base,
         rows,
