@@ -191,7 +191,7 @@ def test_a_rows_memory_follows_the_model_the_text_and_the_precision(tmp_path):
 def test_the_slot_hands_its_workers_the_rows_it_chose(tmp_path):
     import argparse
 
-    from convtts.config import ConfigError, load_config
+    from convtts.config import load_config
     from convtts.run.command import size_workers
 
     config = load_config(
