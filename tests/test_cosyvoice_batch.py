@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import run_short_of_memory, speak_with_two_refused
+from conftest import REPO, run_short_of_memory, speak_with_two_refused
 from convtts.config import Config, CosyVoiceConfig, FlowConfig, PrecisionConfig, SpeakerConfig, TTSConfig
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
@@ -146,6 +147,12 @@ def test_each_call_logs_where_its_time_went(batched, caplog):
     )
     assert {"step", "prefill", "flow", "other"} <= set(stages), line
     assert abs(sum(stages.values()) - float(match[1])) < 0.2, line
+    # the flow's passes on the GPU (none on a CPU), in the words bench/e2e.py sums
+    assert re.search(r"; flow passes 0 bucketed: 0 replayed, 0 captured$", line), line
+    sys.path.insert(0, str(REPO / "bench"))
+    from e2e import FLOW_GRAPHS  # bench/ is not a package
+
+    assert FLOW_GRAPHS.search(line).groups() == ("0", "0", "0"), line
 
 
 def test_each_utterance_has_its_own_seed(batched):
