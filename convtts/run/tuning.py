@@ -105,9 +105,9 @@ def fit_passes(
     """(workers, MiB a flow or vocoder pass may take) for batched GPU workers of `rows` fixed rows.
 
     As many workers as the cores allow, at most `rows_per_gpu` rows together (0: no bound) and
-    MAX_WORKERS_PER_GPU (`requested` > 0 wins), each peaking at base + rows x row_mb + its pass budget within 90% of the
-    GPU's free memory; the budget is at most `pass_mb` and shrinks to PASS_MIN_MB before a worker is
-    dropped.
+    MAX_WORKERS_PER_GPU (`requested` > 0 wins), each peaking at base + rows x row_mb + its pass
+    budget within 90% of the GPU's free memory; the budget is at most `pass_mb` and shrinks to
+    PASS_MIN_MB before a worker is dropped.
     """
     by_cpu = gpu_slot_cores(slots_on_node)
     budget = free_gpu_mb() * 0.9
