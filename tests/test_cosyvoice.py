@@ -328,8 +328,9 @@ def test_example_gpu_config_says_what_a_gpu_node_needs():
     assert config.tts.backend == "cosyvoice"
     assert config.tts.cosyvoice.model_dir.endswith("CosyVoice-300M-SFT")
     assert config.speakers.voices == ("英文女", "英文男")
-    # the measured best (docs/PERFORMANCE.md): 64 rows in bf16, a rebuild every 2000 with a memory limit too
-    assert config.tts.cosyvoice.batch_size == 64 and config.tts.cosyvoice.precision.llm == "bf16"
+    # the measured best (docs/PERFORMANCE.md): 96 rows in bf16, 768 a GPU, a rebuild every 2000 with a memory limit too
+    assert config.tts.cosyvoice.batch_size == 96 and config.tts.cosyvoice.precision.llm == "bf16"
+    assert config.workers.rows_per_gpu == 768
     assert config.workers.rebuild_every == 2000 and config.workers.max_gpu_mb > 0
 
 
