@@ -16,12 +16,7 @@ out="${OUT:-bench/results/e2e}"
 count="${CONVERSATIONS:-300}" engines="${ENGINES:-bash}" model="${MODEL:-/tmp/cv300m}"
 work="${WORK:-/tmp/convtts-e2e-$engines-$count}"
 mkdir -p "$out"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
-if [[ "${SETUP:-1}" != 0 ]]; then
-  started=$SECONDS
-  MODEL_SIZE=full bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$model"
-  echo "setup done in $((SECONDS - started)) s"
-fi
+source bench/gpu_prepare.sh
 rc=0
 gpus=(); [[ -n "${GPUS:-}" ]] && gpus=(--gpus "$GPUS")
 python3 bench/e2e.py --model-dir "$model" --conversations "$count" --engine "$engines" --work "$work" "${gpus[@]}" \

@@ -14,12 +14,7 @@ cd "$(dirname "$0")/.."
 out="${OUT:-bench/results/e2e-settings}" model="${MODEL:-/tmp/cv300m}"
 (($#)) || { echo "usage: bash bench/e2e_settings.sh NAME[:k=v,...] ..." >&2; exit 2; }
 mkdir -p "$out"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; nproc; } | tee "$out/machine.txt"
-if [[ "${SETUP:-1}" != 0 ]]; then
-  started=$SECONDS
-  MODEL_SIZE=full bash bench/gpu_setup.sh "${WHEELS:-.whl}" "$model"
-  echo "setup done in $((SECONDS - started)) s"
-fi
+source bench/gpu_prepare.sh
 rc=0
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for size in ${SIZES:-300}; do
