@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.distributions.uniform import Uniform
 
 from convtts.speak.base import is_out_of_memory
-from convtts.speak.cosyvoice.engine.flow import SPREAD
+from convtts.speak.cosyvoice.engine.flow import SPREAD, length_groups
 from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
 from convtts.speak.cosyvoice.engine.requests import Request, own_random_stream
@@ -143,17 +143,14 @@ class Vocoder:
         return out
 
     def _passes(self, frames: list[int]) -> list[list[int]]:
-        """Row indices per pass: by length, as the flow groups them (SPREAD), each pass within
+        """Row indices per pass: by length, as the flow groups them (within SPREAD), each pass within
         max_rows and the memory budget."""
         spf = samples_per_frame(self.hift)
-        passes: list[list[int]] = []
-        for i in sorted(range(len(frames)), key=lambda i: frames[i]):
-            cap = min(self.max_rows, rows_within(self.max_mb, frames[i] * spf * self.per_sample / 2**20))
-            if passes and len(passes[-1]) < cap and frames[i] <= SPREAD * frames[passes[-1][0]]:
-                passes[-1].append(i)
-            else:
-                passes.append([i])
-        return passes
+
+        def cap(length: int) -> int:
+            return min(self.max_rows, rows_within(self.max_mb, length * spf * self.per_sample / 2**20))
+
+        return length_groups(list(range(len(frames))), frames.__getitem__, cap, SPREAD)
 
     def _one(self, request: Request, mel: torch.Tensor, speed: float):
         try:
