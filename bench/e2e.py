@@ -6,7 +6,8 @@ For each engine it runs exactly what a user types,
 
     ./run_all.sh --config configs/cosyvoice.yaml --input CONVS --output-dir OUT --set tts.cosyvoice.model_dir=MODEL
 
-(--engine ray --address local for the Ray engine on this one machine), on N conversations of one
+(--engine ray --address local for the Ray engine on this one machine, or --ray-address auto to join a
+cluster started beforehand), on N conversations of one
 real LLaVA question and its GPT-4 answer each (bench/data/llava_gpt4_qa_30x3.jsonl, repeated under
 new ids), and prints from the run's own outputs:
 
@@ -95,7 +96,7 @@ def command(engine: str, args, source: Path, out: Path) -> list[str]:
         f"tts.cosyvoice.model_dir={args.model_dir}",
     ]
     if engine == "ray":
-        cmd += ["--engine", "ray", "--address", "local"]
+        cmd += ["--engine", "ray", "--address", args.ray_address]
         if args.gpus and args.gpus.startswith("cpu:"):
             cmd += ["--slot-resource", "CPU"]
     elif args.gpus:
@@ -307,6 +308,12 @@ def main() -> int:
     p.add_argument("--conversations", type=int, default=300)
     p.add_argument("--engine", choices=("bash", "ray", "both"), default="bash")
     p.add_argument("--gpus", help="run_all.sh --gpus (default: every GPU; cpu:N on a CPU machine)")
+    p.add_argument(
+        "--ray-address",
+        default="local",
+        help="the Ray engine's --address: local starts a cluster of this machine inside the timed command; "
+        "auto joins one that is up (ray start --head), as on a cluster",
+    )
     p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
     p.add_argument("--set", action="append", default=[], help="group.key=value added to the command")
     p.add_argument("--work", default="/tmp/convtts-e2e", help="a fresh folder: inputs, outputs, logs")

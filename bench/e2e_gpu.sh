@@ -7,7 +7,9 @@
 #   bash bench/e2e_gpu.sh                                      # one GPU: 300 conversations, run_all.sh
 #   CONVERSATIONS=1000 ENGINES=both bash bench/e2e_gpu.sh      # several GPUs: run_all.sh, then --engine ray
 #
-# Knobs: CONVERSATIONS [300], ENGINES [bash | ray | both], WHEELS [.whl], SETUP [1; 0 skips the
+# Knobs: CONVERSATIONS [300], ENGINES [bash | ray | both], RAY_CLUSTER [local: the Ray engine starts
+# a cluster of this machine within the timed command; up: one is started first (ray start --head),
+# joined with --address auto as on a cluster that is up, and stopped after], WHEELS [.whl], SETUP [1; 0 skips the
 # install and the model on a machine already set up], WORK [/tmp/convtts-e2e-<engines>-<N>: must not exist],
 # MODEL [/tmp/cv300m], GPUS [every GPU; cpu:N for a dry run on a CPU machine, with SETUP=0 and a tiny MODEL].
 set -euo pipefail
@@ -19,8 +21,14 @@ mkdir -p "$out"
 source bench/gpu_prepare.sh
 rc=0
 gpus=(); [[ -n "${GPUS:-}" ]] && gpus=(--gpus "$GPUS")
+address=local
+if [[ "${RAY_CLUSTER:-local}" == up ]]; then
+  address=auto
+  python3 -m ray.scripts.scripts start --head --include-dashboard=false --disable-usage-stats >"$out/ray-start.txt" 2>&1
+  trap 'python3 -m ray.scripts.scripts stop >/dev/null 2>&1 || true' EXIT
+fi
 python3 bench/e2e.py --model-dir "$model" --conversations "$count" --engine "$engines" --work "$work" "${gpus[@]}" \
-  --out "$out/e2e-$engines-$count.json" | tee "$out/e2e-$engines-$count.txt" || rc=$?
+  --ray-address "$address" --out "$out/e2e-$engines-$count.json" | tee "$out/e2e-$engines-$count.txt" || rc=$?
 for log in "$work"/log-*/*/*/slot-?.log "$work"/log-*/*/*/driver.log; do  # start-up lines, hand-backs, rebuilds
   [[ -f "$log" ]] && cp "$log" "$out/$(basename "$(dirname "$(dirname "$(dirname "$log")")")")-$(basename "$log")"
 done

@@ -281,3 +281,37 @@ def test_ids_handed_back_go_out_before_a_longer_shard(tmp_path):
     queue.worker_died(first, -9, 4242)  # nothing of it begun: all four back
     again = queue.next_piece()
     assert again.shard == "shard-00000" and again.ids == first.ids
+
+
+def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_path, monkeypatch):
+    """The driver's book (convtts.cluster.handout) keeps shards open until its window is full and
+    cuts each piece from the shard whose next id is the longest, as a slot does with its own shards;
+    a shard past the window opens once the open ones run low."""
+    from convtts.cluster import handout
+    from convtts.run.pieces import open_shard
+
+    monkeypatch.setattr(handout, "SLOT_ROWS", 5)  # a window of 10 ids: the third shard waits
+    shards = [[12, 11, 6, 5, 2, 1, 1, 1], [10, 9, 8, 7, 4, 3, 1, 1], [13, 1]]
+    layout = plan_words(tmp_path, *shards)
+    words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
+    book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
+    answers = []
+    while answer := book.hand_out(0, 1):
+        kind, *rest = answer.split()  # "open SHARD" or "piece NUMBER SHARD IDS..."
+        if kind == "open":  # what a slot does and says back
+            work = open_shard(layout, rest[0], RUN)
+            book.opened(rest[0], work.segments, work.already, work.audio_seconds, list(work.pending))
+            answers.append((kind, rest[0], []))
+        else:
+            answers.append((kind, rest[1], rest[2:]))
+    opened = [name for kind, name, _ in answers if kind == "open"]
+    pieces = [(name, ids) for kind, name, ids in answers if kind == "piece"]
+    assert opened == ["shard-00000", "shard-00001", "shard-00002"]
+    assert [kind for kind, _, _ in answers[:3]] == ["open", "open", "piece"]  # 16 ids fill the window
+    handed = [uid for _, ids in pieces for uid in ids]
+    assert sorted(handed) == sorted(words)  # each id once
+    assert all(len({uid.split("-")[0] for uid in ids}) == 1 for _, ids in pieces)  # a piece is one shard's
+    before_third = handed[: handed.index("s2-0")]
+    assert [words[uid] for uid in before_third] == sorted((words[u] for u in before_third), reverse=True)
+    assert [words[uid] for uid in handed[:6]] == [12, 11, 10, 9, 8, 7]
+    assert [name for name, _ in pieces[:3]] == ["shard-00000", "shard-00001", "shard-00000"]

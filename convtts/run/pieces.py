@@ -326,7 +326,7 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
     rows = read_jsonl(layout.shard_file(shard))
     spoken = [row["id"] for row in rows if row["id"] in done]
     todo = [row for row in rows if row["id"] not in done]
-    words = {row["id"]: row.get("words") or len(row.get("text", "").split()) for row in todo}
+    words = row_words(todo)
     return ShardWork(
         shard,
         len(rows),
@@ -336,6 +336,11 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
         crashes=crash_counts(layout, shard, run_id),
         words=words,
     )
+
+
+def row_words(rows: list[dict]) -> dict[str, int]:
+    """Each row's words (the plan's count, else its text's): how long its utterance will be, roughly."""
+    return {row["id"]: row.get("words") or len(row.get("text", "").split()) for row in rows}
 
 
 def longest_first(rows: list[dict], words: dict[str, int]) -> list[str]:
