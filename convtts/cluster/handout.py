@@ -7,7 +7,9 @@ end). As a slot does with its own shards (convtts.run.pieces), the driver keeps 
 open and hands their ids out longest first across it: rows of close lengths then finish together
 and share the flow's passes, and the rows begun last, which the end of a run waits for, are short.
 Handed out shard after shard instead, each longest first, a job of 1,000 conversations on two
-H200s made 40% more flow passes than run_all.sh's slots and ran 20% slower in its steady state. When every piece of a shard is done, the driver writes the shard's stats, once. A lost slot's
+H200s made 40% more flow passes than run_all.sh's slots and ran 20% slower in its steady state.
+
+When every piece of a shard is done, the driver writes the shard's stats, once. A lost slot's
 pieces go back in line after a grace period as rechecks: the slot that takes one first keeps the
 ids the lost slot finished (a whole row and audio) and speaks the rest.
 """
