@@ -307,7 +307,7 @@ def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_pat
     opened = [name for kind, name, _ in answers if kind == "open"]
     pieces = [(name, ids) for kind, name, ids in answers if kind == "piece"]
     assert opened == ["shard-00000", "shard-00001", "shard-00002"]
-    assert [kind for kind, _, _ in answers[:3]] == ["open", "open", "piece"]  # 16 ids fill the window
+    assert [kind for kind, _, _ in answers[:3]] == ["open", "open", "piece"]  # 8 ids short of the window, 16 fill it
     handed = [uid for _, ids in pieces for uid in ids]
     assert sorted(handed) == sorted(words)  # each id once
     assert all(len({uid.split("-")[0] for uid in ids}) == 1 for _, ids in pieces)  # a piece is one shard's
