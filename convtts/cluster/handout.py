@@ -22,7 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from convtts.run.pieces import MIN_PIECE, WINDOW_BATCHES, row_words
+from convtts.run.pieces import MIN_PIECE, WINDOW_BATCHES, longest_next, row_words, take_longest
 from convtts.state.layout import Layout
 from convtts.state.shardio import read_json, read_jsonl, write_json_atomic
 
@@ -104,28 +104,17 @@ class Book:
         window = WINDOW_BATCHES * SLOT_ROWS * max(slots, 1)
         if self.unopened and sum(len(s.pending) for s in self.open.values()) < window:
             return f"open {self.unopened.popleft()}"
-        work = self.first_in_line()
+        work = longest_next(self.open.values())  # the oldest on a tie
         if work is not None:
             return self.cut(work, rank, slots)
         return ""
-
-    def first_in_line(self) -> OpenShard | None:
-        """The open shard whose next id is the longest (the oldest on a tie)."""
-        live = [s for s in self.open.values() if s.pending]
-        return max(live, key=lambda s: s.words.get(s.pending[0], 0), default=None)
 
     def cut(self, work: OpenShard, rank: int, slots: int) -> str:
         """A piece of `work`: its ids no shorter than the next id of any other open shard (at least
         MIN_PIECE), so the window goes out longest first; no runt left behind."""
         size = max(MIN_PIECE, min(MAX_SLOT_PIECE, math.ceil(self.remaining() / (2 * max(slots, 1)))))
         bar = max((s.words.get(s.pending[0], 0) for s in self.open.values() if s.pending and s is not work), default=0)
-        ids = []
-        while work.pending and len(ids) < size:
-            if len(ids) >= MIN_PIECE and work.words.get(work.pending[0], 0) < bar:
-                break
-            ids.append(work.pending.popleft())
-        if len(work.pending) < MIN_PIECE:
-            ids += [work.pending.popleft() for _ in range(len(work.pending))]
+        ids = take_longest(work.pending, size, lambda uid: work.words.get(uid, 0), bar)
         self.numbers += 1
         self.pieces[self.numbers] = PieceOut(self.numbers, work.name, ids, rank)
         work.out.add(self.numbers)

@@ -27,7 +27,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from convtts.run.pieces import Piece, cut_size, open_shard, remove_temporaries_of, row_words
+from convtts.run.pieces import Piece, cut_size, longest_next, open_shard, remove_temporaries_of, row_words
 from convtts.state.layout import Layout
 from convtts.state.shardio import append_line, load_done, read_jsonl, shard_complete_and_whole, write_json_atomic
 
@@ -127,17 +127,13 @@ class FedWork:
         return [len(s.pending) for s in self.shards.values()]
 
     def next_piece(self, room: int = 0) -> Piece | None:
-        work = self.first_in_line() or self.ask_driver()
+        # its longest fed shard first, as the driver hands them out
+        work = longest_next(self.shards.values()) or self.ask_driver()
         if work is None:
             return None
         size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows, room)
         ids = [work.pending.popleft() for _ in range(size)]
         return Piece(work.name, ids, {uid: work.crashes[uid] for uid in ids if work.crashes[uid]})
-
-    def first_in_line(self) -> FedShard | None:
-        """The fed shard whose next id is the longest (the driver hands pieces out longest first)."""
-        live = [s for s in self.shards.values() if s.pending]
-        return max(live, key=lambda s: s.words.get(s.pending[0], 0), default=None)
 
     def ask_driver(self) -> FedShard | None:
         """Ask until the driver hands out ids (opening shards as it says), waits, or has nothing left."""

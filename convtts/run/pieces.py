@@ -205,16 +205,8 @@ class WorkQueue:
         """Up to `size` ids from the head of `work`: its handed-back ones, then those no shorter than
         the next id of any other open shard (so the window goes out longest first); no runt left."""
         others = [self.words_of(w, w.pending[0]) for w in self.open.values() if w.pending and w is not work]
-        bar = max(others, default=0)
-        ids = []
-        while work.pending and len(ids) < size:
-            if len(ids) >= MIN_PIECE and not work.front and self.words_of(work, work.pending[0]) < bar:
-                break
-            ids.append(work.pending.popleft())
-            work.front = max(0, work.front - 1)
-        if 0 < len(work.pending) < MIN_PIECE:
-            ids += [work.pending.popleft() for _ in range(len(work.pending))]
-            work.front = 0
+        ids = take_longest(work.pending, size, lambda uid: self.words_of(work, uid), max(others, default=0), work.front)
+        work.front = max(0, work.front - len(ids))
         return ids
 
     def words_of(self, work: ShardWork, uid: str) -> float:
@@ -336,6 +328,27 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
         crashes=crash_counts(layout, shard, run_id),
         words=words,
     )
+
+
+def take_longest(pending: deque, size: int, words_of, bar: float, front: int = 0) -> list[str]:
+    """Up to `size` ids from the head of `pending`: the first `front` (handed back) and at least
+    MIN_PIECE whatever their length, then while they are no shorter than `bar` (the next id of the
+    other open shards); a runt of fewer than MIN_PIECE left behind is taken too."""
+    ids = []
+    while pending and len(ids) < size:
+        if len(ids) >= max(MIN_PIECE, front) and words_of(pending[0]) < bar:
+            break
+        ids.append(pending.popleft())
+    if len(pending) < MIN_PIECE:
+        ids += [pending.popleft() for _ in range(len(pending))]
+    return ids
+
+
+def longest_next(works):
+    """Of shards with ids to hand out (each with `pending` and `words`), the one whose next id is the
+    longest (the first on a tie); None when none has any."""
+    live = [w for w in works if w.pending]
+    return max(live, key=lambda w: w.words.get(w.pending[0], 0), default=None)
 
 
 def row_words(rows: list[dict]) -> dict[str, int]:
