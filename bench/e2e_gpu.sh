@@ -26,6 +26,7 @@ if [[ "${RAY_CLUSTER:-local}" == up ]]; then
   address=auto
   python3 -m ray.scripts.scripts start --head --include-dashboard=false --disable-usage-stats >"$out/ray-start.txt" 2>&1
   trap 'python3 -m ray.scripts.scripts stop >/dev/null 2>&1 || true' EXIT
+  sleep 5  # a cluster that is up has settled: its own start-up is not the job's
 fi
 python3 bench/e2e.py --model-dir "$model" --conversations "$count" --engine "$engines" --work "$work" "${gpus[@]}" \
   --ray-address "$address" --out "$out/e2e-$engines-$count.json" | tee "$out/e2e-$engines-$count.txt" || rc=$?

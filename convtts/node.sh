@@ -158,8 +158,10 @@ source "$HERE/run/mps.sh"
 SLOT_PIDS=()
 MONITOR_PID=""
 PLAN_EXIT="$LOG_DIR/plan.exit"
+DRIVER_PID=""
 cleanup() {
   [[ -n "$MONITOR_PID" ]] && kill "$MONITOR_PID" 2>/dev/null || true
+  [[ -n "$DRIVER_PID" ]] && wait "$DRIVER_PID" 2>/dev/null || true  # it may still be letting the cluster go
   mps_stop
 }
 stop_slots() {
@@ -178,11 +180,13 @@ trap 'on_signal TERM' TERM
 
 if [[ "$ENGINE" == ray ]]; then
   # The driver starts the slots (and each node's MPS daemon) on the cluster; it is this run's only child.
+  DRIVER_EXIT="$LOG_DIR/driver.exit"
   RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
-            --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" "${SETS[@]}")
+            --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" --exit-file "$DRIVER_EXIT" "${SETS[@]}")
   if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
   "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>"$LOG_DIR/driver.log" &
-  SLOT_PIDS+=($!)
+  DRIVER_PID=$!
+  SLOT_PIDS+=("$DRIVER_PID")
 else
   if [[ "${SLOT_DEVICES[0]}" != cpu ]]; then mps_start "$MPS" "$LOG_DIR/mps"; export CONVTTS_MPS_READY="$(date +%s.%N)"; fi
   NODE_ARGS=()
@@ -233,8 +237,11 @@ fi
 
 SLOT_FAILED=0 SLOT_DISK_FULL=0
 if [[ "$ENGINE" == ray ]]; then
+  # Once every slot has ended the driver writes its exit code, then lets the cluster go (a second or
+  # more); the merge runs meanwhile, and the driver is waited for before this run exits.
+  while [[ ! -s "$DRIVER_EXIT" ]] && kill -0 "$DRIVER_PID" 2>/dev/null; do sleep 0.1; done
   rc=0
-  wait "${SLOT_PIDS[0]}" || rc=$?
+  if [[ -s "$DRIVER_EXIT" ]]; then rc="$(<"$DRIVER_EXIT")"; else wait "$DRIVER_PID" || rc=$?; fi
   if [[ $rc -eq 2 ]]; then  # no cluster, or no slot resource in it: its line says which
     grep -E '^error:' "$LOG_DIR/driver.log" >&2 || tail -n 5 "$LOG_DIR/driver.log" >&2
     exit 2

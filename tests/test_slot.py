@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
+import threading
 import time
 
 import pytest
@@ -18,6 +20,7 @@ from conftest import alive, read_jsonl, write_input
 from convtts import EXIT_FAILURES, EXIT_OK
 from convtts.config import load_config
 from convtts.plan.planner import make_plan
+from convtts.run.feed import ShardFeed, wait_seconds
 from convtts.run.pieces import Piece
 from convtts.run.slot import MAX_BARREN_DEATHS, Handle, Slot, SlotOptions
 from convtts.state.layout import Layout
@@ -146,3 +149,54 @@ def test_a_worker_that_died_since_the_last_look_is_asked_for_nothing(tmp_path):
         conn.send("anything")  # the pipe really is broken
     assert slot.take_back_for(idle) is True  # the idle worker waits
     assert not busy.asked_back  # nothing is out: no Returned will come from the dead worker
+
+
+def test_a_fed_slot_asks_again_as_soon_as_the_driver_says(tmp_path, monkeypatch):
+    """A driver answers "wait 0.1" while other slots finish: the idle slot asks again about then,
+    not a second later, so that the run's end is seen at once; "" ends it, every id spoken once."""
+    monkeypatch.setenv("CONVTTS_TEST_SCRIPT", "")
+    monkeypatch.setenv("CONVTTS_TEST_TALLY", str(tmp_path))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    layout = Layout(tmp_path / "out")
+    config = load_config(None, ["tts.backend=scripted_backend:ScriptedTone"])
+    make_plan(write_input(tmp_path / "in.json", [CONVERSATION]), layout, config, workers=1)
+    slot_reads, driver_writes = os.pipe()
+    driver_reads, slot_writes = os.pipe()
+    opened, asks, waits = [], [], 3  # times of the slot's "next" after its first; the driver answers waits of them "wait 0.1"
+
+    def driver() -> None:
+        with os.fdopen(driver_reads) as requests, os.fdopen(driver_writes, "w", buffering=1) as answers:
+            for line in requests:
+                words = line.split()
+                if words[0] == "done":
+                    continue  # gets no answer
+                if words[0] == "opened":
+                    answers.write(f"piece 1 {SHARD} {' '.join(words[5:])}\n")
+                elif not opened:
+                    opened.append(True)
+                    answers.write(f"open {SHARD}\n")
+                else:
+                    asks.append(time.monotonic())
+                    answers.write("wait 0.1\n" if len(asks) <= waits else "\n")
+
+    thread = threading.Thread(target=driver, daemon=True)
+    thread.start()
+    feed = ShardFeed(slot_reads, slot_writes)
+    slot = Slot(layout, config, list, SlotOptions(0, 1, "run1", str(tmp_path / "log")), feed=feed)
+    try:
+        assert slot.run() == EXIT_OK
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    feed.requests.close()
+    thread.join(timeout=10)
+    gaps = [b - a for a, b in zip(asks, asks[1:])]  # after each "wait 0.1"
+    assert len(gaps) == waits and 0.09 < min(gaps) and max(gaps) < 0.6, gaps  # a second or two before
+    assert sorted(r["id"] for path in layout.manifests(SHARD) for r in read_jsonl(path)) == IDS
+
+
+@pytest.mark.parametrize(
+    "answer, seconds", [("wait", 1.0), ("wait 0.25", 0.25), ("wait 0", 0.05), ("wait 600", 5.0), ("wait soon", 1.0)]
+)
+def test_a_wait_lasts_what_the_driver_says_within_bounds(answer, seconds):
+    assert wait_seconds(answer.split()) == seconds

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
@@ -31,12 +32,13 @@ from convtts.cluster.ray_actors import NodeMPS, SlotProcess
 from convtts.config import ConfigError, load_config
 from convtts.run.startup import plan_exit_code
 from convtts.state.layout import Layout
-from convtts.state.shardio import read_json
+from convtts.state.shardio import read_json, write_atomic
 
 log = logging.getLogger("ray_engine")
 
 NAMESPACE = "convtts"
 PLACEMENT_TIMEOUT = 600.0  # no slot running and none placed for this long: the cluster has no room
+ASKS_A_SECOND = 200  # at most, from slots told to wait (at the end, while others finish), every 0.1 s or slower
 
 
 class Stopped(Exception):
@@ -295,7 +297,11 @@ class Driver:
         if answer:
             return answer
         others_busy = any(s.opening for s in self.slots.values() if s is not slot)
-        return "wait" if self.book.busy() or others_busy else ""
+        return f"wait {self.ask_again_in():.2f}" if self.book.busy() or others_busy else ""
+
+    def ask_again_in(self) -> float:
+        """Seconds before a slot told to wait asks again: soon, so that the last work's end is seen at once."""
+        return min(1.0, max(0.1, len(self.slots) / ASKS_A_SECOND))
 
     def on_exit(self, slot: SlotState, code: int) -> None:
         slot.code = code
@@ -456,6 +462,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="start the slots at once, and hand out work once FILE holds "
         "the plan's exit code (run_all.sh); the slots then take this command's --config and --set",
     )
+    p.add_argument(
+        "--exit-file",
+        metavar="FILE",
+        help="write the exit code here once every slot has ended, before the slots' actors, the MPS daemons "
+        "and Ray are let go (run_all.sh merges meanwhile)",
+    )
     add_config_args(p)
     return p.parse_args(argv)
 
@@ -493,13 +505,25 @@ def main(argv=None) -> int:
     _install_stop_handlers()
     try:
         driver.start(count)
-        return driver.run()
+        code = driver.run()
+        write_exit_code(args.exit_file, code)
+        return code
     except Stopped as exc:
         log.error("stopped by %s; ending this run's slots", exc)
         return 130 if str(exc) == "SIGINT" else 143
     finally:
         driver.stop()
         ray.shutdown()
+
+
+def write_exit_code(path: str | None, code: int) -> None:
+    """Say the run's outcome before letting the cluster go, which takes a second or more."""
+    if not path:
+        return
+    try:
+        write_atomic(Path(path), f"{code}\n".encode())
+    except OSError as exc:  # run_all.sh then waits for this process's own exit code
+        log.warning("could not write %s: %s", path, exc)
 
 
 def slot_settings(args: argparse.Namespace) -> list[str]:

@@ -11,8 +11,9 @@ The slot writes requests on one pipe and reads answers on another, a line each:
                     "recheck 18 shard-00042 ID..."         the same, for ids a lost slot held: speak
                                                            only those without a whole row yet
                     "open shard-00042"                     open this shard and say what is left in it
-                    "wait"                                 nothing now, but ids held elsewhere may
-                                                           come back: ask again later
+                    "wait 0.25"                            nothing now, but ids held elsewhere may
+                                                           come back: ask again in 0.25 s (a plain
+                                                           "wait": in a second)
                     ""                                     nothing is left: stop when the work in hand is done
 
 "opened" asks for the next answer too; "done" gets none. A closed pipe reads as "": a driver that
@@ -22,6 +23,7 @@ is gone hands out nothing more. The driver writes a shard's stats once every pie
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import Counter, deque
@@ -34,7 +36,8 @@ from convtts.state.shardio import append_line, load_done, read_jsonl, shard_comp
 log = logging.getLogger(__name__)
 
 WAIT = "wait"
-ASK_EVERY = 1.0  # seconds between asks after a "wait": the slot's loop polls, the driver is not flooded
+ASK_EVERY = 1.0  # seconds to the next ask after a plain "wait"; the driver says how long, by how many slots ask
+ASK_BOUNDS = (0.05, 5.0)  # what a slot takes of the driver's "wait SECONDS"
 
 
 class ShardFeed:
@@ -42,13 +45,17 @@ class ShardFeed:
         self.answers = os.fdopen(read_fd, "r")
         self.requests = os.fdopen(write_fd, "w", buffering=1)
         self.exhausted = False
-        self.waited_at = 0.0
+        self.ask_at = 0.0  # after a "wait": not before this time
 
     def next(self) -> list[str] | None:
         """The driver's next answer, split in words; None for now (after a "wait") or for good (`exhausted`)."""
-        if self.exhausted or time.time() - self.waited_at < ASK_EVERY:
+        if self.exhausted or time.time() < self.ask_at:
             return None
         return self.answer(self.ask("next"))
+
+    def retry_in(self) -> float:
+        """Seconds until the slot may ask again after a "wait"; 0 when it may now."""
+        return max(0.0, self.ask_at - time.time())
 
     def opened(self, shard: str, segments: int, already: int, audio: float, ids: list[str]) -> list[str] | None:
         """Say what is left in a shard this slot opened; returns the driver's next answer, as next() does."""
@@ -58,13 +65,14 @@ class ShardFeed:
         self.send(f"done {number} {new} {failed} {audio:.3f}")
 
     def answer(self, line: str) -> list[str] | None:
-        if line == WAIT:
-            self.waited_at = time.time()
+        words = line.split()
+        if words[:1] == [WAIT]:
+            self.ask_at = time.time() + wait_seconds(words)
             return None
-        if not line:
+        if not words:
             self.exhausted = True
             return None
-        return line.split()
+        return words
 
     def ask(self, request: str) -> str:
         if not self.send(request):
@@ -78,6 +86,17 @@ class ShardFeed:
         except (BrokenPipeError, ValueError):  # the driver is gone
             self.exhausted = True
             return False
+
+
+def wait_seconds(words: list[str]) -> float:
+    """How long a "wait" answer says to wait: its number, within ASK_BOUNDS; a second without one."""
+    try:
+        seconds = float(words[1])
+    except (IndexError, ValueError):
+        return ASK_EVERY
+    if not math.isfinite(seconds):
+        return ASK_EVERY
+    return min(max(seconds, ASK_BOUNDS[0]), ASK_BOUNDS[1])
 
 
 @dataclass

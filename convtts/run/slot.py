@@ -248,11 +248,16 @@ class Slot:
 
     def supervise(self) -> None:
         while self.handles and not self.halted:
-            self.pump(1.0)
+            self.pump(self.pump_timeout())
             self.assign()
             self.progress.tick(
                 alive=len(self.handles), loading=sum(not h.ready and not h.stopping for h in self.handles.values())
             )
+
+    def pump_timeout(self) -> float:
+        """A second; less while the driver has said to wait, so that idle workers ask it again on time."""
+        wait = self.feed.retry_in() if self.feed is not None else 0.0
+        return min(1.0, wait) if wait > 0 else 1.0
 
     def pump(self, timeout: float) -> None:
         """Wait up to `timeout` for any worker to say something or die; handle what happened."""
