@@ -295,8 +295,9 @@ def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_pat
     layout = plan_words(tmp_path, *shards)
     words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
     book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
-    answers = []
+    answers, out = [], []
     while answer := book.hand_out(0, 1):
+        out.append(book.all_out())  # the slots are told "ending" once every id is out, not before
         kind, *rest = answer.split()  # "open SHARD" or "piece NUMBER SHARD IDS..."
         if kind == "open":  # what a slot does and says back
             work = open_shard(layout, rest[0], RUN)
@@ -310,6 +311,7 @@ def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_pat
     assert [kind for kind, _, _ in answers[:3]] == ["open", "open", "piece"]  # 8 ids short of the window, 16 fill it
     handed = [uid for _, ids in pieces for uid in ids]
     assert sorted(handed) == sorted(words)  # each id once
+    assert out == [False] * (len(answers) - 1) + [True] and book.busy()  # what a slot holds may yet come back
     assert all(len({uid.split("-")[0] for uid in ids}) == 1 for _, ids in pieces)  # a piece is one shard's
     before_third = handed[: handed.index("s2-0")]
     assert [words[uid] for uid in before_third] == sorted((words[u] for u in before_third), reverse=True)

@@ -151,48 +151,86 @@ def test_a_worker_that_died_since_the_last_look_is_asked_for_nothing(tmp_path):
     assert not busy.asked_back  # nothing is out: no Returned will come from the dead worker
 
 
-def test_a_fed_slot_asks_again_as_soon_as_the_driver_says(tmp_path, monkeypatch):
-    """A driver answers "wait 0.1" while other slots finish: the idle slot asks again about then,
-    not a second later, so that the run's end is seen at once; "" ends it, every id spoken once."""
+@pytest.fixture
+def fed_slot(tmp_path, monkeypatch):
+    """run(answer, workers) plans the conversation and runs a slot fed by a driver thread: answer(words)
+    is the driver's line for each request of the slot but "done", which gets none. The first "next"
+    is answered "open" and "opened" with answer(words). Returns the slot's exit code."""
     monkeypatch.setenv("CONVTTS_TEST_SCRIPT", "")
     monkeypatch.setenv("CONVTTS_TEST_TALLY", str(tmp_path))
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     layout = Layout(tmp_path / "out")
     config = load_config(None, ["tts.backend=scripted_backend:ScriptedTone"])
     make_plan(write_input(tmp_path / "in.json", [CONVERSATION]), layout, config, workers=1)
-    slot_reads, driver_writes = os.pipe()
-    driver_reads, slot_writes = os.pipe()
-    opened, asks, waits = [], [], 3  # times of the slot's "next" after its first; the driver answers waits of them "wait 0.1"
 
-    def driver() -> None:
-        with os.fdopen(driver_reads) as requests, os.fdopen(driver_writes, "w", buffering=1) as answers:
-            for line in requests:
-                words = line.split()
-                if words[0] == "done":
-                    continue  # gets no answer
-                if words[0] == "opened":
-                    answers.write(f"piece 1 {SHARD} {' '.join(words[5:])}\n")
-                elif not opened:
-                    opened.append(True)
-                    answers.write(f"open {SHARD}\n")
-                else:
-                    asks.append(time.monotonic())
-                    answers.write("wait 0.1\n" if len(asks) <= waits else "\n")
+    def run(answer, workers: int) -> int:
+        slot_reads, driver_writes = os.pipe()
+        driver_reads, slot_writes = os.pipe()
+        opened = []
 
-    thread = threading.Thread(target=driver, daemon=True)
-    thread.start()
-    feed = ShardFeed(slot_reads, slot_writes)
-    slot = Slot(layout, config, list, SlotOptions(0, 1, "run1", str(tmp_path / "log")), feed=feed)
-    try:
-        assert slot.run() == EXIT_OK
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    feed.requests.close()
-    thread.join(timeout=10)
-    gaps = [b - a for a, b in zip(asks, asks[1:])]  # after each "wait 0.1"
+        def driver() -> None:
+            with os.fdopen(driver_reads) as requests, os.fdopen(driver_writes, "w", buffering=1) as answers:
+                for line in requests:
+                    words = line.split()
+                    if words[0] == "next" and not opened:
+                        opened.append(True)
+                        answers.write(f"open {SHARD}\n")
+                    elif words[0] != "done":
+                        answers.write(answer(words) + "\n")
+
+        thread = threading.Thread(target=driver, daemon=True)
+        thread.start()
+        feed = ShardFeed(slot_reads, slot_writes)
+        slot = Slot(layout, config, list, SlotOptions(0, workers, "run1", str(tmp_path / "log")), feed=feed)
+        code = slot.run()
+        feed.requests.close()
+        thread.join(timeout=10)
+        assert sorted(r["id"] for path in layout.manifests(SHARD) for r in read_jsonl(path)) == IDS
+        return code
+
+    run.builds = lambda: sum(c["path"] == "build" for c in read_jsonl(tmp_path / "calls.jsonl"))
+    yield run
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def test_a_fed_slot_asks_again_as_soon_as_the_driver_says(fed_slot):
+    """A driver answers "wait 0.1" while other slots finish: the idle slot asks again about then,
+    not a second later, so that the run's end is seen at once; "" ends it, every id spoken once."""
+    asks, waits = [], 3  # when the slot asked "next" after its piece; the first `waits` get "wait 0.1"
+
+    def answer(words: list[str]) -> str:
+        if words[0] == "opened":
+            return f"piece 1 {SHARD} {' '.join(words[5:])}"
+        asks.append(time.monotonic())
+        return "wait 0.1" if len(asks) <= waits else ""
+
+    assert fed_slot(answer, workers=1) == EXIT_OK
+    gaps = [b - a for a, b in zip(asks, asks[1:])]
     assert len(gaps) == waits and 0.09 < min(gaps) and max(gaps) < 0.6, gaps  # a second or two before
-    assert sorted(r["id"] for path in layout.manifests(SHARD) for r in read_jsonl(path)) == IDS
+
+
+def test_a_fed_slot_stops_its_idle_workers_but_one_at_the_end_and_starts_them_again_for_more(fed_slot, caplog):
+    """Once the driver says every id is out ("wait ... ending"), idle workers stop, as they do in a slot
+    of its own shards, but one; work handed out after that (a lost slot's) starts them again."""
+    caplog.set_level(logging.INFO, logger="convtts")
+    held, asks = [], []
+
+    def answer(words: list[str]) -> str:
+        if words[0] == "opened":
+            held.extend(words[8:])
+            return f"piece 1 {SHARD} {' '.join(words[5:8])}"
+        asks.append(words[0])
+        if len(asks) <= 5:
+            return "wait 0.1 ending"
+        if len(asks) == 6:
+            return f"recheck 2 {SHARD} {' '.join(held)}"
+        return "wait 0.1" if len(asks) <= 12 else ""
+
+    assert fed_slot(answer, workers=3) == EXIT_OK
+    assert fed_slot.builds() == 5  # three, then the two stopped at the end, again
+    restarted = [r.getMessage() for r in caplog.records if "started again" in r.getMessage()]
+    assert len(restarted) == 2, restarted
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,11 @@ class Book:
         due)."""
         return bool(self.returning or self.rechecks or any(p.holder is not None for p in self.pieces.values()))
 
+    def all_out(self) -> bool:
+        """Every id is handed out: nothing to open or hand out, nothing of a lost slot's due."""
+        idle = not (self.unopened or self.returning or self.rechecks)
+        return idle and not any(s.pending for s in self.open.values())
+
     def left(self) -> bool:
         return bool(self.unopened or self.open or self.returning or self.rechecks)
 

@@ -30,7 +30,7 @@ from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layo
 from convtts.cluster.handout import HANDBACK_GRACE, Book
 from convtts.cluster.ray_actors import NodeMPS, SlotProcess
 from convtts.config import ConfigError, load_config
-from convtts.run.startup import plan_exit_code
+from convtts.run.startup import Timeline, plan_exit_code
 from convtts.state.layout import Layout
 from convtts.state.shardio import read_json, write_atomic
 
@@ -288,7 +288,8 @@ class Driver:
         self.answer(slot, answer)
 
     def hand_out(self, slot: SlotState) -> str:
-        """A piece or a shard to open for this slot; "wait" while what others hold may yet come back; "" (no more)."""
+        """A piece or a shard to open for this slot; "wait" while what others hold may yet come back
+        ("ending" once every id is out); "" (no more)."""
         if self.disk_full:
             return ""
         answer = self.book.hand_out(slot.rank, sum(s.running() for s in self.slots.values()))
@@ -296,8 +297,11 @@ class Driver:
             slot.opening = answer.split()[1]
         if answer:
             return answer
-        others_busy = any(s.opening for s in self.slots.values() if s is not slot)
-        return f"wait {self.ask_again_in():.2f}" if self.book.busy() or others_busy else ""
+        others_opening = any(s.opening for s in self.slots.values() if s is not slot)
+        if not (self.book.busy() or others_opening):
+            return ""
+        ending = " ending" if self.book.all_out() and not others_opening else ""
+        return f"wait {self.ask_again_in():.2f}{ending}"
 
     def ask_again_in(self) -> float:
         """Seconds before a slot told to wait asks again: soon, so that the last work's end is seen at once."""
@@ -473,6 +477,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    clock = Timeline(-1)  # seconds since run_all.sh started, for where the slots' start goes
+    clock.events["driver"] = clock.events.pop("slot")  # this process, its modules imported
     args = parse_args(argv)
     setup_logging()
     if args.plan_ready:
@@ -484,7 +490,9 @@ def main(argv=None) -> int:
             config = load_config(layout.config_file)
         except ConfigError as exc:
             fail(f"config error: {exc}")
+    clock.mark("config")
     ray = connect(args.address)
+    clock.mark("joined")
     count = int(ray.cluster_resources().get(args.slot_resource, 0))
     if count < 1:
         fail(
@@ -505,6 +513,8 @@ def main(argv=None) -> int:
     _install_stop_handlers()
     try:
         driver.start(count)
+        clock.mark("slots_asked")
+        log.info("start-up, seconds since the command: %s", ", ".join(f"{k} {v}" for k, v in clock.events.items()))
         code = driver.run()
         write_exit_code(args.exit_file, code)
         return code

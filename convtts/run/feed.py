@@ -14,6 +14,9 @@ The slot writes requests on one pipe and reads answers on another, a line each:
                     "wait 0.25"                            nothing now, but ids held elsewhere may
                                                            come back: ask again in 0.25 s (a plain
                                                            "wait": in a second)
+                    "wait 0.25 ending"                     the same, and every id is out: only a lost
+                                                           slot's could come back (the slot stops its
+                                                           idle workers but one)
                     ""                                     nothing is left: stop when the work in hand is done
 
 "opened" asks for the next answer too; "done" gets none. A closed pipe reads as "": a driver that
@@ -35,7 +38,7 @@ from convtts.state.shardio import append_line, load_done, read_jsonl, shard_comp
 
 log = logging.getLogger(__name__)
 
-WAIT = "wait"
+WAIT, ENDING = "wait", "ending"
 ASK_EVERY = 1.0  # seconds to the next ask after a plain "wait"; the driver says how long, by how many slots ask
 ASK_BOUNDS = (0.05, 5.0)  # what a slot takes of the driver's "wait SECONDS"
 
@@ -46,6 +49,7 @@ class ShardFeed:
         self.requests = os.fdopen(write_fd, "w", buffering=1)
         self.exhausted = False
         self.ask_at = 0.0  # after a "wait": not before this time
+        self.ending = False  # the last "wait" said every id is out
 
     def next(self) -> list[str] | None:
         """The driver's next answer, split in words; None for now (after a "wait") or for good (`exhausted`)."""
@@ -66,6 +70,7 @@ class ShardFeed:
 
     def answer(self, line: str) -> list[str] | None:
         words = line.split()
+        self.ending = words[:1] == [WAIT] and ENDING in words[2:]
         if words[:1] == [WAIT]:
             self.ask_at = time.time() + wait_seconds(words)
             return None

@@ -112,6 +112,7 @@ class Slot:
     options: SlotOptions
     handles: dict[int, Handle] = field(default_factory=dict)
     barren_deaths: int = 0
+    spared: set = field(default_factory=set)  # workers a fed slot stopped at the end of the work (spare)
     halted: str | None = None  # why the slot hands out no more work (a full disk, changed weights)
     halt_code: int = EXIT_OK
     feed: object | None = None  # a convtts.run.feed.ShardFeed: pieces of shards handed out by a driver
@@ -369,14 +370,33 @@ class Slot:
                 handle.tell(Nothing())  # it asks again once idle
             elif not self.halted and self.take_back_for(handle):
                 continue  # it waits: the ids come back in a moment
-            elif (
-                self.halted or not self.work or not self.work.has_work()
-            ):  # a fed slot idles while the driver says wait
+            elif self.halted or not self.work or not self.work.has_work() or self.spare(handle):
                 handle.tell(Stop())
                 handle.ready, handle.stopping = False, True
             else:
-                continue
+                continue  # a fed slot idles while the driver says wait
             handle.wants = False
+        self.regrow()
+
+    def spare(self, handle: Handle) -> bool:
+        """An idle worker of a fed slot once every id is out: stopped as a slot of its own shards would,
+        but for one, which takes what a lost slot may hand back while the others are started again."""
+        if self.feed is None or not self.feed.ending:
+            return False
+        if sum(not h.stopping for h in self.handles.values()) <= 1:
+            return False
+        self.spared.add(handle.wid)
+        return True
+
+    def regrow(self) -> None:
+        """The workers stopped as spare, started again once the driver no longer says every id is out
+        (a lost slot's are coming back)."""
+        if not self.spared or self.halted or self.feed.ending or self.feed.exhausted:
+            return
+        for wid in sorted(self.spared - set(self.handles)):  # each one's process has ended
+            self.spared.discard(wid)
+            log.info("slot %d: worker %d started again for work a lost slot held", self.options.rank, wid)
+            self.start_worker(wid)
 
     def take_back_for(self, idle: Handle) -> bool:
         """Ask the busy worker holding the most ids it has not begun for half of them; True while

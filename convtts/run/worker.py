@@ -75,7 +75,10 @@ def worker_main(args: WorkerArgs, conn) -> None:
     try:
         worker.serve()
     finally:
-        worker.release()
+        if worker.stopping:  # told to stop, with nothing in hand: the process's exit frees the model at once
+            log.info("%s: stopping", worker.label)
+        else:
+            worker.release()
 
 
 class Worker:
