@@ -9,7 +9,7 @@
 #
 # Knobs: CONVERSATIONS [300], ENGINES [bash | ray | both], RAY_CLUSTER [local: the Ray engine starts
 # a cluster of this machine within the timed command; up: one is started first (ray start --head),
-# joined with --address auto as on a cluster that is up, and stopped after], WHEELS [.whl], SETUP [1; 0 skips the
+# settled and joined once, then joined with --address auto as on a cluster that is up, and stopped after], WHEELS [.whl], SETUP [1; 0 skips the
 # install and the model on a machine already set up], WORK [/tmp/convtts-e2e-<engines>-<N>: must not exist],
 # MODEL [/tmp/cv300m], GPUS [every GPU; cpu:N for a dry run on a CPU machine, with SETUP=0 and a tiny MODEL].
 set -euo pipefail
