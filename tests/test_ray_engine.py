@@ -249,8 +249,10 @@ def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, mo
     assert len(list(log.rglob("slot-?.log"))) == 3
 
 
-def test_address_local_runs_the_job_on_a_cluster_of_its_own(tmp_path):
-    # the driver starts Ray itself, with its own system config (ray_engine.LOCAL_CLUSTER), and stops it
+def test_address_local_runs_the_job_on_a_cluster_of_its_own(tmp_path, cluster):
+    # the driver starts Ray itself, with its own system config (ray_engine.LOCAL_CLUSTER), and stops
+    # it, even beside another cluster on this machine (which Ray would otherwise join)
+    cluster()
     source = write_input(tmp_path / "in.json", llava_conversations(images=3))
     out, log = tmp_path / "out", tmp_path / "log"
     args = ["--engine", "ray", "--address", "local", "--slot-resource", "CPU", "--workers", "1"]
@@ -259,3 +261,7 @@ def test_address_local_runs_the_job_on_a_cluster_of_its_own(tmp_path):
     assert run.returncode == 0, stderr.decode()[-3000:]
     assert_complete(out)
     assert len(slots_started(driver_log(log))) == os.cpu_count()  # one slot per core of this machine
+    # the merge ran on the driver's word (driver.exit), but the run waited for the driver to stop Ray
+    assert [f.read_text() for f in log.rglob("driver.exit")] == ["0\n"]
+    drivers = subprocess.run(["pgrep", "-f", f"convtts.cluster.ray_engine --output-dir {out}"], capture_output=True)
+    assert drivers.stdout == b"", drivers.stdout

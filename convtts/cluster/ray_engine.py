@@ -433,6 +433,7 @@ def connect(address: str):
     try:
         if address == "local":
             ray.init(
+                address="local",  # a cluster of its own even where one already runs on this machine
                 namespace=NAMESPACE,
                 include_dashboard=False,
                 log_to_driver=False,
