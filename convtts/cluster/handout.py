@@ -113,8 +113,7 @@ class Book:
         """A piece of `work`: its ids no shorter than the next id of any other open shard (at least
         MIN_PIECE), so the window goes out longest first; no runt left behind."""
         size = max(MIN_PIECE, min(MAX_SLOT_PIECE, math.ceil(self.remaining() / (2 * max(slots, 1)))))
-        bar = max((s.words.get(s.pending[0], 0) for s in self.open.values() if s.pending and s is not work), default=0)
-        ids = take_longest(work.pending, size, lambda uid: work.words.get(uid, 0), bar)
+        ids = take_longest(self.open.values(), work, size, lambda shard, uid: shard.words.get(uid, 0))
         self.numbers += 1
         self.pieces[self.numbers] = PieceOut(self.numbers, work.name, ids, rank)
         work.out.add(self.numbers)

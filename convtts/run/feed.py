@@ -70,8 +70,9 @@ class ShardFeed:
 
     def answer(self, line: str) -> list[str] | None:
         words = line.split()
-        self.ending = words[:1] == [WAIT] and ENDING in words[2:]
-        if words[:1] == [WAIT]:
+        waiting = words[:1] == [WAIT]
+        self.ending = waiting and ENDING in words[2:]
+        if waiting:
             self.ask_at = time.time() + wait_seconds(words)
             return None
         if not words:

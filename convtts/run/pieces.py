@@ -204,8 +204,7 @@ class WorkQueue:
     def take(self, work: ShardWork, size: int) -> list[str]:
         """Up to `size` ids from the head of `work`: its handed-back ones, then those no shorter than
         the next id of any other open shard (so the window goes out longest first); no runt left."""
-        others = [self.words_of(w, w.pending[0]) for w in self.open.values() if w.pending and w is not work]
-        ids = take_longest(work.pending, size, lambda uid: self.words_of(work, uid), max(others, default=0), work.front)
+        ids = take_longest(self.open.values(), work, size, self.words_of, work.front)
         work.front = max(0, work.front - len(ids))
         return ids
 
@@ -330,13 +329,14 @@ def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
     )
 
 
-def take_longest(pending: deque, size: int, words_of, bar: float, front: int = 0) -> list[str]:
-    """Up to `size` ids from the head of `pending`: the first `front` (handed back) and at least
-    MIN_PIECE whatever their length, then while they are no shorter than `bar` (the next id of the
-    other open shards); a runt of fewer than MIN_PIECE left behind is taken too."""
-    ids = []
+def take_longest(works, work, size: int, words_of, front: int = 0) -> list[str]:
+    """Up to `size` ids from the head of `work.pending`: the first `front` (handed back) and at least
+    MIN_PIECE whatever their length, then while they are no shorter than the next id of any other of
+    the open `works` (words_of(shard, id)); a runt of fewer than MIN_PIECE left behind is taken too."""
+    bar = max((words_of(w, w.pending[0]) for w in works if w.pending and w is not work), default=0)
+    pending, ids = work.pending, []
     while pending and len(ids) < size:
-        if len(ids) >= max(MIN_PIECE, front) and words_of(pending[0]) < bar:
+        if len(ids) >= max(MIN_PIECE, front) and words_of(work, pending[0]) < bar:
             break
         ids.append(pending.popleft())
     if len(pending) < MIN_PIECE:
