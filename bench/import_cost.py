@@ -31,6 +31,8 @@ V1_MODULES = (
     "cosyvoice.transformer.encoder",
     "whisper.tokenizer",
 )
+# what convtts.speak.cosyvoice.unused_imports keeps out of the import (the last two come with them)
+KEPT_OUT = ("modelscope", "scipy.signal", "librosa.filters", "numba", "whisper.model")
 
 
 def main() -> int:
@@ -45,6 +47,7 @@ def main() -> int:
     from convtts.config import CosyVoiceConfig
     from convtts.speak.cosyvoice.deferred import transformers_deferred
     from convtts.speak.cosyvoice.runtime import import_runtime
+    from convtts.speak.cosyvoice.unused_imports import kept_out
 
     seconds = {}
     started = time.time()
@@ -55,7 +58,7 @@ def main() -> int:
     import_runtime(CosyVoiceConfig(), version)
     seconds["runtime"] = round(time.time() - step, 2)
     step = time.time()
-    with transformers_deferred(version == 1):
+    with transformers_deferred(version == 1), kept_out():
         for name in V1_MODULES:
             try:
                 importlib.import_module(name)
@@ -67,6 +70,7 @@ def main() -> int:
         "seconds": seconds,
         "total": round(time.time() - started, 2),
         "transformers_imported": "transformers.utils" in sys.modules,
+        "kept_out_imported": [name for name in KEPT_OUT if name in sys.modules],
         "imported_by": importer[:1],
     }
     print(json.dumps(report, indent=1))

@@ -17,6 +17,7 @@ from convtts.config import ConfigError, CosyVoiceConfig
 from convtts.speak.cosyvoice import matcha_utils
 from convtts.speak.cosyvoice.deferred import resolve_placeholders, v1_imports_deferred
 from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock, fast_load, lazy_onnx_sessions, time_upstream_steps
+from convtts.speak.cosyvoice.unused_imports import kept_out
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
                 sys.path.insert(0, path)
     matcha_utils.install()  # Matcha-TTS's training tools stay unimported
     try:
-        with v1_imports_deferred(version == 1):
+        with v1_imports_deferred(version == 1), kept_out():
             module = importlib.import_module("cosyvoice.cli.cosyvoice")
     except ImportError as exc:
         raise ConfigError(f"the CosyVoice runtime failed to import: {exc}") from exc
@@ -233,7 +234,7 @@ def import_model_modules(model_dir: str, version: int) -> None:
     that does not import is left to the worker's own load, which says why.
     """
     text = (Path(model_dir) / VERSION_YAML[version]).read_text(encoding="utf-8")
-    with v1_imports_deferred(version == 1):
+    with v1_imports_deferred(version == 1), kept_out():
         for dotted in sorted(set(re.findall(r"!(?:new|name|apply):([A-Za-z_][\w.]*)", text))):
             _import_longest_prefix(dotted)
 
@@ -294,7 +295,7 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None):
     lazy_onnx_sessions(sys.modules.get("cosyvoice.cli.frontend"))
     model_dir = str(Path(cosy.model_dir).resolve())
     # the modules the yaml names are imported here (Matcha-TTS's decoder brings diffusers)
-    with fast_load(clock), v1_imports_deferred(version == 1):
+    with fast_load(clock), v1_imports_deferred(version == 1), kept_out():
         model = cls(model_dir, **constructor_kwargs(cls, cosy))
     log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
     return model
