@@ -115,3 +115,23 @@ def test_libraries_imported_already_are_left_alone():
         )
     )
     assert seen == {"same": True, "still": True}
+
+
+def test_diffusers_reads_the_package_map_at_its_first_use():
+    seen = python_reports(
+        textwrap.dedent(
+            """
+            import importlib.metadata, json, sys
+            read = importlib.metadata.packages_distributions
+            from convtts.speak.cosyvoice.unused_imports import PackageMap, kept_out
+            with kept_out():
+                from diffusers.utils import import_utils
+            found = import_utils._package_map
+            seen = {"lazy": isinstance(found, PackageMap) and found._map is None}
+            seen["restored"] = importlib.metadata.packages_distributions is read
+            seen["same"] = dict(found) == read() and found.get("numpy") == read()["numpy"]
+            print(json.dumps(seen))
+            """
+        )
+    )
+    assert seen == {"lazy": True, "restored": True, "same": True}

@@ -11,7 +11,11 @@ import is a second of every job's start. Four of the libraries it pulls in serve
 - `scipy.signal` (and scipy.stats under it): HiFT's generator takes `get_window` for its periodic
   Hann window, which `get_window` here computes itself, with the same operations;
 - `librosa.filters` (and numba): Matcha-TTS's `mel_spectrogram` takes `mel` from it, used when a
-  zero-shot prompt is registered.
+  zero-shot prompt is registered;
+- and one call: diffusers (under Matcha-TTS's flow decoder) maps every installed package to its
+  distribution as it loads (`importlib.metadata.packages_distributions`, reading each one's file
+  list), for lookups of optional packages it makes later if ever. The map is read at its first
+  use instead: on an H200 node diffusers' import_utils took 1.2 s, most of it that.
 
 `kept_out()`, around the runtime's import and its model's construction, serves those names without
 the libraries: the first use of any of them (a zero-shot prompt's mel, another window) imports the
@@ -25,9 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import sys
 import types
+from collections.abc import Mapping
 
 from convtts.speak.cosyvoice.matcha_utils import LightPackage
 
@@ -42,9 +48,12 @@ def kept_out():
         if name not in sys.modules:
             sys.modules[name] = installed[name] = StandIn(name, served)
     light_whisper()
+    read_map = importlib.metadata.packages_distributions
+    importlib.metadata.packages_distributions = lambda: PackageMap(read_map)
     try:
         yield
     finally:
+        importlib.metadata.packages_distributions = read_map
         for name, stand_in in installed.items():
             if sys.modules.get(name) is stand_in:
                 del sys.modules[name]
@@ -92,6 +101,27 @@ def real_module(name: str) -> types.ModuleType:
     if isinstance(sys.modules.get(name), StandIn):
         del sys.modules[name]
     return importlib.import_module(name)
+
+
+class PackageMap(Mapping):
+    """importlib.metadata.packages_distributions(), read at its first use."""
+
+    def __init__(self, read):
+        self._read, self._map = read, None
+
+    def _loaded(self) -> Mapping:
+        if self._map is None:
+            self._map = self._read()
+        return self._map
+
+    def __getitem__(self, key):
+        return self._loaded()[key]
+
+    def __iter__(self):
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
 
 
 class Deferred:
