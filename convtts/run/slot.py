@@ -357,15 +357,16 @@ class Slot:
         self.stop_for_full_disk(message.what)
 
     def assign(self) -> None:
-        """Answer every worker that asked: a piece; Nothing while it is busy; an idle one waits for
+        """Answer every worker that asked: pieces; Nothing while it is busy; an idle one waits for
         ids handed back by a busy one, or for the driver, else it is told to stop."""
         for handle in list(self.handles.values()):
             if not handle.ready or not handle.wants:
                 continue
-            piece = None if self.halted or self.work is None else self.work.next_piece(handle.room)
-            if piece is not None:
-                handle.pieces.append(piece)
-                handle.tell(SpeakPiece(piece.shard, piece.ids, piece.crashes))  # dead: on_death returns it
+            pieces = self.pieces_for(handle.room)
+            if pieces:
+                for piece in pieces:
+                    handle.pieces.append(piece)
+                    handle.tell(SpeakPiece(piece.shard, piece.ids, piece.crashes))  # dead: on_death returns it
             elif handle.pieces:
                 handle.tell(Nothing())  # it asks again once idle
             elif not self.halted and self.take_back_for(handle):
@@ -377,6 +378,18 @@ class Slot:
                 continue  # a fed slot idles while the driver says wait
             handle.wants = False
         self.regrow()
+
+    def pieces_for(self, room: int) -> list[Piece]:
+        """What a worker that asked for `room` ids gets: pieces until they fill it (one piece for 0,
+        no bound). Pieces stop where another open shard's next id is longer, so with many shards
+        open one piece may hold a few ids where the worker has a flow pass's worth of rows free."""
+        found = []
+        while not self.halted and self.work is not None and (piece := self.work.next_piece(room)) is not None:
+            found.append(piece)
+            room -= len(piece.ids)
+            if room <= 0:
+                break
+        return found
 
     def spare(self, handle: Handle) -> bool:
         """An idle worker of a fed slot once every id is out: stopped as a slot of its own shards would,
