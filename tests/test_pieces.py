@@ -262,16 +262,33 @@ def test_the_open_window_goes_out_longest_first_across_shards(tmp_path):
     assert [p.shard for p in pieces[:4]] == ["shard-00000", "shard-00001", "shard-00000", "shard-00001"]
 
 
-def test_a_shard_opens_only_when_the_window_needs_it(tmp_path):
-    layout = plan(tmp_path, 30, 30, 30)
-    queue = WorkQueue(layout, [shard_name(n) for n in range(3)], RUN, workers=2)
-    queue.rows = 8  # a window of 32 ids: two shards of 30
+def test_a_shard_opens_only_when_the_window_needs_it_and_all_open_near_the_end(tmp_path):
+    layout = plan(tmp_path, *[30] * 6)
+    queue = WorkQueue(layout, [shard_name(n) for n in range(6)], RUN, workers=2)
+    queue.rows = 8  # a window of 32 ids: two shards of 30; all open once 128 ids are left
     queue.next_piece()
-    assert list(queue.open) == ["shard-00000", "shard-00001"] and list(queue.waiting) == ["shard-00002"]
+    assert list(queue.open) == ["shard-00000", "shard-00001"] and len(queue.waiting) == 4
     assert not layout.audio_dir("shard-00002").exists()  # not opened: no resume bookkeeping yet
+    while queue.remaining() > 128:
+        assert queue.waiting
+        queue.next_piece()
+    queue.next_piece()
+    assert not queue.waiting and len(queue.open) == 6
 
 
-def test_ids_handed_back_go_out_before_a_longer_shard(tmp_path):
+def test_a_short_run_opens_every_shard_and_goes_out_longest_first_over_all_of_it(tmp_path):
+    """A run whose ids fit OPEN_ALL_BATCHES times the workers' rows opens all its shards at its first
+    piece: the long rows of the last shard begin with the first batch, not near the end."""
+    shards = [[3, 3, 2, 2], [4, 3, 2, 1], [9, 8, 1, 1]]
+    layout = plan_words(tmp_path, *shards)
+    queue = WorkQueue(layout, [shard_name(n) for n in range(3)], RUN, workers=1)
+    queue.rows = 2  # a window of 4 ids, 16 ids to open them all: 12 are left
+    first = queue.next_piece()
+    assert len(queue.open) == 3 and first.ids[:2] == ["s2-0", "s2-1"]
+
+
+def test_ids_handed_back_go_out_before_a_longer_shard(tmp_path, monkeypatch):
+    monkeypatch.setattr("convtts.run.pieces.OPEN_ALL_BATCHES", 0)  # the window alone
     layout = plan_words(tmp_path, [3, 3, 3, 3], [9, 9, 9, 9])
     queue = WorkQueue(layout, ["shard-00000", "shard-00001"], RUN, workers=1)
     queue.rows = 2  # a window of 4 ids: the second shard opens once the first is out
@@ -291,6 +308,7 @@ def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_pat
     from convtts.run.pieces import open_shard
 
     monkeypatch.setattr(handout, "SLOT_ROWS", 5)  # a window of 10 ids: the third shard waits
+    monkeypatch.setattr("convtts.run.pieces.OPEN_ALL_BATCHES", 0)  # the window alone
     shards = [[12, 11, 6, 5, 2, 1, 1, 1], [10, 9, 8, 7, 4, 3, 1, 1], [13, 1]]
     layout = plan_words(tmp_path, *shards)
     words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
@@ -317,3 +335,20 @@ def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_pat
     assert [words[uid] for uid in before_third] == sorted((words[u] for u in before_third), reverse=True)
     assert [words[uid] for uid in handed[:6]] == [12, 11, 10, 9, 8, 7]
     assert [name for name, _ in pieces[:3]] == ["shard-00000", "shard-00001", "shard-00000"]
+
+
+def test_the_ray_driver_opens_every_shard_of_a_short_run_first(tmp_path, monkeypatch):
+    from convtts.cluster import handout
+    from convtts.run.pieces import open_shard
+
+    monkeypatch.setattr(handout, "SLOT_ROWS", 5)  # a window of 10 ids; all open while 40 or fewer are left
+    layout = plan_words(tmp_path, [3, 3, 2, 2, 1, 1, 1, 1], [4, 3, 2, 1, 1, 1, 1, 1], [13, 1])
+    book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
+    answers = []
+    while (answer := book.hand_out(0, 1)).startswith("open"):
+        name = answer.split()[1]
+        work = open_shard(layout, name, RUN)
+        book.opened(name, work.segments, work.already, work.audio_seconds, list(work.pending))
+        answers.append(name)
+    assert answers == [shard_name(n) for n in range(3)]
+    assert answer.split()[2:4] == ["shard-00002", "s2-0"]  # the longest id of the run goes out first

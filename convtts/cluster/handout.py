@@ -22,14 +22,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from convtts.run.pieces import MIN_PIECE, WINDOW_BATCHES, longest_next, row_words, take_longest
+from convtts.run.pieces import MIN_PIECE, longest_next, row_words, take_longest, wants_shard
 from convtts.state.layout import Layout
 from convtts.state.shardio import read_json, read_jsonl, write_json_atomic
 
 log = logging.getLogger("ray_engine")
 
 MAX_SLOT_PIECE = 256  # ids: about what 8 workers of 32 rows hold at once
-# The window: shards open at once hold WINDOW_BATCHES times this many ids a slot (about the rows
+# The window: shards open at once hold WINDOW_BATCHES times this many ids a slot, every shard once
+# the ids left fit OPEN_ALL_BATCHES times (convtts.run.pieces; this is about the rows
 # one GPU slot decodes at once: 8 workers of 96 on an H200; the driver does not know the slots' rows).
 SLOT_ROWS = 768
 # A lost slot's pieces wait this long before another slot may take them: Ray may report a node
@@ -101,8 +102,8 @@ class Book:
             piece = self.rechecks.popleft()
             piece.holder = rank
             return f"recheck {piece.number} {piece.shard} {' '.join(piece.ids)}"
-        window = WINDOW_BATCHES * SLOT_ROWS * max(slots, 1)
-        if self.unopened and sum(len(s.pending) for s in self.open.values()) < window:
+        pending = sum(len(s.pending) for s in self.open.values())
+        if self.unopened and wants_shard(pending, self.remaining(), SLOT_ROWS * max(slots, 1)):
             return f"open {self.unopened.popleft()}"
         work = longest_next(self.open.values())  # the oldest on a tie
         if work is not None:

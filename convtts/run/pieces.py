@@ -8,8 +8,9 @@ it takes (its free rows and an eighth more): the ids it could not begin yet stay
 for whichever worker frees a row first.
 
 Ids go out longest first across a window of open shards: the slot keeps shards open until their
-ids to hand out fill WINDOW_BATCHES times every worker's rows, and each piece comes from the open
-shard whose next id is the longest, while its ids are no shorter than the next shard's. A batched
+ids to hand out fill WINDOW_BATCHES times every worker's rows (every shard, once the ids left fit
+OPEN_ALL_BATCHES times), and each piece comes from the open shard whose next id is the longest,
+while its ids are no shorter than the next shard's. A batched
 row takes as long as its audio, so the rows begun last, which the end of a run waits for, are the
 shortest of the window, not the long ones of the last shard opened. Ids handed back (a worker's
 death, or asked back for an idle one) go first. At the very end an idle worker takes over ids a
@@ -50,6 +51,10 @@ MIN_PIECE = 2  # the tail: pieces this small, and idle workers take over ids not
 MAX_PIECE = 64
 PIECES_PER_WORKER = 2  # each cut takes 1/(this x workers) of the work left
 WINDOW_BATCHES = 2  # shards open at once hold this many times the rows of all workers (the longest-first window)
+# Once the ids left fit this many times the rows of all workers, every shard opens: the end of a run
+# then goes out longest first over all of it. A long row takes two or three batches' time under a
+# full GPU (40-48 s for 8-10 s of audio on an H200), and one opened late held the end of a run.
+OPEN_ALL_BATCHES = 8
 
 
 def cut_size(available: int, remaining: int, workers: int, rows: int = 1, room: int = 0) -> int:
@@ -63,6 +68,12 @@ def cut_size(available: int, remaining: int, workers: int, rows: int = 1, room: 
     high = min(max(MAX_PIECE, 4 * rows), room or math.inf)
     size = max(MIN_PIECE, min(high, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
     return available if available - size < MIN_PIECE else size  # no runt left behind in the shard
+
+
+def wants_shard(pending: int, remaining: int, rows: int) -> bool:
+    """Whether to open another shard: the open ones hold `pending` ids to hand out, `remaining` are
+    left in all (estimated for shards not opened), and `rows` are decoded at once by all workers."""
+    return pending < WINDOW_BATCHES * rows or remaining <= OPEN_ALL_BATCHES * rows
 
 
 def batched_room(rows: int, held: int) -> int:
@@ -189,9 +200,10 @@ class WorkQueue:
         return Piece(work.name, ids, {uid: work.crashes[uid] for uid in ids if work.crashes[uid]})
 
     def open_window(self) -> None:
-        """Open waiting shards until the open ones hold the window's ids to hand out (WINDOW_BATCHES)."""
-        window = WINDOW_BATCHES * self.workers * self.rows
-        while self.waiting and sum(len(w.pending) for w in self.open.values()) < window:
+        """Open waiting shards until the open ones hold the window's ids to hand out (WINDOW_BATCHES),
+        or all of them once the run's end is near (OPEN_ALL_BATCHES)."""
+        rows = self.workers * self.rows
+        while self.waiting and wants_shard(sum(len(w.pending) for w in self.open.values()), self.remaining(), rows):
             self.open_until_pending()
 
     def first_in_line(self) -> ShardWork | None:

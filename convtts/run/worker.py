@@ -212,7 +212,8 @@ class Worker:
 
     def segments(self, shard: str) -> dict[str, dict]:
         if shard not in self.shard_rows:
-            if len(self.shard_rows) >= 16:  # pieces come from the slot's open shards (pieces.WINDOW_BATCHES)
+            # pieces come from the slot's open shards: its window, or all of them near the end (pieces.py)
+            if len(self.shard_rows) >= 64:
                 self.shard_rows.pop(next(iter(self.shard_rows)))
             self.shard_rows[shard] = {row["id"]: row for row in read_jsonl(self.layout.shard_file(shard))}
         return self.shard_rows[shard]
