@@ -108,40 +108,6 @@ def test_a_placeholder_answers_isinstance_as_its_class():
     assert seen == {"not_one": False, "real": True}
 
 
-@pytest.mark.cosyvoice
-def test_a_v1_worker_loads_and_speaks_without_torch_dynamo(tmp_path):
-    """The slot's preload and a worker's whole life with a v1 model (load, a batch spoken) never import
-    torch._dynamo (diffusers' allow_in_graph falls back to its no-op), and after the runtime's import
-    `import torch._dynamo` is the real module."""
-    from convtts.testing.cosyvoice_model import build_model_dir
-
-    model = build_model_dir(tmp_path / "tiny", "tiny", ("英文女", "英文男"), tokens_per_text_token=4)
-    seen = python_reports(
-        """
-        import json, sys
-        from convtts.run.preload import preload
-        preload({"cosyvoice": True, "cosyvoice_root": "", "version": 1, "model_dir": sys.argv[1], "whisper": False})
-        seen = {"after_preload": "torch._dynamo" in sys.modules}
-        from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
-        from convtts.speak.cosyvoice.backend import CosyVoiceBackend
-        cosy = CosyVoiceConfig(model_dir=sys.argv[1], batch_size=2)
-        voices = SpeakerConfig(voices=("英文女", "英文男"))
-        config = Config(speakers=voices, tts=TTSConfig(backend="cosyvoice", cosyvoice=cosy))
-        backend = CosyVoiceBackend(config)
-        items = [(i, text, "英文女", 7 + i) for i, text in enumerate(["A cat sat.", "The boats came in."])]
-        seen["samples"] = [len(audio) for _, audio in backend.synthesize_many(items)]
-        seen["after_speaking"] = "torch._dynamo" in sys.modules
-        import torch._dynamo
-        seen["real_afterwards"] = hasattr(torch._dynamo, "allow_in_graph")
-        print(json.dumps(seen))
-        """.replace("\n        ", "\n"),
-        model,
-    )
-    assert seen["after_preload"] is False and seen["after_speaking"] is False, seen
-    assert len(seen["samples"]) == 2 and min(seen["samples"]) > 0, seen
-    assert seen["real_afterwards"], seen
-
-
 def test_torch_dynamo_already_imported_is_left_alone():
     seen = run(
         """
