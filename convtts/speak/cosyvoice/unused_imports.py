@@ -1,7 +1,7 @@
 """Libraries the CosyVoice runtime imports as it loads that a model's workers need late or never.
 
 A slot's forkserver imports the runtime before its first worker can fork, so every second of that
-import is a second of every job's start. Four of the libraries it pulls in serve no SFT voice:
+import is a second of every job's start. Five of the libraries it pulls in serve no SFT voice:
 
 - `modelscope`: cosyvoice.cli.cosyvoice takes `snapshot_download` from it, which load_model
   replaces by a refusal anyway (model directories are local, never downloaded);
@@ -12,6 +12,8 @@ import is a second of every job's start. Four of the libraries it pulls in serve
   Hann window, which `get_window` here computes itself, with the same operations;
 - `librosa.filters` (and numba): Matcha-TTS's `mel_spectrogram` takes `mel` from it, used when a
   zero-shot prompt is registered;
+- `scipy.io.wavfile` (and scipy.io's MATLAB readers): Matcha-TTS's audio module takes `read` from
+  it, for its training data;
 - and one call: diffusers (under Matcha-TTS's flow decoder) maps every installed package to its
   distribution as it loads (`importlib.metadata.packages_distributions`, reading each one's file
   list), for lookups of optional packages it makes later if ever. The map is read at its first
@@ -75,6 +77,7 @@ def _served() -> dict[str, dict]:
         "modelscope": {"snapshot_download": _no_download},
         "scipy.signal": {"get_window": get_window},
         "librosa.filters": {"mel": Deferred("librosa.filters", "mel")},
+        "scipy.io.wavfile": {"read": Deferred("scipy.io.wavfile", "read")},
     }
 
 
