@@ -32,7 +32,7 @@ V1_MODULES = (
     "whisper.tokenizer",
 )
 # what convtts.speak.cosyvoice.unused_imports keeps out of the import (the last two come with them)
-KEPT_OUT = ("modelscope", "scipy.signal", "librosa.filters", "numba", "whisper.model")
+KEPT_OUT = ("modelscope", "scipy.signal", "librosa.filters", "numba", "whisper.model", "scipy.io")
 
 
 def main() -> int:

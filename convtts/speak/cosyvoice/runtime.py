@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -91,13 +92,22 @@ def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
                 sys.path.insert(0, path)
     matcha_utils.install()  # Matcha-TTS's training tools stay unimported
     try:
-        with v1_imports_deferred(version == 1), kept_out():
+        with held_back(version):
             module = importlib.import_module("cosyvoice.cli.cosyvoice")
     except ImportError as exc:
         raise ConfigError(f"the CosyVoice runtime failed to import: {exc}") from exc
     if root is not None and not _inside(sys.modules["cosyvoice"], root):
         raise ConfigError(f"cosyvoice was imported from {_origin(sys.modules['cosyvoice'])}, not from {root}")
     return module
+
+
+@contextlib.contextmanager
+def held_back(version: int | None):
+    """What the runtime's import and its model's construction leave unimported: transformers and
+    torch._dynamo for a v1 model (deferred), and for any the libraries no voice needs as it loads
+    (unused_imports)."""
+    with v1_imports_deferred(version == 1), kept_out():
+        yield
 
 
 def import_inflect_unchecked() -> None:
@@ -234,7 +244,7 @@ def import_model_modules(model_dir: str, version: int) -> None:
     that does not import is left to the worker's own load, which says why.
     """
     text = (Path(model_dir) / VERSION_YAML[version]).read_text(encoding="utf-8")
-    with v1_imports_deferred(version == 1), kept_out():
+    with held_back(version):
         for dotted in sorted(set(re.findall(r"!(?:new|name|apply):([A-Za-z_][\w.]*)", text))):
             _import_longest_prefix(dotted)
 
@@ -295,7 +305,7 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None):
     lazy_onnx_sessions(sys.modules.get("cosyvoice.cli.frontend"))
     model_dir = str(Path(cosy.model_dir).resolve())
     # the modules the yaml names are imported here (Matcha-TTS's decoder brings diffusers)
-    with fast_load(clock), v1_imports_deferred(version == 1), kept_out():
+    with fast_load(clock), held_back(version):
         model = cls(model_dir, **constructor_kwargs(cls, cosy))
     log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
     return model
