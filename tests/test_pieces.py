@@ -314,7 +314,7 @@ def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_pat
     words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
     book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
     answers, out = [], []
-    while answer := book.hand_out(0, 1):
+    while answer := book.hand_out(0, [0]):
         out.append(book.all_out())  # the slots are told "ending" once every id is out, not before
         kind, *rest = answer.split()  # "open SHARD" or "piece NUMBER SHARD IDS..."
         if kind == "open":  # what a slot does and says back
@@ -345,10 +345,102 @@ def test_the_ray_driver_opens_every_shard_of_a_short_run_first(tmp_path, monkeyp
     layout = plan_words(tmp_path, [3, 3, 2, 2, 1, 1, 1, 1], [4, 3, 2, 1, 1, 1, 1, 1], [13, 1])
     book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
     answers = []
-    while (answer := book.hand_out(0, 1)).startswith("open"):
+    while (answer := book.hand_out(0, [0])).startswith("open"):
         name = answer.split()[1]
         work = open_shard(layout, name, RUN)
         book.opened(name, work.segments, work.already, work.audio_seconds, list(work.pending))
         answers.append(name)
     assert answers == [shard_name(n) for n in range(3)]
     assert answer.split()[2:4] == ["shard-00002", "s2-0"]  # the longest id of the run goes out first
+
+
+def _opened_book(tmp_path, monkeypatch, shards: list[list[int]], ranks: list[int]):
+    """A driver's book of these shards with every shard opened (as a slot would), and each id's words."""
+    from convtts.cluster import handout
+    from convtts.run.pieces import open_shard
+
+    layout = plan_words(tmp_path, *shards)
+    book = handout.Book(layout, [shard_name(n) for n in range(len(shards))], RUN)
+    while book.unopened:
+        kind, name = book.hand_out(ranks[0], ranks).split()
+        assert kind == "open"
+        work = open_shard(layout, name, RUN)
+        book.opened(name, work.segments, work.already, work.audio_seconds, list(work.pending))
+    words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
+    return book, words
+
+
+def _piece_ids(answer: str) -> list[str]:
+    kind, _number, _shard, *ids = answer.split()
+    assert kind == "piece"
+    return ids
+
+
+def test_the_ray_driver_gives_a_slot_that_asks_late_its_share_of_the_longest_ids(tmp_path, monkeypatch):
+    """Slots come up apart: the first to ask must not take every long id before the other asks. Until a
+    slot has had a piece, each piece cut for another is matched by the next-longest set aside for it;
+    it gets those first, so both begin with the same mix of lengths."""
+    from convtts.cluster import handout
+
+    monkeypatch.setattr(handout, "SLOT_ROWS", 16)
+    monkeypatch.setattr(handout, "FIRST_PIECE", 2)
+    monkeypatch.setattr(handout, "KEEP_IDS", 20)
+    shards = [list(range(60, 0, -2)), list(range(59, 0, -2))]  # 60 ids of 60..1 words, one of each
+    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1])
+    first = [uid for _ in range(10) for uid in _piece_ids(book.hand_out(0, [0, 1]))]  # slot 1 still loading
+    late = [uid for _ in range(10) for uid in _piece_ids(book.hand_out(1, [0, 1]))]
+    assert len(first) == len(late) == 20
+    assert [words[u] for u in first[:4]] == [60, 58, 56, 54]  # pieces of MIN_PIECE: a shard's next is longer
+    assert [words[u] for u in late[:4]] == [59, 57, 55, 53]
+    assert abs(sum(words[u] for u in first) - sum(words[u] for u in late)) <= 2 * len(first)
+    assert set(first).isdisjoint(late)
+    # without setting aside, the first slot would have had all of 60..41 and the late one 40..21
+    assert min(words[u] for u in late[:10]) > 40
+    rest = []
+    while answer := book.hand_out(0, [0, 1]):
+        rest += _piece_ids(answer)
+    assert sorted(first + late + rest) == sorted(words)  # every id once
+    assert not book.kept_ids() and book.all_out()
+
+
+def test_pieces_set_aside_for_a_slot_go_to_others_when_it_is_lost_or_late(tmp_path, monkeypatch):
+    from convtts.cluster import handout
+
+    monkeypatch.setattr(handout, "SLOT_ROWS", 16)
+    monkeypatch.setattr(handout, "FIRST_PIECE", 2)
+    monkeypatch.setattr(handout, "KEEP_FOR", 0.2)
+    shards = [list(range(40, 0, -1))]
+    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1, 2])
+    a = _piece_ids(book.hand_out(0, [0, 1, 2]))  # 40, 39 for slot 0; 38, 37 kept for 1; 36, 35 for 2
+    assert [words[u] for u in a] == [40, 39] and book.kept_for(1) == book.kept_for(2) == 2
+    book.give_back(1, None)  # slot 1 lost before it asked: its share is anyone's, before any new cut
+    b = _piece_ids(book.hand_out(0, [0, 2]))
+    assert [words[u] for u in b] == [38, 37]
+    c = _piece_ids(book.hand_out(0, [0, 2]))  # slot 2's is kept for it while it is fresh
+    assert [words[u] for u in c] == [34, 33] and book.kept_for(2) == 4
+    import time
+
+    time.sleep(0.25)  # slot 2 has not asked for KEEP_FOR seconds: its pieces go to whoever asks
+    d = _piece_ids(book.hand_out(0, [0, 2]))
+    assert [words[u] for u in d] == [36, 35]
+    e = _piece_ids(book.hand_out(2, [0, 2]))  # it asks at last: what is left set aside for it
+    assert [words[u] for u in e] == [32, 31]
+    out = a + b + c + d + e
+    while answer := book.hand_out(2, [0, 2]):
+        out += _piece_ids(answer)
+    assert sorted(out) == sorted(words) and not book.kept_ids()
+
+
+def test_a_shard_is_not_finished_while_a_piece_of_it_is_set_aside(tmp_path, monkeypatch):
+    from convtts.cluster import handout
+
+    monkeypatch.setattr(handout, "SLOT_ROWS", 16)
+    monkeypatch.setattr(handout, "FIRST_PIECE", 2)
+    book, words = _opened_book(tmp_path, monkeypatch, [[4, 3, 2, 1]], [0, 1])
+    answer = book.hand_out(0, [0, 1])  # [4, 3] for slot 0, [2, 1] kept for slot 1
+    book.done(int(answer.split()[1]), 2, 0, 1.0)
+    assert book.open and not book.finished and not book.all_out()
+    kept = book.hand_out(1, [0, 1])
+    assert [words[u] for u in _piece_ids(kept)] == [2, 1]
+    book.done(int(kept.split()[1]), 2, 0, 1.0)
+    assert book.finished == {"shard-00000"} and not book.open

@@ -9,6 +9,15 @@ and share the flow's passes, and the rows begun last, which the end of a run wai
 Handed out shard after shard instead, each longest first, a job of 1,000 conversations on two
 H200s made 40% more flow passes than run_all.sh's slots and ran 20% slower in its steady state.
 
+Slots come up a second or two apart, and the first one's workers would take the longest ids of the
+run before the others asked: its rows then outlived every other slot's (on two H200s the last rows
+of a Ray run were that slot's, ending 11 s after the first worker ran out, against 4.5 s for
+run_all.sh's fixed halves). So until a slot has had its first piece, each piece cut for another
+slot is matched by the next-longest one set aside for it (up to about its workers' first batch),
+and it gets those first: every slot begins with rows of the same mix of lengths, as run_all.sh's
+do. A piece set aside goes to anyone once its slot is lost or has not asked for KEEP_FOR seconds,
+and before any new cut, being among the longest.
+
 When every piece of a shard is done, the driver writes the shard's stats, once. A lost slot's
 pieces go back in line after a grace period as rechecks: the slot that takes one first keeps the
 ids the lost slot finished (a whole row and audio) and speaks the rest.
@@ -36,6 +45,11 @@ SLOT_ROWS = 768
 # A lost slot's pieces wait this long before another slot may take them: Ray may report a node
 # dead a moment before the processes on it have noticed and exited (docs/ARCHITECTURE.md).
 HANDBACK_GRACE = 5.0
+# Pieces set aside for a slot that has not asked yet: at most its workers' first batch and look-ahead
+# (SLOT_ROWS and a quarter more), kept this long before any slot may take them.
+KEEP_IDS = SLOT_ROWS + SLOT_ROWS // 4
+KEEP_FOR = 10.0
+FIRST_PIECE = SLOT_ROWS // 8  # the most a piece holds while some slot has had none: about one worker's rows
 
 
 @dataclass
@@ -72,7 +86,8 @@ class PieceOut:
     number: int
     shard: str
     ids: list
-    holder: int | None  # the slot's rank; None while it waits to go out again
+    holder: int | None  # the slot's rank; None while it waits to go out (again, or set aside)
+    kept_since: float = 0.0  # when it was set aside for a slot's first asking (holder None)
 
 
 class Book:
@@ -88,38 +103,83 @@ class Book:
         self.returning: list[tuple[float, str, object]] = []  # (when, "piece" or "open", the piece or shard)
         self.finished: set[str] = set()
         self.numbers = 0
+        self.kept: dict[int | None, deque[PieceOut]] = {}  # set aside for a slot's first asking; None: anyone's
+        self.served: set[int] = set()  # slots that have had a piece
         plan = read_json(layout.plan_file) or {}
         self.mean_segments = (plan.get("segments") or 0) / max(len(shards), 1)
 
     def remaining(self) -> int:
-        """Ids still to hand out: the open shards' and an estimate for those not opened."""
-        return sum(len(s.pending) for s in self.open.values()) + round(len(self.unopened) * self.mean_segments)
+        """Ids still to hand out: the open shards' (pending or set aside) and an estimate for those not opened."""
+        pending = sum(len(s.pending) for s in self.open.values()) + self.kept_ids()
+        return pending + round(len(self.unopened) * self.mean_segments)
 
-    def hand_out(self, rank: int, slots: int) -> str:
+    def kept_ids(self) -> int:
+        """Ids in pieces set aside, for any slot."""
+        return sum(len(piece.ids) for queue in self.kept.values() for piece in queue)
+
+    def kept_for(self, rank: int) -> int:
+        return sum(len(piece.ids) for piece in self.kept.get(rank, ()))
+
+    def hand_out(self, rank: int, ranks: list[int]) -> str:
         """The next piece (or recheck) for this slot, a shard for it to open (while the window is not
-        full, or nothing else is left), or '' when none is left now."""
+        full, or nothing else is left), or '' when none is left now. `ranks`: the slots running."""
         if self.rechecks:
             piece = self.rechecks.popleft()
             piece.holder = rank
             return f"recheck {piece.number} {piece.shard} {' '.join(piece.ids)}"
+        slots = max(len(ranks), 1)
         pending = sum(len(s.pending) for s in self.open.values())
-        if self.unopened and wants_shard(pending, self.remaining(), SLOT_ROWS * max(slots, 1)):
+        if self.unopened and wants_shard(pending, self.remaining(), SLOT_ROWS * slots):
             return f"open {self.unopened.popleft()}"
-        work = longest_next(self.open.values())  # the oldest on a tie
-        if work is not None:
-            return self.cut(work, rank, slots)
-        return ""
+        piece = self.take_kept(rank, stealing=pending == 0)
+        if piece is None:
+            work = longest_next(self.open.values())  # the oldest on a tie
+            if work is None:
+                return ""
+            starting = any(r not in self.served for r in ranks if r != rank)
+            piece = self.cut(work, slots, FIRST_PIECE if starting else MAX_SLOT_PIECE)
+            if starting:
+                self.set_aside(rank, ranks, slots)
+        return self.give(piece, rank)
 
-    def cut(self, work: OpenShard, rank: int, slots: int) -> str:
-        """A piece of `work`: its ids no shorter than the next id of any other open shard (at least
-        MIN_PIECE), so the window goes out longest first; no runt left behind."""
-        size = max(MIN_PIECE, min(MAX_SLOT_PIECE, math.ceil(self.remaining() / (2 * max(slots, 1)))))
+    def cut(self, work: OpenShard, slots: int, most: int = MAX_SLOT_PIECE) -> PieceOut:
+        """A piece of `work`, held by no slot yet: its ids no shorter than the next id of any other
+        open shard (at least MIN_PIECE), so the window goes out longest first; no runt left behind."""
+        size = max(MIN_PIECE, min(most, math.ceil(self.remaining() / (2 * slots))))
         ids = take_longest(self.open.values(), work, size, lambda shard, uid: shard.words.get(uid, 0))
         self.numbers += 1
-        self.pieces[self.numbers] = PieceOut(self.numbers, work.name, ids, rank)
+        piece = self.pieces[self.numbers] = PieceOut(self.numbers, work.name, ids, None)
         work.out.add(self.numbers)
         work.pieces += 1
-        return f"piece {self.numbers} {work.name} {' '.join(ids)}"
+        return piece
+
+    def give(self, piece: PieceOut, rank: int) -> str:
+        piece.holder = rank
+        self.served.add(rank)
+        return f"piece {piece.number} {piece.shard} {' '.join(piece.ids)}"
+
+    def set_aside(self, rank: int, ranks: list[int], slots: int) -> None:
+        """After a cut for `rank`: the next-longest piece for each running slot that has not had one,
+        while what is set aside for it holds fewer than KEEP_IDS ids (the slots' first pieces alternate)."""
+        for other in ranks:
+            if other == rank or other in self.served or self.kept_for(other) >= KEEP_IDS:
+                continue
+            work = longest_next(self.open.values())
+            if work is None:
+                return
+            piece = self.cut(work, slots, FIRST_PIECE)
+            piece.kept_since = time.time()
+            self.kept.setdefault(other, deque()).append(piece)
+
+    def take_kept(self, rank: int, stealing: bool) -> PieceOut | None:
+        """A piece set aside for this slot; else one kept for a lost slot or kept past KEEP_FOR; else,
+        `stealing` (nothing else is left to cut), any piece set aside."""
+        stale = time.time() - KEEP_FOR
+        for owner in [rank, None] + [r for r in self.kept if r not in (rank, None)]:
+            queue = self.kept.get(owner)
+            if queue and (owner in (rank, None) or stealing or queue[0].kept_since <= stale):
+                return queue.popleft()
+        return None
 
     def opened(self, shard: str, segments: int, already: int, audio: float, ids: list[str]) -> None:
         """A slot opened `shard`: these ids are left (none: it is finished, its stats written by that slot)."""
@@ -159,6 +219,7 @@ class Book:
         returns (pieces, ids)."""
         when = time.time() + HANDBACK_GRACE
         held = self.held_by(rank)
+        self.kept.setdefault(None, deque()).extend(self.kept.pop(rank, ()))  # never handed to it: anyone's now
         for piece in held:
             piece.holder = None
             self.returning.append((when, "piece", piece))
@@ -183,7 +244,7 @@ class Book:
 
     def all_out(self) -> bool:
         """Every id is handed out: nothing to open or hand out, nothing of a lost slot's due."""
-        idle = not (self.unopened or self.returning or self.rechecks)
+        idle = not (self.unopened or self.returning or self.rechecks or self.kept_ids())
         return idle and not any(s.pending for s in self.open.values())
 
     def left(self) -> bool:

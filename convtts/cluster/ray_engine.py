@@ -292,7 +292,7 @@ class Driver:
         ("ending" once every id is out); "" (no more)."""
         if self.disk_full:
             return ""
-        answer = self.book.hand_out(slot.rank, sum(s.running() for s in self.slots.values()))
+        answer = self.book.hand_out(slot.rank, [s.rank for s in self.slots.values() if s.running()])
         if answer.startswith("open "):
             slot.opening = answer.split()[1]
         if answer:
