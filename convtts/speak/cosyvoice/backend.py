@@ -212,10 +212,11 @@ class CosyVoiceBackend:
         self.config = config
         self.cosy = config.tts.cosyvoice
         self.uses_cuda = torch.cuda.is_available()
-        # the process's CUDA context (the first load pays it), made while the modules are built
+        # the process's CUDA context (the first load pays it), made while the rest of the load begins
         context = CudaContext(clock) if self.uses_cuda and not torch.cuda.is_initialized() else None
         try:
-            self.model = load_model(self.cosy, clock)  # checks the directory before upstream can download
+            # checks the directory before upstream can download; a v1 model is built on the GPU
+            self.model = load_model(self.cosy, clock, "cuda" if self.uses_cuda else None)
         except BaseException:
             if context is not None:
                 context.thread.join()  # the load's own error is the one to report

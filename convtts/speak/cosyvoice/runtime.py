@@ -274,15 +274,18 @@ def constructor_kwargs(cls, cosy: CosyVoiceConfig) -> dict:
     return kwargs
 
 
-def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None):
+def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None, device: str | None = None):
     """Construct the upstream model object for `cosy.model_dir` (CosyVoice, CosyVoice2 or CosyVoice3).
 
     `clock` gets the seconds of each phase: imports, modules, frontend, weights (convtts.speak.cosyvoice.loading).
+    `device`: the GPU the model will run on, where a v1 model's modules are built (upstream builds
+    them on the CPU and moves them after loading the weights); None: the CPU.
     """
     clock = clock or LoadClock()
     # Checked before the import and before the constructor: upstream calls ModelScope's
     # snapshot_download for any model_dir that does not exist.
     version = check_model_dir(cosy)
+    clock.modules_on = device if version == 1 else None
     with clock.phase(IMPORTS):
         module = import_runtime(cosy, version)
     cls = getattr(module, CLASS_NAME[version], None)
