@@ -29,6 +29,7 @@ from convtts.speak.cosyvoice.engine.runner import DecodeOptions
 from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, supports_static
 from convtts.speak.cosyvoice.engine.sampler import GpuSampler, Sampler
 from convtts.speak.cosyvoice.engine.scheduler import Scheduler
+from convtts.speak.cosyvoice.engine.streams import Streams
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,10 @@ class BatchEngine:
         self.sampler = Sampler(self.llm)
         self.runner = self._runner()
         self.gpu_sampling = self._gpu_sampling()
+        settings = settings or CosyVoiceConfig()
         # the flow's and vocoder's passes: graphs, rows, memory (tts.cosyvoice)
-        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings or CosyVoiceConfig())
+        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings)
+        self.streams = Streams(self.device, settings.decode_priority)
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.ratios = float(bounds["min_token_text_ratio"].default), float(bounds["max_token_text_ratio"].default)
@@ -175,7 +178,7 @@ class BatchEngine:
         started, before, spoken = time.perf_counter(), self.timer.snapshot(), 0
         graphs_before = self.flow_graphs()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self.streams.decoding():
                 self.runner.prepare(self.max_rows, sampler)
                 decode = self._decode_ahead if self.gpu_sampling else self._decode
                 for request in decode(iter(requests), speed):
@@ -251,7 +254,10 @@ class BatchEngine:
         a group that fails is prefilled again one chunk at a time, so only the faulty chunk fails.
         """
         logps = []
-        for group in self.runner.groups(self.scheduler.admit()):
+        admitted = self.scheduler.admit()
+        if admitted:
+            self.streams.inputs_ready()
+        for group in self.runner.groups(admitted):
             if len(group) == 1:
                 logps += self._prefill_each(group)
                 continue
@@ -360,7 +366,7 @@ class BatchEngine:
         """
         tail = self.scheduler.drained()
         seqs = self.scheduler.take_decoded()
-        with self.timer("flow"):
+        with self.timer("flow"), self.streams.rendering():
             self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed, tail)
         for seq in seqs:
             if not seq.kept and seq.request.error is None:
