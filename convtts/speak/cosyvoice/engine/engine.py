@@ -119,8 +119,6 @@ class BatchEngine:
         # the flow's and vocoder's passes: graphs, rows, memory (tts.cosyvoice)
         self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings)
         self.streams = Streams(self.device, settings.decode_priority)
-        self.launched: deque = deque()  # decode steps launched and not yet read (tokens drawn on the GPU)
-        self.flow_mark = None  # an event after the flow's last queued Euler step, while a pass is queued
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.ratios = float(bounds["min_token_text_ratio"].default), float(bounds["max_token_text_ratio"].default)
@@ -179,8 +177,6 @@ class BatchEngine:
         sampler = self._device_sampler if self.gpu_sampling else None
         started, before, spoken = time.perf_counter(), self.timer.snapshot(), 0
         graphs_before = self.flow_graphs()
-        overlap = self.streams.on and self.gpu_sampling
-        self.audio.flow_pass.solver.between = self._between_flow_steps if overlap else None
         try:
             with torch.inference_mode(), self.streams.decoding():
                 self.runner.prepare(self.max_rows, sampler)
@@ -237,7 +233,7 @@ class BatchEngine:
     def _decode_ahead(self, source, speed: float):
         """Tokens drawn on the GPU: step n+1 is launched before the tokens of step n are read."""
         scheduler = self.scheduler
-        launched = self.launched = deque()
+        launched: deque = deque()
         while not scheduler.finished():
             scheduler.fill(source)
             yield from scheduler.take_failed()
@@ -249,22 +245,6 @@ class BatchEngine:
             if scheduler.flow_due(self.flow_rows):
                 yield from self._flush(speed)
             yield from scheduler.take_failed()
-
-    def _between_flow_steps(self) -> None:
-        """While the flow's Euler steps run on their stream, the running rows go on decoding on theirs
-        (high priority), until the step queued before the last one is done: the flow always has one
-        step queued, and the rows do not stop for a whole pass. No row is admitted meanwhile: a
-        prefill reads what the text frontend queued on the flow's stream."""
-        mark = torch.cuda.Event()
-        mark.record(self.streams.render)
-        previous, self.flow_mark = self.flow_mark, mark
-        if previous is None:
-            return
-        with torch.cuda.stream(self.streams.decode):
-            while self.scheduler.running and not previous.query():
-                self.launched.append(self._step())
-                while len(self.launched) > 1:
-                    self._read(*self.launched.popleft())
 
     # -- decode ------------------------------------------------------------------------------
     def _admit(self) -> list[torch.Tensor]:
@@ -386,7 +366,6 @@ class BatchEngine:
         """
         tail = self.scheduler.drained()
         seqs = self.scheduler.take_decoded()
-        self.flow_mark = None
         with self.timer("flow"), self.streams.rendering():
             self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed, tail)
         for seq in seqs:

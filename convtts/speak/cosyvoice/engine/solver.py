@@ -50,12 +50,11 @@ def width_bucket(frames: int, per_octave: int = 8) -> int:
     return -(-frames // step) * step
 
 
-def euler(estimate, x, mask, mu, spks, cond, cosine: bool, rate: float, between=None) -> torch.Tensor:
+def euler(estimate, x, mask, mu, spks, cond, cosine: bool, rate: float) -> torch.Tensor:
     """Upstream's solve_euler with classifier-free guidance, for any number of rows.
 
     The first half of each estimator call is conditioned, the second has mu, speaker and prompt
     zeroed; the guided update and the state x stay in fp32 whatever the estimator's format.
-    `between`, if given, is called once each step is queued (the engine steps its decode meanwhile).
     """
     batch = x.shape[0]
     t_span = torch.linspace(0, 1, STEPS + 1, device=x.device, dtype=mu.dtype)
@@ -72,8 +71,6 @@ def euler(estimate, x, mask, mu, spks, cond, cosine: bool, rate: float, between=
         t = t + dt
         if step < len(t_span) - 1:
             dt = t_span[step + 1] - t
-        if between is not None:
-            between()
     return x
 
 
@@ -185,9 +182,6 @@ class Solver:
         if compile and self.safe is not None:
             self.safe = compiled(self.safe)
         self.graphs = GraphCache(self._solve_safe, max_graphs if graphs and on_gpu else 0, capture_after)
-        # Called between eager Euler steps (never inside a capture): the engine's decode, when the flow
-        # runs on a stream of its own (tts.cosyvoice.decode_priority high).
-        self.between = None
 
     def solve(self, x, mask, mu, spks, cond, frames: list[int]) -> torch.Tensor:
         """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
@@ -200,7 +194,7 @@ class Solver:
                         self.graphs.clear()
                     raise
             if self.safe is None or (not is_reduced(self.precision) and min(frames) == x.shape[2]):
-                return euler(self._upstream, x, mask, mu, spks, cond, self.cosine, self.rate, self._between())
+                return euler(self._upstream, x, mask, mu, spks, cond, self.cosine, self.rate)
             return self._solve_safe(x, mask, mu, spks, cond)
 
     def _upstream(self, x, mask, mu, t, spks, cond):
@@ -208,11 +202,7 @@ class Solver:
         return self.decoder.forward_estimator(x, mask, mu, t, spks, cond, **options)
 
     def _solve_safe(self, x, mask, mu, spks, cond):
-        return euler(self.safe, x, mask, mu, spks, cond, self.cosine, self.rate, self._between())
-
-    def _between(self):
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-        return None if capturing else self.between
+        return euler(self.safe, x, mask, mu, spks, cond, self.cosine, self.rate)
 
     def _bucketed(self, x, mask, mu, spks, cond):
         rows, width = x.shape[0], x.shape[2]
