@@ -194,10 +194,6 @@ class CosyVoiceConfig:
     compile: bool = False
     sampler: str = "auto"
     max_row_tokens: int = 0
-    # The decode's CUDA stream: high (the GPU's highest priority; the flow and vocoder keep the default
-    # stream's) or normal (one stream for both, as before). Under MPS a GPU runs every worker's
-    # kernels at once: a decode step's small kernels then wait behind other workers' flow passes.
-    decode_priority: str = "high"
     flow: FlowConfig = field(default_factory=FlowConfig)  # the flow's and vocoder's passes
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
     # Zero-shot voices whose prompt features a worker keeps (least recently used go first): with a
@@ -215,10 +211,6 @@ class CosyVoiceConfig:
             raise ConfigError(f"tts.cosyvoice.decode must be one of {DECODES}, got {self.decode!r}")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"tts.cosyvoice.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        if self.decode_priority not in DECODE_PRIORITIES:
-            raise ConfigError(
-                f"tts.cosyvoice.decode_priority must be one of {DECODE_PRIORITIES}, got {self.decode_priority!r}"
-            )
         if self.sampler == "gpu" and self.decode != "static":
             raise ConfigError("tts.cosyvoice.sampler=gpu needs tts.cosyvoice.decode=static")
         if self.compile and self.decode != "static":
@@ -231,7 +223,6 @@ class CosyVoiceConfig:
 
 DECODES = ("static", "upstream")
 SAMPLERS = ("auto", "cpu", "gpu")
-DECODE_PRIORITIES = ("high", "normal")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from convtts.speak.cosyvoice.engine.runner import DecodeOptions
 from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, supports_static
 from convtts.speak.cosyvoice.engine.sampler import GpuSampler, Sampler
 from convtts.speak.cosyvoice.engine.scheduler import Scheduler
-from convtts.speak.cosyvoice.engine.streams import Streams
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +114,8 @@ class BatchEngine:
         self.sampler = Sampler(self.llm)
         self.runner = self._runner()
         self.gpu_sampling = self._gpu_sampling()
-        settings = settings or CosyVoiceConfig()
         # the flow's and vocoder's passes: graphs, rows, memory (tts.cosyvoice)
-        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings)
-        self.streams = Streams(self.device, settings.decode_priority)
+        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings or CosyVoiceConfig())
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.ratios = float(bounds["min_token_text_ratio"].default), float(bounds["max_token_text_ratio"].default)
@@ -178,7 +175,7 @@ class BatchEngine:
         started, before, spoken = time.perf_counter(), self.timer.snapshot(), 0
         graphs_before = self.flow_graphs()
         try:
-            with torch.inference_mode(), self.streams.decoding():
+            with torch.inference_mode():
                 self.runner.prepare(self.max_rows, sampler)
                 decode = self._decode_ahead if self.gpu_sampling else self._decode
                 for request in decode(iter(requests), speed):
@@ -254,10 +251,7 @@ class BatchEngine:
         a group that fails is prefilled again one chunk at a time, so only the faulty chunk fails.
         """
         logps = []
-        admitted = self.scheduler.admit()
-        if admitted:
-            self.streams.inputs_ready()
-        for group in self.runner.groups(admitted):
+        for group in self.runner.groups(self.scheduler.admit()):
             if len(group) == 1:
                 logps += self._prefill_each(group)
                 continue
@@ -366,7 +360,7 @@ class BatchEngine:
         """
         tail = self.scheduler.drained()
         seqs = self.scheduler.take_decoded()
-        with self.timer("flow"), self.streams.rendering():
+        with self.timer("flow"):
             self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed, tail)
         for seq in seqs:
             if not seq.kept and seq.request.error is None:
