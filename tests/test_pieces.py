@@ -271,9 +271,12 @@ def test_a_shard_opens_only_when_the_window_needs_it_and_all_open_near_the_end(t
     assert not layout.audio_dir("shard-00002").exists()  # not opened: no resume bookkeeping yet
     while queue.remaining() > 128:
         assert queue.waiting
+        # the running sum of the waiting shards' estimates (remaining() is asked several times a piece)
+        assert queue.remaining() == sum(len(w.pending) for w in queue.open.values()) + 30 * len(queue.waiting)
         queue.next_piece()
     queue.next_piece()
     assert not queue.waiting and len(queue.open) == 6
+    assert queue.remaining() == sum(len(w.pending) for w in queue.open.values())
 
 
 def test_a_short_run_opens_every_shard_and_goes_out_longest_first_over_all_of_it(tmp_path):

@@ -173,13 +173,16 @@ class WorkQueue:
         self.waiting = deque(shards)
         self.estimates = {s: estimate_pending(layout, s, listing) for s in shards}
         self.total = sum(self.estimates.values())  # utterances to speak in this run, exact once all are open
+        # the estimates of the shards still waiting, summed: remaining() is asked several times a piece,
+        # and a long run's slot holds thousands of waiting shards and a window of a few open ones
+        self.waiting_ids = self.total
         self.mean_words = mean_words(layout)
         self.todo_words = self.total * self.mean_words  # words of those utterances: exact once all are open
         self.done_words = 0.0  # words of the utterances reported so far
         self.open: dict[str, ShardWork] = {}
 
     def remaining(self) -> int:
-        return sum(len(w.pending) for w in self.open.values()) + sum(self.estimates[s] for s in self.waiting)
+        return sum(len(w.pending) for w in self.open.values()) + self.waiting_ids
 
     def has_work(self) -> bool:
         return bool(self.waiting) or any(w.pending for w in self.open.values())
@@ -227,8 +230,9 @@ class WorkQueue:
         """Open waiting shards until one has ids to speak; those with none get their stats at once."""
         while self.waiting:
             shard = self.waiting.popleft()
-            work = open_shard(self.layout, shard, self.run_id)
             estimate = self.estimates.pop(shard, 0)
+            self.waiting_ids -= estimate
+            work = open_shard(self.layout, shard, self.run_id)
             self.total += len(work.pending) - estimate
             self.todo_words += sum(work.words.values()) - estimate * self.mean_words
             self.open[shard] = work
