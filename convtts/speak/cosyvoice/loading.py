@@ -89,10 +89,11 @@ def fast_load(clock: LoadClock):
 class CudaContext:
     """This process's CUDA context, made in a thread (its `cuda` phase overlaps the load's others).
 
-    Making a context takes 2-4 s on an H200 under MPS when a slot's workers start together, most
-    of it in the driver with the GIL released, and building the modules and mapping the weights is
-    CPU work that needs no context. The load's first use of the GPU waits for this one (torch.cuda
-    initialises once, behind a lock); `wait` re-raises what the thread raised.
+    Making a context takes 1-4 s on an H200 under MPS when a slot's workers start together, most
+    of it in the driver with the GIL released, while the load's first steps (the runtime's patches,
+    its remaining imports) need no context. The load's first use of the GPU waits for this one
+    (torch.cuda initialises once, behind a lock): a v1 model's modules, built on the GPU, or else
+    the move of the loaded modules; `wait` re-raises what the thread raised.
     """
 
     def __init__(self, clock: LoadClock):
