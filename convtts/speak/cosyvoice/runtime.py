@@ -18,7 +18,7 @@ from convtts.config import ConfigError, CosyVoiceConfig
 from convtts.speak.cosyvoice import matcha_utils
 from convtts.speak.cosyvoice.deferred import resolve_placeholders, v1_imports_deferred
 from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock, fast_load, lazy_onnx_sessions, time_upstream_steps
-from convtts.speak.cosyvoice.unused_imports import kept_out
+from convtts.speak.cosyvoice.unused_imports import kept_out, refuse_download
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,6 @@ def go_offline() -> None:
     """Belt and braces: the model directory is checked first, but nothing may ever download."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ[name] = "1"
-
-
-def _refuse_download(model_id, *args, **kwargs):
-    raise ConfigError(f"CosyVoice tried to download {model_id!r}: model directories must exist locally")
 
 
 def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
@@ -295,7 +291,7 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None, device: st
             f"{VERSION_YAML[version]}; point tts.cosyvoice.runtime_root at an official checkout"
         )
     # ModelScope reads no offline variable: take its downloader away from the upstream module.
-    module.snapshot_download = _refuse_download
+    module.snapshot_download = refuse_download
     _quiet_progress(module)
     _share_text_normalizers()
     _forget_mel_filters()

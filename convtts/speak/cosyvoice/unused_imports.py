@@ -37,6 +37,7 @@ import sys
 import types
 from collections.abc import Mapping
 
+from convtts.config import ConfigError
 from convtts.speak.cosyvoice.matcha_utils import LightPackage
 
 WHISPER = "whisper"
@@ -74,15 +75,16 @@ def light_whisper() -> bool:
 
 def _served() -> dict[str, dict]:
     return {
-        "modelscope": {"snapshot_download": _no_download},
+        "modelscope": {"snapshot_download": refuse_download},
         "scipy.signal": {"get_window": get_window},
         "librosa.filters": {"mel": Deferred("librosa.filters", "mel")},
         "scipy.io.wavfile": {"read": Deferred("scipy.io.wavfile", "read")},
     }
 
 
-def _no_download(model_id, *args, **kwargs):
-    raise RuntimeError(f"CosyVoice tried to download {model_id!r}: model directories must exist locally")
+def refuse_download(model_id, *args, **kwargs):
+    """ModelScope's snapshot_download as a load sees it (here and in runtime.load_model): never a download."""
+    raise ConfigError(f"CosyVoice tried to download {model_id!r}: model directories must exist locally")
 
 
 def get_window(window, nx, fftbins=True):
