@@ -65,10 +65,11 @@ def build(texts: list[str], speaker_seed: int, on_gpu: bool, cosy_dir: str) -> d
     speaker = config.speakers.voices[0]
     items = ((i, text, speaker, speaker_seed + i) for i, text in enumerate(texts))
     audio = {key: np.asarray(take) for key, take in backend.synthesize_many(items)}
-    tensors = {name: t.detach().float().cpu() for name, t in tensors_of(backend.model).items()}
-    devices = sorted({str(t.device) for t in tensors_of(backend.model).values()})
+    held = tensors_of(backend.model)
+    tensors = {name: t.detach().float().cpu() for name, t in held.items()}
+    devices = sorted({str(t.device) for t in held.values()})
     phases = dict(backend.load_phases)
-    del backend
+    del backend, held
     gc.collect()
     torch.cuda.empty_cache()
     return {"load_s": round(load, 3), "phases": phases, "devices": devices, "audio": audio, "tensors": tensors}
