@@ -272,6 +272,10 @@ class WorkerConfig:
     # How a worker's CPU waits for its GPU: auto (the driver's choice: spin while it has cores to
     # spare), spin, yield or block (sleep until the GPU is done: cores for the other workers)
     cuda_sync: str = "auto"
+    # A batched worker speaks its first rows (a job's longest ids, handed out first) to their end
+    # before it takes more: rows refilled mid-batch bring prefills and flow passes that stop the
+    # decode of the rows still running, and on a short job those longest rows are its end.
+    hold_first_batch: bool = True
 
     def check(self) -> None:
         if self.cuda_sync not in CUDA_SYNCS:

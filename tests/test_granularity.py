@@ -256,14 +256,62 @@ def test_batched_rows_stay_full_across_pieces_and_the_tail_is_short(tmp_path, hu
     text = slot_log(log)
     assert "of 4 rows each" in text, text
     longest = max(r["synthesis_seconds"] for r in rows)
-    for worker in ("slot0-w0", "slot0-w1"):  # rows in flight, sampled until its last utterance began
-        spans = spans_of(rows, worker)
-        begin, end = spans[0][0] + 0.5, max(a for a, _ in spans) - longest
+    for worker in ("slot0-w0", "slot0-w1"):  # rows in flight, sampled from its first batch's end (its rows
+        spans = spans_of(rows, worker)  # decode to their end undisturbed: hold_first_batch) until its last began
+        begin, end = first_batch_end(spans, 4) + 0.5, max(a for a, _ in spans) - longest
         live = [sum(a <= t < b for a, b in spans) for t in [begin + 0.05 * i for i in range(int((end - begin) / 0.05))]]
         # a row is free only for the moment between an utterance's end and the next one's start
         assert len(live) > 40 and min(live) >= 3 and sum(live) / len(live) >= 3.8, (worker, live)
     ends = [max(b for _, b in spans_of(rows, worker)) for worker in ("slot0-w0", "slot0-w1")]
     assert abs(ends[0] - ends[1]) <= longest + 0.5, (ends, longest)
+
+
+def first_batch_end(spans: list[tuple[float, float]], rows: int) -> float:
+    """When the last of a worker's first `rows` utterances (by start) finished."""
+    return max(end for _, end in spans[:rows])
+
+
+def one_long_turn(count: int) -> list[dict]:
+    """Conversations of two eight-word turns, the first one's question of 24 words instead (one segment,
+    three times a short one's time with the paced voice): the first worker's first rows are one long,
+    three short."""
+    short = "The man is riding a red bicycle downhill."
+    long = (
+        "Could you describe what the person in this picture is doing with the red bicycle"
+        " on the hill behind the old house today?"
+    )
+    return [
+        {
+            "id": f"c{i}",
+            "conversations": [{"from": "human", "value": long if i == 0 else short}, {"from": "gpt", "value": short}],
+        }
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_batched_worker_speaks_its_first_rows_to_their_end_before_it_takes_more(tmp_path, hold):
+    """workers.hold_first_batch: a worker's first rows (the job's longest ids) decode with no row
+    refilled beside them, so nothing of the worker begins before the last of them ends; off, a row
+    freed by a short utterance takes a new id at once, while the long one still decodes."""
+    source = write_input(tmp_path / "convs.json", one_long_turn(12))
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=0.3, CONVTTS_TEST_ROWS=4)
+    more = (
+        "--set",
+        "tts.backend=paced_backend:PacedBatchTone",
+        "--set",
+        f"workers.hold_first_batch={str(hold).lower()}",
+    )
+    result = paced_run(source, out, log, 2, *more, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(out)
+    early = {}
+    for worker in ("slot0-w0", "slot0-w1"):
+        spans = spans_of(rows, worker)
+        assert len(spans) > 4, spans
+        early[worker] = [a for a, _ in spans[4:] if a < first_batch_end(spans, 4) - 0.05]
+    assert (not any(early.values())) if hold else any(early.values()), early
 
 
 def test_a_batched_worker_holds_few_ids_it_cannot_begin(tmp_path, hundred_segments):

@@ -44,6 +44,7 @@ class BatchHost(Host, Protocol):
 
     queue: deque  # Attempts to speak; the worker adds pieces and removes ids handed back
     alone: deque  # Attempts that killed a worker before: spoken one at a time, between batches
+    holding: bool  # its first batch is to come: it takes its rows' worth of ids, with no refill beside them
 
     def refill(self) -> None: ...
 
@@ -80,12 +81,18 @@ def run_batch(host: BatchHost, queue: deque) -> None:
     ctx = host.context
     in_flight: dict[str, Attempt] = {}
     held: list[HeldTake] = []  # takes the backend finished, waiting for the gate to judge them together
+    # A worker's first batch (workers.hold_first_batch): its rows' worth of ids, the job's longest, and
+    # no row refilled while they decode (a refill's prefill and flow pass stop them); ids beyond wait.
+    limit = ctx.backend.batch_rows if host.holding else None
+    fed = 0
 
     def feed():
-        while not host.rebuild_reason() and not host.alone:
+        nonlocal fed
+        while not host.rebuild_reason() and not host.alone and (limit is None or fed < limit):
             host.refill()  # new pieces join the queue while rows decode
             if not queue or host.alone:
                 return
+            fed += 1
             item = queue.popleft()
             uid = item.segment["id"]
             in_flight[uid] = item
@@ -104,6 +111,7 @@ def run_batch(host: BatchHost, queue: deque) -> None:
             raise
         broken = exc
     judge_and_write(host, ctx, held, queue)  # what finished before the feed ended or the batch broke
+    host.holding = False
     if broken is not None:
         after_broken_batch(host, ctx, in_flight, broken, queue)
 

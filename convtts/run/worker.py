@@ -106,12 +106,15 @@ class Worker:
         self.starved = False  # the slot had nothing: ask again only once idle
         self.asking = True  # False while a piece is spoken by hand (run_piece): ask the slot for nothing
         self.stopping = False
+        self.holding = False  # a batched worker's first batch to come or under way: no refill (hold_first_batch)
+        self.received = 0  # ids the slot has handed this worker
 
     def send(self, message) -> None:
         self.conn.send(message)
 
     def serve(self) -> None:
         self.build("start")
+        self.holding = self.config.workers.hold_first_batch and self.rows() > 1
         self.send(Ready(self.args.wid, self.startup, self.room()))
         self.wanting = True  # Ready asks for the first piece
         while not self.stopping:
@@ -165,7 +168,17 @@ class Worker:
         """How many ids to ask for (0: no bound). A batched worker holds its rows and a few more: the
         rest wait in the slot, longest first, for whichever worker frees a row next, so no worker
         sits on long ids it cannot begin while another runs dry at the end of a run."""
-        return batched_room(self.rows(), len(self.in_flight) + len(self.queue) + len(self.alone))
+        room = batched_room(self.rows(), len(self.in_flight) + len(self.queue) + len(self.alone))
+        return min(room, max(1, self.rows() - self.received)) if self.holding else room
+
+    def held(self) -> bool:
+        """Whether to ask for nothing now: once the slot has filled the first batch's rows, they decode
+        to their end undisturbed (workers.hold_first_batch). The hold ends with that batch
+        (batching.run_batch), or once the worker has had ids and has none in hand (ids a worker died
+        on, say, are spoken alone, outside any batch)."""
+        if self.holding and self.received and not (self.queue or self.alone or self.in_flight):
+            self.holding = False
+        return self.holding and self.received >= self.rows()
 
     def refill(self) -> None:
         """Read what the slot said; ask for more when the queue runs low; with nothing left, wait for an answer.
@@ -175,7 +188,7 @@ class Worker:
         """
         while self.conn.poll():
             self.take(self.conn.recv())
-        if not self.asking:
+        if not self.asking or self.held():
             return
         idle = not self.queue and not self.alone and not self.in_flight
         if not self.wanting and len(self.queue) <= self.low_water() and (idle or not self.starved):
@@ -198,6 +211,7 @@ class Worker:
         """Queue a piece's ids in plan order; those a worker died on are spoken alone."""
         self.own_files(piece.shard)
         by_id = self.segments(piece.shard)
+        self.received += len(piece.ids)
         for uid in piece.ids:
             crashes = piece.crashes.get(uid, 0)
             (self.alone if crashes else self.queue).append(Attempt.after_crashes(by_id[uid], crashes, piece.shard))
