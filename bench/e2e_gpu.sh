@@ -11,7 +11,9 @@
 # a cluster of this machine within the timed command; up: one is started first (ray start --head),
 # settled and joined once, then joined with --address auto as on a cluster that is up, and stopped after], WHEELS [.whl], SETUP [1; 0 skips the
 # install and the model on a machine already set up], WORK [/tmp/convtts-e2e-<engines>-<N>: must not exist],
-# MODEL [/tmp/cv300m], GPUS [every GPU; cpu:N for a dry run on a CPU machine, with SETUP=0 and a tiny MODEL].
+# MODEL [/tmp/cv300m], GPUS [every GPU; cpu:N for a dry run on a CPU machine, with SETUP=0 and a tiny MODEL],
+# PACK [0; 1 packs $OUT into $OUT.tgz, with every log of the run (worker logs too): a device call brings
+# back only a few files, and four runs' unpacked figures and logs were more than it did on 2026-11-27].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/results/e2e}"
@@ -39,4 +41,7 @@ python3 bench/e2e.py --model-dir "$model" --conversations "$count" --engine "$en
 for log in "$work"/log-*/*/*/slot-?.log "$work"/log-*/*/*/driver.log; do  # start-up lines, hand-backs, rebuilds
   [[ -f "$log" ]] && cp "$log" "$out/$(basename "$(dirname "$(dirname "$(dirname "$log")")")")-$(basename "$log")"
 done
+if [[ "${PACK:-0}" == 1 ]]; then
+  tar -czf "$out.tgz" "$out" "$work"/log-*/*/*/*.log 2>/dev/null && rm -rf "$out"
+fi
 exit $rc
