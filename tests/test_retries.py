@@ -17,7 +17,7 @@ from conftest import read_jsonl, write_input
 from convtts.config import load_config
 from convtts.gate.quality import take_seed
 from convtts.plan.planner import make_plan
-from convtts.run.messages import Built, Failed, SpeakPiece, Spoken, Started, Want
+from convtts.run.messages import Built, Failed, SpeakPiece, Spoken, Started, Stop, Want
 from convtts.run.pieces import open_shard
 from convtts.run.worker import Worker, WorkerArgs
 from convtts.state.layout import Layout
@@ -209,6 +209,21 @@ def test_utterances_keep_their_attempts_when_the_rows_fall_to_one(tmp_path, monk
     rows = worker.rows()
     assert sorted(rows) == IDS and worker.worker.backend.batch_rows == 1
     assert rows[ZEBRA]["attempts"] == 2  # the out-of-memory cost it one, as with rows to spare
+
+
+def test_a_first_batch_of_ids_a_worker_died_on_ends_the_hold_once_spoken(tmp_path, monkeypatch, tally):
+    """workers.hold_first_batch: a worker whose first ids are all ones a worker died on speaks them alone,
+    outside any batch; with them spoken it holds nothing, so its hold ends and it asks for more (a hold
+    that outlived them would leave it asking for nothing, forever)."""
+    worker = run(tmp_path, monkeypatch, "", "ScriptedBatchTone")
+    host = worker.worker
+    host.holding = True  # as serve() starts a batched worker
+    host.take(SpeakPiece(worker.shard, IDS[:3], {uid: 1 for uid in IDS[:3]}))
+    assert host.held() and len(host.alone) == 3  # its rows' worth of ids: it asks for nothing while they last
+    worker.inbox.send(Stop())  # the slot's answer to the ask that follows, so that the worker does not wait
+    host.speak_some()
+    assert sorted(worker.rows()) == IDS[:3] and not host.holding
+    assert any(isinstance(m, Want) for m in worker.messages())
 
 
 def test_a_batch_wide_error_is_spoken_one_at_a_time_and_loses_nothing(tmp_path, monkeypatch, tally):
