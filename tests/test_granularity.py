@@ -272,9 +272,9 @@ def first_batch_end(spans: list[tuple[float, float]], rows: int) -> float:
 
 
 def one_long_turn(count: int) -> list[dict]:
-    """Conversations of two eight-word turns, the first one's question of 24 words instead (one segment,
-    three times a short one's time with the paced voice): the first worker's first rows are one long,
-    three short."""
+    """`count` conversations of two eight-word turns, but the first one's question has 23 words (one
+    segment, about three times a short one's time with the paced voice): the first worker's first rows
+    are one long, three short."""
     short = "The man is riding a red bicycle downhill."
     long = (
         "Could you describe what the person in this picture is doing with the red bicycle"
