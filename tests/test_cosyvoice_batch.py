@@ -146,7 +146,9 @@ def test_each_call_logs_where_its_time_went(batched, caplog):
         (name, float(seconds)) for name, seconds, _ in re.findall(r"(\w+) ([\d.]+) s(?: \((\d+)\))?", match[2])
     )
     assert {"step", "prefill", "flow", "other"} <= set(stages), line
-    assert abs(sum(stages.values()) - float(match[1])) < 0.2, line
+    # each figure is printed to 0.1 s: the stages add up to the wall time within half of that per figure
+    # (a full run once printed wall 0.5 against flow 0.3 and four stages of 0.0)
+    assert abs(sum(stages.values()) - float(match[1])) <= 0.05 * (len(stages) + 1) + 1e-9, line
     # the flow's passes on the GPU (none on a CPU), in the words bench/e2e.py sums
     assert re.search(r"; flow passes 0 bucketed: 0 replayed, 0 captured$", line), line
     sys.path.insert(0, str(REPO / "bench"))
