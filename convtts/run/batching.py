@@ -14,6 +14,7 @@ killed a worker before is spoken alone, so it cannot take a batch down with it a
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -81,18 +82,12 @@ def run_batch(host: BatchHost, queue: deque) -> None:
     ctx = host.context
     in_flight: dict[str, Attempt] = {}
     held: list[HeldTake] = []  # takes the backend finished, waiting for the gate to judge them together
-    # A worker's first batch (workers.hold_first_batch): its rows' worth of ids, the job's longest, and
-    # no row refilled while they decode (a refill's prefill and flow pass stop them); ids beyond wait.
-    limit = ctx.backend.batch_rows if host.holding else None
-    fed = 0
 
     def feed():
-        nonlocal fed
-        while not host.rebuild_reason() and not host.alone and (limit is None or fed < limit):
+        while not host.rebuild_reason() and not host.alone:
             host.refill()  # new pieces join the queue while rows decode
             if not queue or host.alone:
                 return
-            fed += 1
             item = queue.popleft()
             uid = item.segment["id"]
             in_flight[uid] = item
@@ -100,9 +95,13 @@ def run_batch(host: BatchHost, queue: deque) -> None:
             host.started(uid)
             yield uid, item.segment["text"], item.segment["speaker"], item.seed
 
+    items = feed()
+    if host.holding:  # a worker's first batch (workers.hold_first_batch): its rows' worth of ids, the job's
+        # longest, and no row refilled while they decode (a refill's prefill and flow pass stop them)
+        items = itertools.islice(items, ctx.backend.batch_rows)
     broken = None
     try:
-        for uid, result in ctx.backend.synthesize_many(feed()):
+        for uid, result in ctx.backend.synthesize_many(items):
             took(host, ctx, in_flight.pop(uid), result, held, queue)
             if gate_full(ctx, held):
                 judge_and_write(host, ctx, held, queue)

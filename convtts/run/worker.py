@@ -168,15 +168,19 @@ class Worker:
         """How many ids to ask for (0: no bound). A batched worker holds its rows and a few more: the
         rest wait in the slot, longest first, for whichever worker frees a row next, so no worker
         sits on long ids it cannot begin while another runs dry at the end of a run."""
-        room = batched_room(self.rows(), len(self.in_flight) + len(self.queue) + len(self.alone))
+        room = batched_room(self.rows(), self.in_hand())
         return min(room, max(1, self.rows() - self.received)) if self.holding else room
+
+    def in_hand(self) -> int:
+        """Ids handed to this worker and not yet recorded: begun, queued, or to be spoken alone."""
+        return len(self.in_flight) + len(self.queue) + len(self.alone)
 
     def held(self) -> bool:
         """Whether to ask for nothing now: once the slot has filled the first batch's rows, they decode
         to their end undisturbed (workers.hold_first_batch). The hold ends with that batch
         (batching.run_batch), or once the worker has had ids and has none in hand (ids a worker died
         on, say, are spoken alone, outside any batch)."""
-        if self.holding and self.received and not (self.queue or self.alone or self.in_flight):
+        if self.holding and self.received and not self.in_hand():
             self.holding = False
         return self.holding and self.received >= self.rows()
 
@@ -190,7 +194,7 @@ class Worker:
             self.take(self.conn.recv())
         if not self.asking or self.held():
             return
-        idle = not self.queue and not self.alone and not self.in_flight
+        idle = not self.in_hand()
         if not self.wanting and len(self.queue) <= self.low_water() and (idle or not self.starved):
             self.send(Want(self.room()))
             self.wanting = True
