@@ -77,6 +77,14 @@ def test_a_batched_worker_asks_for_its_rows_first_and_then_an_eighth_of_them():
     assert sizes[-1] == MIN_PIECE and sum(sizes) == 1000  # and the tail's pieces shrink as before
 
 
+def test_a_holding_worker_asks_for_its_rows_then_to_fill_them_again_then_an_eighth_of_them():
+    # workers.hold_first_batch: its first rows decode to their end with nothing added, then it holds none
+    sizes = preview_cuts([1000], 4, rows=64, hold=True)
+    assert sizes[:4] == [64] * 4 and sizes[4:6] == [80] * 2 and max(sizes[4:8]) == 80, sizes  # then a share of the rest
+    assert set(sizes[8:50]) == {8} and max(sizes[8:]) == 8 and sum(sizes) == 1000, sizes
+    assert preview_cuts([100], 4, hold=True) == preview_cuts([100], 4)  # one row a worker: no batch to hold
+
+
 def test_a_batched_worker_gets_up_to_four_batches_early_and_the_tail_pieces_late():
     # it asks for its next piece before its rows run dry, so a piece need not fill them
     sizes = preview_cuts([200], 4, rows=8)

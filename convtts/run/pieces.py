@@ -85,18 +85,22 @@ def batched_room(rows: int, held: int) -> int:
     return max(rows // 8, rows + rows // 4 - held, 1)
 
 
-def preview_room(rows: int, pieces_cut: int, workers: int) -> int:
+def preview_room(rows: int, pieces_cut: int, workers: int, hold: bool = False) -> int:
     """The room a preview counts for the next piece: a batched worker's first piece fills it, the
-    next ones are what its busy rows ask for."""
+    next ones are what its busy rows ask for. With `hold` (workers.hold_first_batch) its first ask
+    is its rows alone, and once that batch has ended it holds nothing and asks to fill them again."""
+    if hold and rows > 1 and pieces_cut < 2 * workers:
+        return rows if pieces_cut < workers else batched_room(rows, 0)
     return batched_room(rows, 0 if pieces_cut < workers else rows + rows // 4)
 
 
-def preview_cuts(counts: list[int], workers: int, rows: int = 1) -> list[int]:
+def preview_cuts(counts: list[int], workers: int, rows: int = 1, hold: bool = False) -> list[int]:
     """The piece sizes a run with these pending counts per shard is cut into, if no worker dies."""
     sizes, remaining = [], sum(counts)
     for available in counts:
         while available:
-            size = cut_size(available, remaining, workers, rows, preview_room(rows, len(sizes), workers))
+            room = preview_room(rows, len(sizes), workers, hold)
+            size = cut_size(available, remaining, workers, rows, room)
             sizes.append(size)
             available -= size
             remaining -= size

@@ -198,7 +198,8 @@ class Slot:
 
     def plan_text(self, todo: list[str], count: int) -> str:
         """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; 14 workers'."""
-        sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows) or [0]
+        hold = self.config.workers.hold_first_batch
+        sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows, hold) or [0]
         text = (
             f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
             f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; {count} workers"
