@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/e2e.py under several settings of this tree on one machine, in turns, so that every setting
 # meets the same host and page cache. Each argument is NAME or NAME:group.key=value,group.key=value
-# (a bare NAME runs the shipped config). Figures land in $OUT as NAME-SIZE-ROUND.json/.txt, packed
+# (a bare NAME runs the shipped config); a pair whose key is an environment variable's name (upper case,
+# no dot: NAME:CONVTTS_X=1) is set in the job's environment instead. Figures land in $OUT as NAME-SIZE-ROUND.json/.txt, packed
 # into $OUT/e2e-settings.tgz after each run as well (a device call returns only a few files).
 #
 #   OUT=$OUT SIZES="300 1000" bash bench/e2e_settings.sh shipped \
@@ -19,17 +20,19 @@ rc=0
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for size in ${SIZES:-300}; do
     for spec in "$@"; do
-      name="${spec%%:*}" sets=()
+      name="${spec%%:*}" sets=() envs=()
       if [[ "$spec" == *:* ]]; then
         IFS=, read -ra pairs <<<"${spec#*:}"
-        for pair in "${pairs[@]}"; do sets+=(--set "$pair"); done
+        for pair in "${pairs[@]}"; do
+          if [[ "${pair%%=*}" =~ ^[A-Z_][A-Z0-9_]*$ ]]; then envs+=("$pair"); else sets+=(--set "$pair"); fi
+        done
       fi
       run="$name-$size-$round"
       while [[ -e "$out/$run.json" ]]; do run="$run-again"; done  # a size listed twice keeps both runs
       work="/tmp/e2e-settings/$run"
       rm -rf "$work"
-      echo "== $run: ${sets[*]:-shipped config}"
-      python3 bench/e2e.py --model-dir "$model" --conversations "$size" --engine bash --gpus "${GPUS:-0}" \
+      echo "== $run: ${envs[*]} ${sets[*]:-shipped config}"
+      env "${envs[@]}" python3 bench/e2e.py --model-dir "$model" --conversations "$size" --engine bash --gpus "${GPUS:-0}" \
         --work "$work" --out "$out/$run.json" "${sets[@]}" | tee "$out/$run.txt" || rc=1
       tar -czf "/tmp/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz . && mv /tmp/e2e-settings.tgz "$out/"
     done

@@ -4,6 +4,7 @@ every worker holds the same weights, and a worker that dies while loading neithe
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -251,5 +252,7 @@ def test_forked_workers_skip_the_imports_are_replaced_and_die_with_their_slot(tm
     assert_complete(out)
     text = slot_log(log)
     assert "workers start by forkserver" in text and "died (exit -9)" in text, text
+    # the server says how long its import took and where: torch, then the runtime and the model's modules
+    assert re.search(r"forkserver imported in [\d.]+ s \(torch [\d.]+, .*runtime [\d.]+, model modules", text), text
     ready = [line for line in text.splitlines() if "ready at" in line]
     assert ready and all("imports 0.0" in line for line in ready), ready  # imported once, in the server
