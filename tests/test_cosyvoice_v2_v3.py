@@ -91,7 +91,14 @@ def prompts(tmp_path_factory):
     from convtts.speak.piper import PiperBackend
 
     folder = tmp_path_factory.mktemp("prompts")
-    piper = PiperBackend(load_config(None))
+    # noise scales 0: the same recordings in every session (test_cosyvoice_batch_qwen.py says why)
+    steady = "noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0"
+    sets = [
+        "speakers.voices=[joe, joe-slow]",
+        f"tts.piper.voices.joe={{length_scale: 1.0, {steady}}}",
+        f"tts.piper.voices.joe-slow={{length_scale: 1.15, {steady}}}",
+    ]
+    piper = PiperBackend(load_config(None, sets))
     for name, speaker in (("anna", "joe"), ("ben", "joe-slow")):
         sf.write(folder / f"{name}.wav", piper.synthesize(PROMPT_TEXT, speaker, 0), piper.sample_rate)
     piper.close()
