@@ -123,7 +123,22 @@ def run(engine: str, args, source: Path) -> dict:
     worker_logs = [path.read_text(errors="replace") for path in log.rglob("slot-*-worker-*.log")]
     figures["out_of_memory"] = out_of_memory(worker_logs)
     figures["engine_stages"] = engine_stages(worker_logs)
+    slot_logs = [path for path in log.rglob("slot-*.log") if "-worker-" not in path.name]
+    figures["forkserver_imports"] = forkserver_imports(slot_logs)
     return figures
+
+
+FORKSERVER_LINE = re.compile(r"forkserver imported in ([\d.]+) s \((.*)\)")
+
+
+def forkserver_imports(slot_logs: list[Path]) -> dict:
+    """Each slot's forkserver import, as its log gives it (run/preload.py): seconds in all, and by step."""
+    found = {}
+    for path in sorted(slot_logs):
+        if match := FORKSERVER_LINE.search(path.read_text(errors="replace")):
+            steps = {name: float(took) for name, took in re.findall(r"([\w ]+?) ([\d.]+)(?:, |$)", match.group(2))}
+            found[path.stem] = {"seconds": float(match.group(1)), "steps": steps}
+    return found
 
 
 ENGINE_LINE = re.compile(r"engine: (\d+) utterances in ([\d.]+) s: (.*)")
@@ -288,6 +303,17 @@ def report(figures: dict) -> str:
             else ""
         )
         lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}{graphs}")
+    imports = figures.get("forkserver_imports") or {}
+    if imports:
+        lines.append(
+            "  forkserver imports: "
+            + "; ".join(
+                f"{slot} {got['seconds']:.2f} s ("
+                + ", ".join(f"{name} {took:.2f}" for name, took in got["steps"].items())
+                + ")"
+                for slot, got in imports.items()
+            )
+        )
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
         phases = ", ".join(f"{name} {p['mean']:.1f}/{p['max']:.1f}" for name, p in slot["phases"].items())

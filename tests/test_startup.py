@@ -254,5 +254,12 @@ def test_forked_workers_skip_the_imports_are_replaced_and_die_with_their_slot(tm
     assert "workers start by forkserver" in text and "died (exit -9)" in text, text
     # the server says how long its import took and where: torch, then the runtime and the model's modules
     assert re.search(r"forkserver imported in [\d.]+ s \(torch [\d.]+, .*runtime [\d.]+, model modules", text), text
+    sys.path.insert(0, str(REPO / "bench"))
+    from e2e import forkserver_imports  # bench/ is not a package: the reader of that line for the figures
+
+    runs = [forkserver_imports([path]) for path in log.rglob("slot-0.log")]  # the killed run's and the rerun's
+    assert len(runs) == 2, runs
+    for imported in runs:
+        assert list(imported["slot-0"]["steps"]) == ["torch", "worker", "runtime", "model modules"], imported
     ready = [line for line in text.splitlines() if "ready at" in line]
     assert ready and all("imports 0.0" in line for line in ready), ready  # imported once, in the server
