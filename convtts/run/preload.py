@@ -19,7 +19,6 @@ torch.cuda.is_available() as it loads is answered from NVML (PYTORCH_NVML_BASED_
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -50,40 +49,29 @@ def _model_version(model_dir: str) -> int | None:
 
 def preload(wanted: dict) -> dict[str, float]:
     """Import what `wanted` names; the seconds each step took, by name (the slot's log prints them: on
-    an H200 node torch alone took 3.1-4.2 s from one job to the next, the rest 1.4-2.2 s)."""
-    clock = _Steps()
+    an H200 node torch alone took 2.7-4.2 s from one job to the next, the rest 1.3-2.2 s)."""
+    from convtts.speak.cosyvoice.loading import LoadClock  # the standard library only, like this module
+
+    clock = LoadClock()
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    with clock.step("torch"):
+    with clock.phase("torch"):
         import torch  # noqa: F401  (every backend that wants a forkserver runs on torch)
-    with clock.step("worker"):
+    with clock.phase("worker"):
         import convtts.run.worker  # noqa: F401
     if wanted.get("whisper") or (wanted.get("version") or 0) >= 2:
-        with clock.step("transformers"):
+        with clock.phase("transformers"):
             import transformers  # noqa: F401
     if wanted.get("cosyvoice"):
         from convtts.config import CosyVoiceConfig
         from convtts.speak.cosyvoice.runtime import import_model_modules, import_runtime
 
         version = wanted.get("version")
-        with clock.step("runtime"):
+        with clock.phase("runtime"):
             import_runtime(CosyVoiceConfig(runtime_root=wanted.get("cosyvoice_root", "")), version)
         if version:
-            with clock.step("model modules"):
+            with clock.phase("model modules"):
                 import_model_modules(wanted["model_dir"], version)
-    return clock.seconds
-
-
-class _Steps:
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def step(self, name: str):
-        started = time.time()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(time.time() - started, 2)
+    return clock.phases
 
 
 def _run() -> None:
