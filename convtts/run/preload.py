@@ -49,7 +49,7 @@ def _model_version(model_dir: str) -> int | None:
 
 def preload(wanted: dict) -> dict[str, float]:
     """Import what `wanted` names; the seconds each step took, by name (the slot's log prints them: on
-    an H200 node torch alone took 2.7-4.2 s from one job to the next, the rest 1.3-2.2 s)."""
+    an H200 node torch alone took 2.7-4.2 s from one job to the next, the rest 1.3-2.3 s)."""
     from convtts.speak.cosyvoice.loading import LoadClock  # the standard library only, like this module
 
     clock = LoadClock()
