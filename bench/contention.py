@@ -6,7 +6,8 @@ about 500 decode steps each) took 33-40 s on a busy H200, where one decode step 
 takes a few milliseconds. This measures that directly. A probe process (one worker's backend,
 `--rows` rows) speaks the `--rows` longest segments of the README job's text once; beside it
 `--loaders` processes speak the rest of that text over and over, as a job's other workers do
-(decode steps, prefills, flow and vocoder passes). All run under one MPS daemon of their own.
+(decode steps, prefills, flow and vocoder passes). All run under one MPS daemon of their own,
+started and stopped by convtts/run/mps.sh as run_all.sh does.
 
 Cases (--cases, in order):
   alone     the probe with no loaders;
@@ -28,7 +29,6 @@ import argparse
 import contextlib
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -154,21 +154,6 @@ def run_loader(args, work: Path, index: int) -> None:
     (work / f"loader-{index}.json").write_bytes(orjson.dumps(report))
 
 
-def start_mps(root: Path) -> dict | None:
-    if not shutil.which("nvidia-cuda-mps-control"):
-        return None
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(root / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(root / "log"))
-    for name in ("pipe", "log"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True)
-    return env
-
-
-def stop_mps(env: dict | None) -> None:
-    if env is not None:
-        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", env=env, check=False)
-
-
 def child(args, role: str, work: Path, env: dict, extra: list[str]) -> subprocess.Popen:
     command = [
         sys.executable,
@@ -247,8 +232,13 @@ def main() -> int:
     if args.role == "loader":
         run_loader(args, Path(args.work), args.index)
         return 0
+    from convtts.cluster.ray_actors import NodeMPS  # mps.sh's start and stop, as a Ray node's slots use them
+
     root = Path(tempfile.mkdtemp(prefix="convtts-contention-"))
-    env = start_mps(root) or dict(os.environ)
+    mps = NodeMPS()
+    reach, said = mps.start("on", str(root / "mps"))
+    print(said, flush=True)
+    env = {**os.environ, **reach}
     reports = []
     try:
         for case in args.cases.split(","):
@@ -257,7 +247,7 @@ def main() -> int:
                 orjson.dumps({"rows": args.rows, "reports": reports}, option=orjson.OPT_INDENT_2)
             )
     finally:
-        stop_mps(env if "CUDA_MPS_PIPE_DIRECTORY" in env else None)
+        mps.stop()
     print(f"figures in {args.out}; logs in {root}", flush=True)
     return 0
 
