@@ -184,6 +184,9 @@ class CosyVoiceConfig:
     # Utterances a worker decodes at once (v1, v2 and v3; 1 is upstream's own one-at-a-time path; 0 chooses
     # from the GPU memory a row's KV cache takes at precision.llm, see convtts.run.tuning).
     batch_size: int = 1
+    # Rows a worker takes in place of batch_size where the GPU's memory holds the slot's workers (counted
+    # at batch_size) at this many rows with flow passes of at least 1024 MiB (0: batch_size always).
+    batch_size_with_room: int = 0
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     # The batched engine's LLM decode: static (our step over a preallocated KV cache) or upstream (upstream's
     # layers over a cache grown by concatenation, the reference); CUDA graphs and torch.compile for the static
@@ -205,6 +208,10 @@ class CosyVoiceConfig:
             raise ConfigError(f"tts.cosyvoice.prompt_cache must be at least 1, got {self.prompt_cache}")
         if not 0 <= self.batch_size <= 256:
             raise ConfigError(f"tts.cosyvoice.batch_size must be between 0 (automatic) and 256, got {self.batch_size}")
+        if not 0 <= self.batch_size_with_room <= 256:
+            raise ConfigError(
+                f"tts.cosyvoice.batch_size_with_room must be between 0 (off) and 256, got {self.batch_size_with_room}"
+            )
         self.precision.check()
         self.flow.check()
         if self.decode not in DECODES:

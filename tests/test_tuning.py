@@ -116,12 +116,42 @@ def test_the_shipped_gpu_config_gets_workers_and_passes_that_fit_an_h100(free_gp
     assert (workers, sized.tts.cosyvoice.flow.max_mb) == (5, 2881)
     assert sized.tts.cosyvoice.batch_size == 96 and sized.tts.cosyvoice.model_dir == str(tmp_path)
     monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
-    free_gpu(143_156)  # an H200: its 768 rows as 8 workers of 96, with the configured passes
+    free_gpu(143_156)  # an H200: its 768 rows as 8 workers of 96, then 128 rows each (batch_size_with_room)
     workers, sized = size_workers(config, args)
-    assert (workers, sized.tts.cosyvoice.flow.max_mb) == (8, 4096)
+    assert (workers, sized.tts.cosyvoice.batch_size, sized.tts.cosyvoice.flow.max_mb) == (8, 128, 1888)
     with pytest.raises(ConfigError, match="must not be negative"):
         load_config(None, ["workers.rows_per_gpu=-1"])
     assert size_workers(config, argparse.Namespace(**{**vars(args), "device": "cpu"}))[1] == config  # CPU: as given
+
+
+def test_rows_grow_only_where_every_worker_counted_at_batch_size_holds_them(free_gpu, monkeypatch, tmp_path, caplog):
+    import argparse
+
+    from convtts.config import ConfigError, load_config
+    from convtts.run.command import size_workers
+
+    shipped = Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml"
+    args = argparse.Namespace(workers=0, slots_on_node=1, world=1, device="cuda")
+
+    def sized(*sets: str) -> tuple[int, int, int]:
+        config = load_config(shipped, [f"tts.cosyvoice.model_dir={tmp_path}", *sets])
+        workers, resolved = size_workers(config, args)
+        return workers, resolved.tts.cosyvoice.batch_size, resolved.tts.cosyvoice.flow.max_mb
+
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    free_gpu(81_079)  # an H100: its memory holds 5 workers of 96 and no more rows, so no worker is given up for them
+    with caplog.at_level(logging.INFO):
+        assert sized() == (5, 96, 2881)
+    assert "5 workers of 128 rows would leave passes of 377 MiB, under 1024" in caplog.text
+    free_gpu(143_156)  # an H200
+    assert sized("tts.cosyvoice.batch_size_with_room=0") == (8, 96, 4096)  # off
+    assert sized("tts.cosyvoice.batch_size=64") == (12, 64, 1528)  # 12 workers of 128 would not fit
+    assert sized("workers.per_slot=4") == (4, 128, 4096)  # a count asked for, and room for 128 rows each
+    assert sized("tts.cosyvoice.batch_size_with_room=160") == (8, 96, 4096)  # 8 x 160 would not fit: as counted
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))  # nvidia-smi cannot say: one worker, its rows as configured
+    assert sized() == (1, 96, 4096)
+    with pytest.raises(ConfigError, match="batch_size_with_room must be between 0"):
+        load_config(shipped, ["tts.cosyvoice.batch_size_with_room=300"])
 
 
 # -- automatic rows (tts.cosyvoice.batch_size: 0) -------------------------------------------------

@@ -14,7 +14,15 @@ from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layo
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import check_gate
 from convtts.gate.whisper import recogniser_gpu_mb
-from convtts.speak import backend_passes, backend_row_mb, backend_rows, check_backend, with_pass_mb, with_rows
+from convtts.speak import (
+    backend_passes,
+    backend_row_mb,
+    backend_rows,
+    backend_rows_with_room,
+    check_backend,
+    with_pass_mb,
+    with_rows,
+)
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full
 
@@ -121,8 +129,16 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
 
 
 def size_workers(config, args: argparse.Namespace):
-    """The slot's worker count and the config its workers get: rows set when the backend's are automatic (0)."""
-    from convtts.run.tuning import choose_layout, choose_workers, fit_passes, worker_gpu_mb
+    """The slot's worker count and the config its workers get: rows set when the backend's are automatic (0),
+    or grown where the GPU's memory holds more (tts.cosyvoice.batch_size_with_room), and passes fitted."""
+    from convtts.run.tuning import (
+        choose_layout,
+        choose_workers,
+        fit_passes,
+        free_gpu_mb,
+        rows_with_room,
+        worker_gpu_mb,
+    )
 
     requested = args.workers or config.workers.per_slot
     slots = args.slots_on_node or args.world
@@ -134,8 +150,11 @@ def size_workers(config, args: argparse.Namespace):
         return workers, with_rows(config, rows)
     passes = backend_passes(config) if args.device == "cuda" and rows > 1 else None
     if passes is not None:  # the pass budget shrinks so that the workers fit the GPU's memory
-        workers, pass_mb = fit_passes(requested, slots, base, rows, *passes, config.workers.rows_per_gpu)
-        return workers, with_pass_mb(config, pass_mb)
+        free = free_gpu_mb()
+        workers, pass_mb = fit_passes(requested, slots, base, rows, *passes, config.workers.rows_per_gpu, free)
+        roomy = backend_rows_with_room(config)
+        grown, pass_mb = rows_with_room(workers, base, rows, roomy, *passes, pass_mb, free)
+        return workers, with_pass_mb(with_rows(config, grown) if grown != rows else config, pass_mb)
     per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
     return choose_workers(requested, args.device, slots, per_worker), config
 

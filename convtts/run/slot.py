@@ -207,7 +207,7 @@ class Slot:
         if self.feed is not None:
             text = f"pieces of shards handed out by the driver; {count} workers"
         if self.work.rows > 1:
-            text += f" of {self.work.rows} rows each (tts.cosyvoice.batch_size)"
+            text += f" of {self.work.rows} rows each"  # the sizing line above says where they came from
         if count < self.options.workers:
             text = text.replace(f"; {count} workers", f"; keeping {count} of {self.options.workers} workers")
             text += ": no more than utterances to do"

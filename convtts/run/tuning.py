@@ -100,17 +100,24 @@ PASS_MIN_MB = 1024
 
 
 def fit_passes(
-    requested: int, slots_on_node: int, base: int, rows: int, row_mb: float, pass_mb: int, rows_per_gpu: int = 0
+    requested: int,
+    slots_on_node: int,
+    base: int,
+    rows: int,
+    row_mb: float,
+    pass_mb: int,
+    rows_per_gpu: int = 0,
+    free_mb: int | None = None,
 ) -> tuple[int, int]:
     """(workers, MiB a flow or vocoder pass may take) for batched GPU workers of `rows` fixed rows.
 
     As many workers as the cores allow, at most `rows_per_gpu` rows together (0: no bound) and
     MAX_WORKERS_PER_GPU (`requested` > 0 wins), each peaking at base + rows x row_mb + its pass
-    budget within 90% of the GPU's free memory; the budget is at most `pass_mb` and shrinks to
-    PASS_MIN_MB before a worker is dropped.
+    budget within 90% of the GPU's free memory (`free_mb`; None: asked of nvidia-smi); the budget
+    is at most `pass_mb` and shrinks to PASS_MIN_MB before a worker is dropped.
     """
     by_cpu = gpu_slot_cores(slots_on_node)
-    budget = free_gpu_mb() * 0.9
+    budget = (free_gpu_mb() if free_mb is None else free_mb) * 0.9
     by_rows = max(1, rows_per_gpu // max(1, rows)) if rows_per_gpu else MAX_WORKERS_PER_GPU
     workers = requested or min(by_cpu, by_rows, MAX_WORKERS_PER_GPU)
     if budget <= 0:
@@ -143,6 +150,43 @@ def fit_passes(
             "%d workers of %d rows do not fit this GPU's free memory: expect out-of-memory retries", workers, rows
         )
     return workers, passes
+
+
+def rows_with_room(
+    workers: int, base: int, rows: int, roomy: int, row_mb: float, pass_mb: int, fitted_mb: int, free_mb: int
+) -> tuple[int, int]:
+    """(rows, pass MiB) for `workers` fitted at `rows` with passes of `fitted_mb`: `roomy` rows each,
+    with passes of at most `pass_mb`, where 90% of the free memory leaves those passes PASS_MIN_MB;
+    else `rows` and `fitted_mb` as they were.
+
+    On an H200, 8 workers of 128 rows ran the steady state 7-11% above 8 of 96 (passes shrunk to
+    1,888 MiB); on an H100, whose memory holds 5 of 96, 4 of 128 were no faster at 1,000
+    conversations and 4% slower at 300 (docs/PERFORMANCE.md). So rows grow only where the workers
+    the slot counted at its rows all hold more, never at the price of a worker.
+    """
+    if roomy <= rows or free_mb <= 0:
+        return rows, fitted_mb
+    room = int(free_mb * 0.9 / workers - base - roomy * row_mb)
+    if room < PASS_MIN_MB:
+        log.info(
+            "rows: %d (%d workers of %d rows would leave passes of %d MiB, under %d)",
+            rows,
+            workers,
+            roomy,
+            room,
+            PASS_MIN_MB,
+        )
+        return rows, fitted_mb
+    passes = min(pass_mb, room)
+    log.info(
+        "rows: %d in place of %d (tts.cosyvoice.batch_size_with_room): %d workers of %d rows fit with passes of %d MiB",
+        roomy,
+        rows,
+        workers,
+        roomy,
+        passes,
+    )
+    return roomy, passes
 
 
 # Automatic rows (tts.cosyvoice.batch_size: 0). On an H200, 8 batched workers under MPS measured best

@@ -60,6 +60,12 @@ def backend_rows(config: Config) -> int:
     return int(rows(config)) if rows is not None else 1
 
 
+def backend_rows_with_room(config: Config) -> int:
+    """Rows a batched worker takes where the GPU's memory holds them (its backend's `rows_with_room`), else 0."""
+    rows = _backend_figure(config, "rows_with_room")
+    return int(rows(config)) if rows is not None else 0
+
+
 def backend_row_mb(config: Config) -> float:
     """GPU MiB each batch row of a worker takes (a batched backend's `row_gpu_mb(config)`), else 0."""
     figure = _backend_figure(config, "row_gpu_mb")

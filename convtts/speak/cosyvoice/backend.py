@@ -291,6 +291,11 @@ class CosyVoiceBackend:
         return config.tts.cosyvoice.batch_size
 
     @staticmethod
+    def rows_with_room(config: Config) -> int:
+        """Rows a worker takes instead where the GPU's memory holds them (batch_size_with_room; 0: off)."""
+        return config.tts.cosyvoice.batch_size_with_room
+
+    @staticmethod
     def row_gpu_mb(config: Config) -> float:
         """GPU MiB per batch row: its static KV cache at the LLM's precision, and its share of the flow's work."""
         from convtts.speak.cosyvoice.sizes import FLOW_MB_PER_ROW, row_kv_mb
