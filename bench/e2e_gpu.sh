@@ -13,7 +13,8 @@
 # install and the model on a machine already set up], WORK [/tmp/convtts-e2e-<engines>-<N>: must not exist],
 # MODEL [/tmp/cv300m], GPUS [every GPU; cpu:N for a dry run on a CPU machine, with SETUP=0 and a tiny MODEL],
 # PACK [0; 1 packs $OUT into $OUT.tgz, with every log of the run (worker logs too): a device call brings
-# back only a few files, and four runs' unpacked figures and logs were more than it did on 2026-11-27].
+# back only a few files, and four runs' unpacked figures and logs were more than it did on 2026-11-27],
+# SETS [config overrides for the job, space-separated: SETS="tts.cosyvoice.batch_size_with_room=0"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/results/e2e}"
@@ -23,6 +24,7 @@ mkdir -p "$out"
 source bench/gpu_prepare.sh
 rc=0
 gpus=(); [[ -n "${GPUS:-}" ]] && gpus=(--gpus "$GPUS")
+sets=(); for pair in ${SETS:-}; do sets+=(--set "$pair"); done
 address=local
 if [[ "${RAY_CLUSTER:-local}" == up ]]; then
   address=auto
@@ -37,7 +39,7 @@ if [[ "${RAY_CLUSTER:-local}" == up ]]; then
   sleep 5
 fi
 python3 bench/e2e.py --model-dir "$model" --conversations "$count" --engine "$engines" --work "$work" "${gpus[@]}" \
-  --ray-address "$address" --out "$out/e2e-$engines-$count.json" | tee "$out/e2e-$engines-$count.txt" || rc=$?
+  --ray-address "$address" --out "$out/e2e-$engines-$count.json" "${sets[@]}" | tee "$out/e2e-$engines-$count.txt" || rc=$?
 for log in "$work"/log-*/*/*/slot-?.log "$work"/log-*/*/*/driver.log; do  # start-up lines, hand-backs, rebuilds
   [[ -f "$log" ]] && cp "$log" "$out/$(basename "$(dirname "$(dirname "$(dirname "$log")")")")-$(basename "$log")"
 done
