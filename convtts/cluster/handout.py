@@ -40,7 +40,9 @@ log = logging.getLogger("ray_engine")
 MAX_SLOT_PIECE = 256  # ids: about what 8 workers of 32 rows hold at once
 # The window: shards open at once hold WINDOW_BATCHES times this many ids a slot, every shard once
 # the ids left fit OPEN_ALL_BATCHES times (convtts.run.pieces; this is about the rows
-# one GPU slot decodes at once: 8 workers of 96 on an H200; the driver does not know the slots' rows).
+# one GPU slot decodes at once: 8 workers of 96 on an H200 when it was set; the driver does not know
+# the slots' rows. Since tts.cosyvoice.batch_size_with_room an H200 slot of the v1 config decodes 8 x 128,
+# 1,024: not re-tuned, Ray was 0.90 and 0.99 of run_all.sh with it on two H200s, docs/PERFORMANCE.md).
 SLOT_ROWS = 768
 # A lost slot's pieces wait this long before another slot may take them: Ray may report a node
 # dead a moment before the processes on it have noticed and exited (docs/ARCHITECTURE.md).
