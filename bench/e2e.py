@@ -193,7 +193,18 @@ def measure(out: Path, started: float, wall: float) -> dict:
         "summary_this_run": summary.get("this_run"),
         "startup": startup(out),
         "last_rows": last_rows(rows, started),
+        "gpu_mb_peak": gpu_mb_peak(rows),
     }
+
+
+def gpu_mb_peak(rows: list[dict]) -> dict:
+    """Each worker's largest GPU memory over its rows (the manifest's gpu_mb: torch's reserved memory
+    by default, workers.gpu_memory), against which workers.max_gpu_mb rebuilds; {} on a CPU."""
+    peaks: dict[str, float] = {}
+    for row in rows:
+        if row.get("gpu_mb"):
+            peaks[row["worker"]] = max(peaks.get(row["worker"], 0.0), row["gpu_mb"])
+    return dict(sorted(peaks.items()))
 
 
 def last_rows(rows: list[dict], started: float, count: int = 8) -> list[dict]:
@@ -313,6 +324,12 @@ def report(figures: dict) -> str:
                 + ")"
                 for slot, got in imports.items()
             )
+        )
+    peaks = figures.get("gpu_mb_peak") or {}
+    if peaks:
+        lines.append(
+            f"  GPU memory, each worker's peak: {min(peaks.values()):.0f}-{max(peaks.values()):.0f} MiB "
+            f"over {len(peaks)} workers"
         )
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())

@@ -38,3 +38,18 @@ def test_a_whole_job_counts_every_row_over_the_commands_wall_time():
     rows = rows_of("w0", [5.0, 6.0, 7.0]) + rows_of("w1", [40.0] * 10)
     assert whole_job(rows, 50.0)["whole_job_audio_seconds_per_second"] == round(13 * 2.0 / 50.0, 3)
     assert whole_job([], 50.0)["whole_job_audio_seconds_per_second"] is None
+
+
+def test_the_end_to_end_bench_gives_each_workers_gpu_memory_peak():
+    """bench/e2e.py reads each worker's largest gpu_mb from the manifest rows (what max_gpu_mb is
+    compared with); rows of a CPU run (0) give nothing, and the printout leaves the line out."""
+    from e2e import gpu_mb_peak
+
+    rows = [
+        {"worker": "slot0-w1", "gpu_mb": 15000.0},
+        {"worker": "slot0-w0", "gpu_mb": 16008.5},
+        {"worker": "slot0-w1", "gpu_mb": 17420.0},
+        {"worker": "slot0-w0", "gpu_mb": 9000.0},
+    ]
+    assert gpu_mb_peak(rows) == {"slot0-w0": 16008.5, "slot0-w1": 17420.0}
+    assert gpu_mb_peak([{"worker": "slot0-w0", "gpu_mb": 0.0}, {"worker": "slot0-w1"}]) == {}
