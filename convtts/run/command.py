@@ -154,7 +154,7 @@ def size_workers(config, args: argparse.Namespace):
         workers, pass_mb = fit_passes(requested, slots, base, rows, *passes, config.workers.rows_per_gpu, free)
         roomy = backend_rows_with_room(config)
         grown, pass_mb = rows_with_room(workers, base, rows, roomy, *passes, pass_mb, free)
-        return workers, with_pass_mb(with_rows(config, grown) if grown != rows else config, pass_mb)
+        return workers, with_pass_mb(with_rows(config, grown), pass_mb)
     per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
     return choose_workers(requested, args.device, slots, per_worker), config
 

@@ -99,6 +99,11 @@ def free_gpu_mb() -> int:
 PASS_MIN_MB = 1024
 
 
+def pass_room(budget: float, workers: int, base: int, rows: int, row_mb: float) -> float:
+    """MiB a flow or vocoder pass may take when `workers` of `rows` rows share `budget` MiB."""
+    return budget / workers - (base + rows * row_mb)
+
+
 def fit_passes(
     requested: int,
     slots_on_node: int,
@@ -123,9 +128,9 @@ def fit_passes(
     if budget <= 0:
         return (requested or 1), pass_mb  # nvidia-smi could not say: one worker, as choose_workers does
     fixed = base + rows * row_mb
-    while not requested and workers > 1 and budget / workers - fixed < PASS_MIN_MB:
+    while not requested and workers > 1 and pass_room(budget, workers, base, rows, row_mb) < PASS_MIN_MB:
         workers -= 1
-    room = int(budget / workers - fixed)
+    room = int(pass_room(budget, workers, base, rows, row_mb))
     passes = max(64, min(pass_mb, room))
     log.info(
         "workers: %d (%s), each %.0f MiB (model %d + %d rows x %.0f) and passes of %d MiB "
@@ -166,7 +171,7 @@ def rows_with_room(
     """
     if roomy <= rows or free_mb <= 0:
         return rows, fitted_mb
-    room = int(free_mb * 0.9 / workers - base - roomy * row_mb)
+    room = int(pass_room(free_mb * 0.9, workers, base, roomy, row_mb))
     if room < PASS_MIN_MB:
         log.info(
             "rows: %d (%d workers of %d rows would leave passes of %d MiB, under %d)",
