@@ -33,6 +33,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,9 +110,11 @@ def command(engine: str, args, source: Path, out: Path) -> list[str]:
 def run(engine: str, args, source: Path) -> dict:
     out, log = Path(args.work) / f"out-{engine}", Path(args.work) / f"log-{engine}"
     cmd = command(engine, args, source, out) + ["--log-dir", str(log)]
+    sampler = start_gpu_sampler()
     started = time.time()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.time() - started
+    power = stop_gpu_sampler(sampler)
     figures = {
         "engine": engine,
         "command": " ".join(cmd),
@@ -120,12 +123,61 @@ def run(engine: str, args, source: Path) -> dict:
         "stderr_tail": done.stderr[-2000:],
     }
     figures.update(measure(out, started, wall))
+    figures["gpu_power_w"] = power_by_bin(power, started, wall)
     worker_logs = [path.read_text(errors="replace") for path in log.rglob("slot-*-worker-*.log")]
     figures["out_of_memory"] = out_of_memory(worker_logs)
     figures["engine_stages"] = engine_stages(worker_logs)
     slot_logs = [path for path in log.rglob("slot-*.log") if "-worker-" not in path.name]
     figures["forkserver_imports"] = forkserver_imports(slot_logs)
     return figures
+
+
+GPU_QUERY = ["nvidia-smi", "--query-gpu=timestamp,index,power.draw", "--format=csv,noheader,nounits", "-lms", "250"]
+BIN = 5.0  # seconds per bin of the timelines
+
+
+def start_gpu_sampler() -> subprocess.Popen | None:
+    """nvidia-smi printing each GPU's power draw every 250 ms while the command runs (None without one):
+    how busy the GPU was through start-up, the busy window and the tail."""
+    try:
+        return subprocess.Popen(GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+
+
+def stop_gpu_sampler(sampler: subprocess.Popen | None) -> list[tuple[float, int, float]]:
+    if sampler is None:
+        return []
+    sampler.terminate()
+    out, _ = sampler.communicate()
+    return parse_power(out)
+
+
+def parse_power(text: str) -> list[tuple[float, int, float]]:
+    """The sampler's lines as (seconds since the epoch, GPU index, watts); a line that is not a sample
+    (a GPU without a power reading says [N/A]) is left out."""
+    samples = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        try:
+            at = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # the host's local time
+            samples.append((at, int(parts[1]), float(parts[2])))
+        except (IndexError, ValueError):
+            continue
+    return samples
+
+
+def power_by_bin(samples: list[tuple[float, int, float]], started: float, wall: float) -> dict:
+    """Each GPU's mean power draw in watts per BIN seconds of the command (None where a bin got no sample)."""
+    bins = int(wall // BIN) + 1
+    sums: dict[int, list[list[float]]] = {}
+    for at, gpu, watts in samples:
+        i = int((at - started) // BIN)
+        if 0 <= i < bins:
+            got = sums.setdefault(gpu, [[0.0, 0] for _ in range(bins)])[i]
+            got[0] += watts
+            got[1] += 1
+    return {str(gpu): [round(w / n) if n else None for w, n in got] for gpu, got in sorted(sums.items())}
 
 
 FORKSERVER_LINE = re.compile(r"forkserver imported in ([\d.]+) s \((.*)\)")
@@ -194,6 +246,32 @@ def measure(out: Path, started: float, wall: float) -> dict:
         "startup": startup(out),
         "last_rows": last_rows(rows, started),
         "gpu_mb_peak": gpu_mb_peak(rows),
+        "timeline": timeline(rows, started, wall),
+    }
+
+
+def timeline(rows: list[dict], started: float, wall: float) -> dict:
+    """Per BIN seconds of the command: rows in flight (begun, not finished: decoding or waiting for the flow),
+    audio seconds finished, and the work rate, each row's audio spread evenly over its time in flight.
+    The work rate is what the GPU did as the job went: low in a bin of start-up, ramp or tail is time lost
+    against the steady state."""
+    bins = int(wall // BIN) + 1
+    flight, finished, work = [0.0] * bins, [0.0] * bins, [0.0] * bins
+    for row in rows:
+        end = row["finished"] - started
+        begin = end - row["synthesis_seconds"]
+        finished[min(bins - 1, max(0, int(end // BIN)))] += row["duration"]
+        rate = row["duration"] / max(row["synthesis_seconds"], 1e-3)
+        for i in range(max(0, int(begin // BIN)), min(bins, int(end // BIN) + 1)):
+            overlap = min(end, (i + 1) * BIN) - max(begin, i * BIN)
+            if overlap > 0:
+                flight[i] += overlap / BIN
+                work[i] += rate * overlap / BIN
+    return {
+        "bin_seconds": BIN,
+        "rows_in_flight": [round(x) for x in flight],
+        "finished_audio_s_per_s": [round(x / BIN, 1) for x in finished],
+        "work_audio_s_per_s": [round(x, 1) for x in work],
     }
 
 
@@ -331,6 +409,12 @@ def report(figures: dict) -> str:
             f"  GPU memory, each worker's peak: {min(peaks.values()):.0f}-{max(peaks.values()):.0f} MiB "
             f"over {len(peaks)} workers"
         )
+    line = figures.get("timeline") or {}
+    if line.get("work_audio_s_per_s"):
+        lines.append(f"  by {line['bin_seconds']:.0f} s: work audio s/s {line['work_audio_s_per_s']}")
+        lines.append(f"  by {line['bin_seconds']:.0f} s: rows in flight {line['rows_in_flight']}")
+    for gpu, watts in (figures.get("gpu_power_w") or {}).items():
+        lines.append(f"  by {BIN:.0f} s: GPU {gpu} watts {watts}")
     for slot in figures["startup"]:
         events = ", ".join(f"{name} {at:.1f}" for name, at in slot["events"].items())
         phases = ", ".join(f"{name} {p['mean']:.1f}/{p['max']:.1f}" for name, p in slot["phases"].items())

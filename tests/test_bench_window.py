@@ -53,3 +53,73 @@ def test_the_end_to_end_bench_gives_each_workers_gpu_memory_peak():
     ]
     assert gpu_mb_peak(rows) == {"slot0-w0": 16008.5, "slot0-w1": 17420.0}
     assert gpu_mb_peak([{"worker": "slot0-w0", "gpu_mb": 0.0}, {"worker": "slot0-w1"}]) == {}
+
+
+def test_the_end_to_end_timeline_spreads_each_rows_audio_over_its_time_in_flight():
+    """Work per bin sums to the job's audio over the bin width, a row counts in flight only while begun and
+    not finished, and finished audio lands in the bin of its end: a start-up bin with nothing in flight
+    reads 0 where the steady bins read the job's rate."""
+    from e2e import timeline
+
+    started = 1000.0
+    rows = [  # began at 5 s (in flight 5-15 s), and 12-14 s
+        {"finished": started + 15.0, "synthesis_seconds": 10.0, "duration": 20.0},
+        {"finished": started + 14.0, "synthesis_seconds": 2.0, "duration": 4.0},
+    ]
+    line = timeline(rows, started, wall=16.0)
+    assert line["rows_in_flight"] == [0, 1, 1, 0]  # 2-s row over 5 s of its bin: 0.4 of a row, rounded
+    assert line["work_audio_s_per_s"] == [0.0, 2.0, 2.8, 0.0]  # 2 audio s/s for the long row; +2 for 2 s of 5
+    assert line["finished_audio_s_per_s"] == [0.0, 0.0, 0.8, 4.0]
+    assert sum(line["work_audio_s_per_s"]) * line["bin_seconds"] == sum(r["duration"] for r in rows)
+
+
+def test_the_end_to_end_bench_reads_nvidia_smis_power_samples_into_bins():
+    """Samples are placed by their own timestamps (the host's local time), a GPU without a reading is
+    left out, and a bin with no sample says None rather than 0 W."""
+    from datetime import datetime
+
+    from e2e import parse_power, power_by_bin
+
+    started = datetime(2026, 11, 27, 12, 0, 0).timestamp()
+    text = "\n".join(
+        [
+            "2026/11/27 12:00:01.000, 0, 100.0",
+            "2026/11/27 12:00:02.000, 0, 300.0",
+            "2026/11/27 12:00:02.500, 1, [N/A]",
+            "2026/11/27 12:00:12.000, 0, 650.5",
+            "2026/11/27 12:00:03.000, 1, 70.0",
+        ]
+    )
+    samples = parse_power(text)
+    assert [(gpu, watts) for _, gpu, watts in samples] == [(0, 100.0), (0, 300.0), (0, 650.5), (1, 70.0)]
+    assert power_by_bin(samples, started, wall=14.0) == {"0": [200, None, 650], "1": [70, None, None]}
+
+
+def test_the_marginal_steady_state_is_the_slope_of_wall_time_over_audio(tmp_path):
+    """bench/marginal.py fits wall = fixed + audio / rate over jobs of several sizes: three jobs on the line
+    of 11 s plus audio at 270 audio s/s give back 270 and 11; a job that did not exit 0 is left out, the
+    engines are fitted apart, and one size alone (or a slope of no cost) gives no fit."""
+    import json
+
+    from marginal import fit, jobs
+
+    def job(name: str, conversations: int, audio: float, wall: float, engine: str = "bash", code: int = 0) -> Path:
+        run = {"engine": engine, "exit_code": code, "audio_seconds": audio, "wall_seconds": wall}
+        path = tmp_path / name
+        path.write_text(json.dumps({"conversations": conversations, "runs": [run]}))
+        return path
+
+    files = [
+        job("a.json", 300, 7550.0, 11 + 7550 / 270),
+        job("b.json", 1000, 25197.0, 11 + 25197 / 270),
+        job("c.json", 2000, 50442.0, 11 + 50442 / 270),
+        job("d.json", 300, 7550.0, 300.0, code=1),  # a failed job: not a point of the line
+        job("e.json", 300, 7550.0, 40.0, engine="ray"),
+    ]
+    found = jobs(files)
+    assert sorted(found) == ["bash", "ray"]
+    assert len(found["bash"]) == 3
+    assert fit(found["bash"]) == {"rate": 270.0, "fixed_seconds": 11.0, "jobs": 3}
+    assert fit(found["ray"]) is None  # one size
+    flat = [dict(r, wall=50.0) for r in found["bash"]]
+    assert fit(flat) is None  # more audio took no longer
