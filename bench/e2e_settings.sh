@@ -3,7 +3,9 @@
 # meets the same host and page cache. Each argument is NAME or NAME:group.key=value,group.key=value
 # (a bare NAME runs the shipped config); a pair whose key is an environment variable's name (upper case,
 # no dot: NAME:CONVTTS_X=1) is set in the job's environment instead. Figures land in $OUT as NAME-SIZE-ROUND.json/.txt, packed
-# into $OUT/e2e-settings.tgz after each run as well (a device call returns only a few files).
+# into $OUT/e2e-settings.tgz after each run as well (a device call returns only a few files). With several
+# SIZES, bench/marginal.py then fits each setting's wall times: its steady state as the slope of wall time
+# over audio, and the fixed part every job pays (NAME-marginal.txt/.json).
 #
 #   OUT=$OUT SIZES="300 1000" bash bench/e2e_settings.sh shipped \
 #       wide:tts.cosyvoice.flow.spread=100,tts.cosyvoice.flow.frame_buckets=4
@@ -38,4 +40,11 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     done
   done
 done
+if (($(wc -w <<<"${SIZES:-300}") > 1)); then  # several sizes: each setting's steady state as the slope (bench/marginal.py)
+  for spec in "$@"; do
+    name="${spec%%:*}"
+    python3 bench/marginal.py --out "$out/$name-marginal.json" "$out/$name"-[0-9]*.json | tee "$out/$name-marginal.txt" || true
+  done
+  tar -czf "/tmp/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz . && mv /tmp/e2e-settings.tgz "$out/"
+fi
 exit $rc
