@@ -17,6 +17,8 @@ new ids), and prints from the run's own outputs:
   the 10%-trimmed figure bench/throughput.py gives;
 - the start-up timeline (work/slots/slot-N.json): validation, slot start, plan, each worker's
   spawn and load phases, first audio, all workers busy; and the tail after the window.
+- per 5 s of the command: rows in flight, audio finished, work under way, and each GPU's power draw
+  (nvidia-smi, where there is one).
 
     python3 bench/e2e.py --model-dir /tmp/cv300m --conversations 300 --out "$OUT/e2e-300.json"
     python3 bench/e2e.py --size tiny --conversations 12 --gpus cpu:2 --work /tmp/e2e-cpu   # a check on a CPU machine
@@ -252,9 +254,10 @@ def measure(out: Path, started: float, wall: float) -> dict:
 
 def timeline(rows: list[dict], started: float, wall: float) -> dict:
     """Per BIN seconds of the command: rows in flight (begun, not finished: decoding or waiting for the flow),
-    audio seconds finished, and the work rate, each row's audio spread evenly over its time in flight.
-    The work rate is what the GPU did as the job went: low in a bin of start-up, ramp or tail is time lost
-    against the steady state."""
+    audio seconds finished, and the work under way, each row's audio spread evenly over its time in flight.
+    The work is a rough gauge: a row's time in flight includes its waits in the worker (for a free row, for
+    the flow), so it reads low where short rows wait; the GPU's power draw (gpu_power_w) says more about
+    how busy the GPU was."""
     bins = int(wall // BIN) + 1
     flight, finished, work = [0.0] * bins, [0.0] * bins, [0.0] * bins
     for row in rows:
