@@ -14,6 +14,9 @@ MAX_WORKERS_PER_GPU = 16  # past this, MPS gave no more throughput in our sweeps
 # Cores left to the slot processes and the system on a GPU node: on a 16-core H200 node, 14 CosyVoice
 # workers kept 83% of the cores busy (about 0.95 core each), so 16 would starve them.
 GPU_NODE_SPARE_CORES = 2
+# The share of a GPU's free memory a slot plans its workers in; the rest is left for the CUDA contexts and
+# the allocator's slack.
+FREE_SHARE = 0.9
 
 
 def cpu_cores() -> int:
@@ -55,16 +58,17 @@ def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_w
         return by_cpu
     by_cpu = gpu_slot_cores(slots)
     free_mb = free_gpu_mb()
-    by_memory = max(1, int(free_mb * 0.9 // gpu_mb_per_worker)) if free_mb else 1
+    by_memory = max(1, int(free_mb * FREE_SHARE // gpu_mb_per_worker)) if free_mb else 1
     count = min(by_cpu, by_memory, MAX_WORKERS_PER_GPU)
     log.info(
-        "workers: %d = min((cores %d - %d spare) / %d slots = %d, 90%% of %d MiB free / %d MiB per worker = %d, cap "
+        "workers: %d = min((cores %d - %d spare) / %d slots = %d, %.0f%% of %d MiB free / %d MiB per worker = %d, cap "
         "%d)",
         count,
         cpu_cores(),
         GPU_NODE_SPARE_CORES,
         slots_on_node,
         by_cpu,
+        FREE_SHARE * 100,
         free_mb,
         gpu_mb_per_worker,
         by_memory,
@@ -118,11 +122,11 @@ def fit_passes(
 
     As many workers as the cores allow, at most `rows_per_gpu` rows together (0: no bound) and
     MAX_WORKERS_PER_GPU (`requested` > 0 wins), each peaking at base + rows x row_mb + its pass
-    budget within 90% of the GPU's free memory (`free_mb`; None: asked of nvidia-smi); the budget
+    budget within FREE_SHARE of the GPU's free memory (`free_mb`; None: asked of nvidia-smi); the budget
     is at most `pass_mb` and shrinks to PASS_MIN_MB before a worker is dropped.
     """
     by_cpu = gpu_slot_cores(slots_on_node)
-    budget = (free_gpu_mb() if free_mb is None else free_mb) * 0.9
+    budget = (free_gpu_mb() if free_mb is None else free_mb) * FREE_SHARE
     by_rows = max(1, rows_per_gpu // max(1, rows)) if rows_per_gpu else MAX_WORKERS_PER_GPU
     workers = requested or min(by_cpu, by_rows, MAX_WORKERS_PER_GPU)
     if budget <= 0:
@@ -134,7 +138,7 @@ def fit_passes(
     passes = max(64, min(pass_mb, room))
     log.info(
         "workers: %d (%s), each %.0f MiB (model %d + %d rows x %.0f) and passes of %d MiB "
-        "(at most %d; 90%% of %.0f MiB free over %d workers leaves %d)",
+        "(at most %d; %.0f%% of %.0f MiB free over %d workers leaves %d)",
         workers,
         "set by config or --workers"
         if requested
@@ -146,7 +150,8 @@ def fit_passes(
         row_mb,
         passes,
         pass_mb,
-        budget / 0.9,
+        FREE_SHARE * 100,
+        budget / FREE_SHARE,
         workers,
         room,
     )
@@ -161,7 +166,7 @@ def rows_with_room(
     workers: int, base: int, rows: int, roomy: int, row_mb: float, pass_mb: int, fitted_mb: int, free_mb: int
 ) -> tuple[int, int]:
     """(rows, pass MiB) for `workers` fitted at `rows` with passes of `fitted_mb`: `roomy` rows each,
-    with passes of at most `pass_mb`, where 90% of the free memory leaves those passes PASS_MIN_MB;
+    with passes of at most `pass_mb`, where FREE_SHARE of the free memory leaves those passes PASS_MIN_MB;
     else `rows` and `fitted_mb` as they were.
 
     On an H200, 8 workers of 128 rows ran the steady state 7-11% above 8 of 96 (passes shrunk to
@@ -171,7 +176,7 @@ def rows_with_room(
     """
     if roomy <= rows or free_mb <= 0:
         return rows, fitted_mb
-    room = int(pass_room(free_mb * 0.9, workers, base, roomy, row_mb))
+    room = int(pass_room(free_mb * FREE_SHARE, workers, base, roomy, row_mb))
     if room < PASS_MIN_MB:
         log.info(
             "rows: %d (%d workers of %d rows would leave passes of %d MiB, under %d)",
@@ -213,15 +218,15 @@ def choose_layout(
         return workers, CPU_ROWS
     by_cpu = gpu_slot_cores(slots_on_node)
     workers = requested or min(by_cpu, BATCHED_WORKERS_PER_GPU)
-    budget = free_gpu_mb() * 0.9
+    budget = free_gpu_mb() * FREE_SHARE
     while True:
         rows = rows_that_fit(budget / workers, gpu_mb_per_worker, gpu_mb_per_row)
         if rows >= MIN_AUTO_ROWS or workers == 1 or requested:
             break
         workers -= 1
     log.info(
-        "workers: %d (%s), rows: %d = min(%d, (90%% of free GPU memory %.0f MiB / %d workers - %d MiB per worker) / "
-        "%.0f MiB per row, in steps of 8)",
+        "workers: %d (%s), rows: %d = min(%d, (%.0f%% of free GPU memory, %.0f MiB, / %d workers "
+        "- %d MiB per worker) / %.0f MiB per row, in steps of 8)",
         workers,
         "set by config or --workers"
         if requested
@@ -229,6 +234,7 @@ def choose_layout(
         f"fewer if rows fell under {MIN_AUTO_ROWS}",
         rows,
         AUTO_ROWS,
+        FREE_SHARE * 100,
         budget,
         workers,
         gpu_mb_per_worker,
