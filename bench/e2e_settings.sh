@@ -18,6 +18,8 @@ out="${OUT:-bench/results/e2e-settings}" model="${MODEL:-/tmp/cv300m}"
 (($#)) || { echo "usage: bash bench/e2e_settings.sh NAME[:k=v,...] ..." >&2; exit 2; }
 mkdir -p "$out"
 source bench/gpu_prepare.sh
+# every figure so far in one file (a device call brings back only a few)
+pack() { tar -czf "/tmp/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz . && mv /tmp/e2e-settings.tgz "$out/"; }
 rc=0
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for size in ${SIZES:-300}; do
@@ -36,7 +38,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       echo "== $run: ${envs[*]} ${sets[*]:-shipped config}"
       env "${envs[@]}" python3 bench/e2e.py --model-dir "$model" --conversations "$size" --engine bash --gpus "${GPUS:-0}" \
         --work "$work" --out "$out/$run.json" "${sets[@]}" | tee "$out/$run.txt" || rc=1
-      tar -czf "/tmp/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz . && mv /tmp/e2e-settings.tgz "$out/"
+      pack
     done
   done
 done
@@ -45,6 +47,6 @@ if (($(wc -w <<<"${SIZES:-300}") > 1)); then  # several sizes: each setting's st
     name="${spec%%:*}"
     python3 bench/marginal.py --out "$out/$name-marginal.json" "$out/$name"-[0-9]*.json | tee "$out/$name-marginal.txt" || true
   done
-  tar -czf "/tmp/e2e-settings.tgz" -C "$out" --exclude e2e-settings.tgz . && mv /tmp/e2e-settings.tgz "$out/"
+  pack
 fi
 exit $rc
