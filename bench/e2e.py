@@ -40,11 +40,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "bench" / "data" / "llava_gpt4_qa_30x3.jsonl"
+SHORT_TURNS = REPO / "bench" / "data" / "llava15_short_turns.json"
 PHASES = ("process", "gate", "imports", "cuda", "modules", "frontend", "weights", "engine", "other")
 
 
-def make_conversations(count: int, path: Path) -> None:
-    """`count` conversations of one question (with its <image>) and its answer each, in file order, repeated."""
+def make_conversations(count: int, path: Path, text: str = "bench") -> None:
+    """`count` conversations in file order, repeated under new ids: `bench`, one question (with its <image>) and
+    its GPT-4 answer each; `short`, the real short-turn conversations as they are."""
+    if text == "short":
+        records = json.loads(SHORT_TURNS.read_text())
+        repeated = [dict(records[n % len(records)], id=f"{records[n % len(records)]['id']}-{n // len(records)}")
+                    for n in range(count)]
+        path.write_text(json.dumps(repeated))
+        return
     pairs = [json.loads(line) for line in TEXT.read_text().splitlines() if line.strip()]
     records = []
     for n in range(count):
@@ -198,13 +206,14 @@ def forkserver_imports(slot_logs: list[Path]) -> dict:
 ENGINE_LINE = re.compile(r"engine: (\d+) utterances in ([\d.]+) s: (.*)")
 STAGE = re.compile(r"(\w+) ([\d.]+) s")
 FLOW_GRAPHS = re.compile(r"flow passes (\d+) bucketed: (\d+) replayed, (\d+) captured")
+VOCODER_PASSES = re.compile(r"vocoder passes (\d+), (\d+) of one row")
 
 
 def engine_stages(worker_logs: list[str]) -> dict:
     """Where the batched workers' time went, summed over their engine lines (engine.StageTimer):
     seconds per stage and the share of the workers' time in the engine; and the flow's passes on
     the GPU, how many replayed a CUDA graph and how many graphs were captured."""
-    wall, stages, graphs = 0.0, {}, [0, 0, 0]
+    wall, stages, graphs, vocoder = 0.0, {}, [0, 0, 0], [0, 0]
     for text in worker_logs:
         for match in ENGINE_LINE.finditer(text):
             wall += float(match.group(2))
@@ -212,9 +221,17 @@ def engine_stages(worker_logs: list[str]) -> dict:
                 stages[name] = stages.get(name, 0.0) + float(seconds)
             if counts := FLOW_GRAPHS.search(match.group(3)):
                 graphs = [total + int(n) for total, n in zip(graphs, counts.groups())]
+            if counts := VOCODER_PASSES.search(match.group(3)):
+                vocoder = [total + int(n) for total, n in zip(vocoder, counts.groups())]
     share = {name: round(seconds / wall, 3) for name, seconds in stages.items()} if wall else {}
     passes = dict(zip(("passes", "replayed", "captured"), graphs))
-    return {"seconds": round(wall, 1), "share": share, "flow_passes": passes}
+    return {
+        "seconds": round(wall, 1),
+        "stage_seconds": {name: round(seconds, 1) for name, seconds in stages.items()},
+        "share": share,
+        "flow_passes": passes,
+        "vocoder_passes": dict(zip(("passes", "one_row"), vocoder)),
+    }
 
 
 def out_of_memory(worker_logs: list[str]) -> int:
@@ -249,7 +266,56 @@ def measure(out: Path, started: float, wall: float) -> dict:
         "last_rows": last_rows(rows, started),
         "gpu_mb_peak": gpu_mb_peak(rows),
         "timeline": timeline(rows, started, wall),
+        "by_row_length": by_row_length(rows, audio / wall if wall else 0.0),
     }
+
+
+LENGTH_BUCKETS = ((0.0, 1.0, "under 1 s"), (1.0, 2.0, "1-2 s"), (2.0, 5.0, "2-5 s"), (5.0, 10.0, "5-10 s"),
+                  (10.0, float("inf"), "over 10 s"))
+
+
+def worker_shares(rows: list[dict]) -> list[float]:
+    """Each row's share of its worker's time: every moment of a worker is split evenly among the rows it
+    has in flight (begun, not finished), as the decode's steps are; a rough gauge, since a row's time in
+    flight includes its waits (for the flow, for a refill's prefill)."""
+    shares = [0.0] * len(rows)
+    by_worker: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_worker.setdefault(row["worker"], []).append(i)
+    for members in by_worker.values():
+        events = sorted(
+            [(rows[i]["finished"] - rows[i]["synthesis_seconds"], 1, i) for i in members]
+            + [(rows[i]["finished"], -1, i) for i in members]
+        )
+        integral, last, live = 0.0, None, 0  # integral of dt / rows in flight, from the worker's first event
+        mark: dict[int, float] = {}
+        for at, step, i in events:
+            if last is not None and live:
+                integral += (at - last) / live
+            last = at
+            live += step
+            if step > 0:
+                mark[i] = integral
+            else:
+                shares[i] = integral - mark.get(i, integral)
+    return shares
+
+
+def by_row_length(rows: list[dict], rate: float) -> list[dict]:
+    """Per bucket of row length: rows, audio, and the job's audio s/s were every row as costly per audio
+    second as this bucket's (end to end, scaled by the bucket's share of the workers' time against its
+    share of the audio)."""
+    shares = worker_shares(rows)
+    audio_all, time_all = sum(r["duration"] for r in rows), sum(shares)
+    out = []
+    for low, high, name in LENGTH_BUCKETS:
+        picked = [i for i, r in enumerate(rows) if low <= r["duration"] < high]
+        audio = sum(rows[i]["duration"] for i in picked)
+        spent = sum(shares[i] for i in picked)
+        scaled = rate * (audio / audio_all) / (spent / time_all) if picked and spent and audio_all else None
+        out.append({"rows": name, "count": len(picked), "audio_seconds": round(audio, 1),
+                    "audio_s_per_s": round(scaled, 1) if scaled else None})
+    return out
 
 
 def timeline(rows: list[dict], started: float, wall: float) -> dict:
@@ -383,6 +449,11 @@ def report(figures: dict) -> str:
         "  last rows (audio s, began-finished s): "
         + ", ".join(f"{r['worker']} {r['audio']:.1f} {r['began']}-{r['finished']}" for r in figures["last_rows"])
     )
+    lines.append(
+        "  by row length (rows, audio s, audio s/s at that cost): "
+        + "; ".join(f"{b['rows']} {b['count']}, {b['audio_seconds']}, {b['audio_s_per_s']}"
+                    for b in figures.get("by_row_length", []))
+    )
     stages = figures.get("engine_stages") or {}
     if stages.get("share"):
         shares = ", ".join(
@@ -394,6 +465,9 @@ def report(figures: dict) -> str:
             if passes.get("passes")
             else ""
         )
+        vocoder = stages.get("vocoder_passes") or {}
+        if vocoder.get("passes"):
+            graphs += f"; vocoder passes {vocoder['passes']}, {vocoder['one_row']} of one row"
         lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}{graphs}")
     imports = figures.get("forkserver_imports") or {}
     if imports:
@@ -436,6 +510,12 @@ def main() -> int:
         "--size", choices=("tiny", "full"), help="write a random-weight model of this size when --model-dir has none"
     )
     p.add_argument("--conversations", type=int, default=300)
+    p.add_argument(
+        "--text",
+        choices=("bench", "short"),
+        default="bench",
+        help="bench: LLaVA GPT-4 answers (long rows); short: real short-turn VQA conversations (bench/data/README.md)",
+    )
     p.add_argument("--engine", choices=("bash", "ray", "both"), default="bash")
     p.add_argument("--gpus", help="run_all.sh --gpus (default: every GPU; cpu:N on a CPU machine)")
     p.add_argument(
@@ -456,7 +536,7 @@ def main() -> int:
     args.model_dir = Path(args.model_dir).resolve()
     ensure_model(args.model_dir, args.size)
     source = work / f"conversations-{args.conversations}.json"
-    make_conversations(args.conversations, source)
+    make_conversations(args.conversations, source, args.text)
     results = []
     for engine in ("bash", "ray") if args.engine == "both" else (args.engine,):
         results.append(run(engine, args, source))

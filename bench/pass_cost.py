@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""What one flow pass and one vocoder pass cost, by rows and length: eager, captured, replayed; one row alone.
+
+The engine renders decoded rows in passes (flow.py groups them, vocoder.py again), so the cost of
+a pass apart from its size decides how short rows fare: a job of rows of one second makes many
+more passes per audio second than one of ten-second rows when passes cannot take many rows. For
+each (rows, seconds of audio a row) this times, in one process with the GPU to itself and the
+shipped precision (bf16): the flow's first pass of a shape (eager), its capture, and the median of
+a few replays of its CUDA graph; then the vocoder for the same rows in one pass, and each row alone
+(upstream's call, what a pass of one row runs). Times include the GPU's work (synchronised).
+
+    python3 bench/pass_cost.py --model-dir /tmp/cv300m --out "$OUT/pass-cost.json"
+    python3 bench/pass_cost.py --model-dir /tmp/tiny --rows 1,2 --seconds 0.5 --out /tmp/p.json   # CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def flow_times(model, chunk, tokens, precision: str, repeat: int) -> dict:
+    """Seconds of the first (eager) pass, the capture, and the median replay of one shape."""
+    import torch
+
+    from convtts.speak.cosyvoice.engine.flow import Flow
+    from convtts.testing.flow_vocoder import make_rows, timed
+
+    inner = model.model
+    on_gpu = torch.device(inner.device).type == "cuda"
+    flow = Flow(inner.flow, precision, inner.device, graphs=on_gpu, capture_after=2, spread=100.0, tail_spread=100.0)
+    runs = []
+    with torch.inference_mode():
+        for _ in range(2 + repeat):  # the first runs eagerly; the second runs and captures; then replays
+            rows = make_rows(chunk, tokens)
+            runs.append(timed(lambda rows=rows: flow.mels(rows), inner.device)[1])
+    return {
+        "eager_s": round(runs[0], 4),
+        "eager_and_capture_s": round(runs[1], 4),
+        "replay_s": round(statistics.median(runs[2:]), 4) if on_gpu else None,
+        "replays": flow.solver.graphs.replays,
+    }
+
+
+def vocoder_times(model, chunk, tokens, precision: str, repeat: int) -> dict:
+    """Seconds of the rows in one vocoder pass (median of `repeat`), and of each row alone, summed."""
+    import torch
+
+    from convtts.speak.cosyvoice.engine.flow import Flow
+    from convtts.speak.cosyvoice.engine.vocoder import Vocoder
+    from convtts.testing.flow_vocoder import make_rows, timed
+
+    inner = model.model
+    rows = make_rows(chunk, tokens)
+    with torch.inference_mode():
+        mels = Flow(inner.flow, precision, inner.device).mels(rows)
+        together = Vocoder(inner.hift, precision, max_rows=max(2, len(rows)), max_mb=1 << 20)
+        alone = Vocoder(inner.hift, precision, max_rows=1)
+        requests = [row.request for row in make_rows(chunk, tokens)]
+        timed(lambda: together.speak(requests, mels, 1.0), inner.device)  # warm-up (kernels chosen)
+        passes = [timed(lambda: together.speak(requests, mels, 1.0), inner.device)[1] for _ in range(repeat)]
+        solo = timed(lambda: alone.speak(requests, mels, 1.0), inner.device)[1]
+    return {"one_pass_s": round(statistics.median(passes), 4), "each_alone_s": round(solo, 4)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--runtime-root", default="")
+    p.add_argument("--rows", default="1,4,16,64")
+    p.add_argument("--seconds", default="1,3,10", help="audio seconds of every row of a pass")
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--prompt-seconds", type=float, default=4.0, help="v2/v3: the zero-shot prompt's length")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    import torch
+
+    from convtts.config import CosyVoiceConfig
+    from convtts.speak.cosyvoice.runtime import import_runtime, load_model
+    from convtts.testing.flow_vocoder import flow_inputs, token_lists
+
+    cosy = CosyVoiceConfig(model_dir=args.model_dir, runtime_root=args.runtime_root)
+    import_runtime(cosy)
+    model = load_model(cosy)
+    chunk = flow_inputs(model, args.prompt_seconds)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    results = {"device": device, "precision": args.precision, "passes": []}
+    for seconds in (float(s) for s in args.seconds.split(",")):
+        for rows in (int(r) for r in args.rows.split(",")):
+            tokens = token_lists(model, [seconds] * rows)
+            figures = {"rows": rows, "seconds": seconds, "audio_s": rows * seconds}
+            figures["flow"] = flow_times(model, chunk, tokens, args.precision, args.repeat)
+            figures["vocoder"] = vocoder_times(model, chunk, tokens, args.precision, args.repeat)
+            results["passes"].append(figures)
+            print(orjson.dumps(figures).decode(), flush=True)
+            Path(args.out).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Short turns against long answers: the README's command on both kinds of real text, at the same audio size, in one call.
+
+Runs bench/e2e.py's job on N real short-turn conversations (bench/data/llava15_short_turns.json,
+a third of its rows under 2 s of audio) and then on as many LLaVA GPT-4 answers as hold the same
+number of words (so about the same audio), each from nothing, under the same settings; prints each
+job's figures (end to end, steady state, by row length, where the workers' time went), the two
+end-to-end figures and their ratio (short over long).
+
+    python3 bench/text_kinds.py --model-dir /tmp/cv300m --conversations 1000 --out "$OUT/kinds.json"
+    python3 bench/text_kinds.py --size tiny --model-dir /tmp/tiny --conversations 6 --gpus cpu:2 --work /tmp/k
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import e2e  # bench/ is on sys.path when run as a script
+
+WORD = re.compile(r"\w+")
+
+
+def words(path: Path) -> int:
+    """Words of every turn of a conversations file."""
+    return sum(len(WORD.findall(turn["value"])) for record in json.loads(path.read_text())
+               for turn in record["conversations"])
+
+
+def matching_count(target: int, work: Path, largest: int = 100_000) -> int:
+    """The fewest bench-text conversations whose words reach `target` (the text repeats, so words grow
+    evenly: a bisection over the count)."""
+    low, high = 1, largest
+    probe = work / "probe.json"
+    while low < high:
+        middle = (low + high) // 2
+        e2e.make_conversations(middle, probe, "bench")
+        if words(probe) >= target:
+            high = middle
+        else:
+            low = middle + 1
+    probe.unlink(missing_ok=True)
+    return low
+
+
+def job(args, text: str, count: int) -> dict:
+    """One kind's job in its own folder: e2e.run on `count` conversations of `text`."""
+    work = Path(args.work) / text
+    work.mkdir(parents=True)
+    source = work / f"conversations-{count}.json"
+    e2e.make_conversations(count, source, text)
+    run_args = argparse.Namespace(**{**vars(args), "work": str(work)})
+    figures = e2e.run(args.engine, run_args, source)
+    figures.update(text=text, conversations=count, words=words(source))
+    print(f"== {text}: {count} conversations, {figures['words']} words", flush=True)
+    print(e2e.report(figures), flush=True)
+    return figures
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", default="/tmp/cv300m")
+    p.add_argument("--size", choices=("tiny", "full"), help="write a random-weight model when --model-dir has none")
+    p.add_argument("--conversations", type=int, default=1000, help="short-turn conversations (the long text matches)")
+    p.add_argument("--engine", choices=("bash", "ray"), default="bash")
+    p.add_argument("--gpus", help="run_all.sh --gpus (default: every GPU; cpu:N on a CPU machine)")
+    p.add_argument("--ray-address", default="local")
+    p.add_argument("--config", default=str(e2e.REPO / "configs" / "cosyvoice.yaml"))
+    p.add_argument("--set", action="append", default=[], help="group.key=value added to both commands")
+    p.add_argument("--work", default="/tmp/convtts-kinds", help="a fresh folder")
+    p.add_argument("--out", help="write the figures here as JSON")
+    args = p.parse_args()
+    work = Path(args.work)
+    if work.exists() and any(work.iterdir()):
+        p.error(f"--work {work} is not empty: every run starts from nothing")
+    work.mkdir(parents=True, exist_ok=True)
+    args.model_dir = Path(args.model_dir).resolve()
+    e2e.ensure_model(args.model_dir, args.size)
+    short_source = work / "short-words.json"
+    e2e.make_conversations(args.conversations, short_source, "short")
+    long_count = matching_count(words(short_source), work)
+    short_source.unlink()
+    results = [job(args, "short", args.conversations), job(args, "bench", long_count)]
+    short, long = (r["end_to_end_audio_s_per_s"] for r in results)
+    ratio = round(short / long, 3) if short and long else None
+    print(
+        f"short turns {short} audio s/s ({results[0]['audio_seconds']} s of audio), long answers {long} "
+        f"({results[1]['audio_seconds']} s): ratio {ratio}",
+        flush=True,
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"ratio": ratio, "runs": results}, indent=2))
+    return 0 if all(r["exit_code"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
