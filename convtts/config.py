@@ -147,15 +147,37 @@ class FlowConfig:
     vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
     # The shapes of the flow's passes. An eager v1 pass is some 121,000 torch calls (counted on a CPU), a
     # replayed graph one: fewer shapes replay more often, at the price of padding (GPU work).
-    spread: float = 1.25  # longest over shortest row in one flow pass
+    # How a flush's rows are cut into passes: cost (the cut of least total cost by the figures below: a pass's
+    # own price beside its padded work) or spread (close lengths together, within `spread`).
+    grouping: str = "cost"
+    # The share of a worker's rows whose decode has ended before they go through the flow together (a
+    # flush; the rows left go at once when nothing else is left to decode). Larger flushes make fewer,
+    # fuller passes; a decoded row holds no decode row while it waits.
+    flush_share: float = 0.5
+    spread: float = 1.25  # longest over shortest row in one flow pass (grouping spread)
     # the same once a worker has no more input in hand: its last rows wait on each pass, and the GPU has room
     tail_spread: float = 100.0
+    # A pass's costs (grouping cost), measured on an H200 with bf16 CosyVoice-300M (bench/pass_cost.py): an
+    # eager flow solve 0.6-1.2 s whatever its size (launch-bound), a replayed graph 60 ms, then about 18 us a
+    # padded row-frame (2 x rows x frames x 10 steps of work); a vocoder pass 11-16 ms, then about 7.5 us.
+    pass_ms: float = 700.0
+    replay_ms: float = 60.0
+    frame_us: float = 18.0
+    vocoder_pass_ms: float = 12.0
+    vocoder_frame_us: float = 7.5
     frame_buckets: int = 8  # widths a doubling of frames is cut into (a pass is padded up to the next)
     capture_after: int = 2  # passes of one shape before its graph is captured
 
     def check(self) -> None:
         if not 0 <= self.max_graphs <= 256:
             raise ConfigError(f"tts.cosyvoice.flow.max_graphs must be between 0 and 256, got {self.max_graphs}")
+        if not 0.0 < self.flush_share <= 1.0:
+            raise ConfigError(f"tts.cosyvoice.flow.flush_share must be above 0 and at most 1, got {self.flush_share}")
+        if self.grouping not in ("cost", "spread"):
+            raise ConfigError(f"tts.cosyvoice.flow.grouping must be cost or spread, got {self.grouping!r}")
+        for name in ("pass_ms", "replay_ms", "frame_us", "vocoder_pass_ms", "vocoder_frame_us"):
+            if not 0.0 <= getattr(self, name) <= 1e6:
+                raise ConfigError(f"tts.cosyvoice.flow.{name} must be between 0 and 1e6, got {getattr(self, name)}")
         for name in ("spread", "tail_spread"):
             if not 1.0 <= getattr(self, name) <= 100.0:
                 raise ConfigError(f"tts.cosyvoice.flow.{name} must be between 1.0 and 100, got {getattr(self, name)}")
@@ -283,6 +305,10 @@ class WorkerConfig:
     # before it takes more: rows refilled mid-batch bring prefills and flow passes that stop the
     # decode of the rows still running, and on a short job those longest rows are its end.
     hold_first_batch: bool = True
+    # The share of that first batch whose results are back before the worker takes more (1.0: the whole
+    # batch). Every worker's first batch ends at about the same time, and all refilling at once leaves
+    # the GPU half idle for a few seconds; a worker released earlier refills while its longest rows decode.
+    hold_release: float = 0.5
 
     def check(self) -> None:
         if self.cuda_sync not in CUDA_SYNCS:
@@ -299,6 +325,8 @@ class WorkerConfig:
             raise ConfigError("workers.max_attempts must be at least 1")
         if self.progress_interval <= 0:
             raise ConfigError("workers.progress_interval must be positive")
+        if not 0 < self.hold_release <= 1:
+            raise ConfigError(f"workers.hold_release must be above 0 and at most 1, got {self.hold_release!r}")
 
 
 @dataclass(frozen=True)

@@ -357,12 +357,26 @@ def test_pass_widths_are_padded_by_at_most_one_bucket():
 
 
 def test_a_wider_spread_makes_fewer_passes(models, rows):
-    """flow.spread reaches the passes: every row of the first test's five in one pass at 100."""
+    """flow.spread reaches the passes (grouping spread): every row of the first test's five in one pass at 100."""
     chunk, tokens, _ = rows(1)
     inner = models(1).model
-    cosy = load_config(None, ["tts.cosyvoice.flow.spread=100", "tts.cosyvoice.flow.frame_buckets=2"]).tts.cosyvoice
+    spread = ["tts.cosyvoice.flow.grouping=spread", "tts.cosyvoice.flow.frame_buckets=2"]
+    cosy = load_config(None, [*spread, "tts.cosyvoice.flow.spread=100"]).tts.cosyvoice
     wide = Flow.configured(inner.flow, "fp32", cosy, inner.device)
     assert wide.spread == 100.0 and wide.solver.frame_buckets == 2
     assert [len(g) for g in wide.groups(make_rows(chunk, tokens))] == [len(tokens)]
-    narrow = Flow.configured(inner.flow, "fp32", CosyVoiceConfig(), inner.device)
+    narrow = Flow.configured(inner.flow, "fp32", load_config(None, spread).tts.cosyvoice, inner.device)
     assert len(narrow.groups(make_rows(chunk, tokens))) == 2
+
+
+def test_the_pass_costs_reach_the_passes(models, rows):
+    """flow.grouping cost (the default) cuts by flow.pass_ms and frame_us: the five rows in one pass
+    while a pass costs much more than their padding, each length alone when padding is what costs."""
+    chunk, tokens, _ = rows(1)
+    inner = models(1).model
+    one = Flow.configured(inner.flow, "fp32", CosyVoiceConfig(), inner.device)
+    assert [len(g) for g in one.groups(make_rows(chunk, tokens))] == [len(tokens)]
+    costly = load_config(None, ["tts.cosyvoice.flow.pass_ms=0", "tts.cosyvoice.flow.frame_us=1"]).tts.cosyvoice
+    apart = Flow.configured(inner.flow, "fp32", costly, inner.device)
+    lengths = {apart.frames(row) for row in make_rows(chunk, tokens)}
+    assert len(apart.groups(make_rows(chunk, tokens))) == len(lengths)

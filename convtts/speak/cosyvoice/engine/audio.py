@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from convtts.config import CosyVoiceConfig, PrecisionConfig
@@ -9,6 +11,11 @@ from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.flow import Flow
 from convtts.speak.cosyvoice.engine.requests import Sequence
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder
+
+
+@contextmanager
+def _untimed(stage: str):
+    yield
 
 
 class AudioStage:
@@ -23,12 +30,18 @@ class AudioStage:
         self.flow_pass = Flow.configured(flow, precision.flow, settings, device)
         self.vocoder = Vocoder.configured(hift, precision.vocoder, settings)
 
-    def render(self, seqs: list[Sequence], speed: float, tail: bool = False) -> None:
+    def render(self, seqs: list[Sequence], speed: float, tail: bool = False, timer=None) -> None:
         """Append each sequence's audio to its request (or set the request's error); `tail`: the
-        caller has no more input, its flow passes may be wider (flow.tail_spread)."""
-        done = [pair for group in self.flow_pass.groups(seqs, tail) for pair in self._mels(group)]
+        caller has no more input, its flow passes may be wider (flow.tail_spread). `timer`: the
+        engine's StageTimer, which counts the flow and the vocoder apart (unsynchronised, the flow's
+        GPU work still queued when the vocoder reads its audio back counts as the vocoder's)."""
+        timer = timer or _untimed
+        with timer("flow"):
+            done = [pair for group in self.flow_pass.groups(seqs, tail) for pair in self._mels(group)]
         requests, mels = [seq.request for seq, _ in done], [mel for _, mel in done]
-        for (seq, _), audio in zip(done, self.vocoder.speak(requests, mels, speed)):
+        with timer("vocoder"):
+            spoken = self.vocoder.speak(requests, mels, speed)
+        for (seq, _), audio in zip(done, spoken):
             if isinstance(audio, BaseException):
                 seq.request.error = audio
             else:

@@ -115,7 +115,9 @@ class BatchEngine:
         self.runner = self._runner()
         self.gpu_sampling = self._gpu_sampling()
         # the flow's and vocoder's passes: graphs, rows, memory (tts.cosyvoice)
-        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings or CosyVoiceConfig())
+        settings = settings or CosyVoiceConfig()
+        self.audio = AudioStage(self.flow, self.hift, self.device, self.precision, settings)
+        self.flush_share = settings.flow.flush_share
         # The bounds upstream's inference would use: its defaults, which a model's yaml may pin.
         bounds = inspect.signature(self.llm.inference).parameters
         self.ratios = float(bounds["min_token_text_ratio"].default), float(bounds["max_token_text_ratio"].default)
@@ -159,8 +161,8 @@ class BatchEngine:
 
     @property
     def flow_rows(self) -> int:
-        """The flow runs once this many rows are decoded (or nothing else is left to decode)."""
-        return max(1, self.max_rows // 2)
+        """The flow runs once this many rows are decoded (or nothing else is left to decode): flow.flush_share."""
+        return max(1, int(self.max_rows * self.flush_share))
 
     # -- the public call ---------------------------------------------------------------------
     def speak(self, requests, speed: float = 1.0):
@@ -174,6 +176,7 @@ class BatchEngine:
         sampler = self._device_sampler if self.gpu_sampling else None
         started, before, spoken = time.perf_counter(), self.timer.snapshot(), 0
         graphs_before = self.flow_graphs()
+        vocoder_before = self.vocoder_passes()
         try:
             with torch.inference_mode():
                 self.runner.prepare(self.max_rows, sampler)
@@ -186,19 +189,27 @@ class BatchEngine:
             wall = time.perf_counter() - started
             # one line a call (a worker makes one per model build and per run, about): where its time went
             passes, replayed, captured = (now - then for now, then in zip(self.flow_graphs(), graphs_before))
+            vocoded, alone = (now - then for now, then in zip(self.vocoder_passes(), vocoder_before))
             log.info(
-                "engine: %d utterances in %.1f s: %s; flow passes %d bucketed: %d replayed, %d captured",
+                "engine: %d utterances in %.1f s: %s; flow passes %d bucketed: %d replayed, %d captured; "
+                "vocoder passes %d, %d of one row",
                 spoken,
                 wall,
                 self.timer.since(before, wall),
                 passes,
                 replayed,
                 captured,
+                vocoded,
+                alone,
             )
 
     def flow_graphs(self) -> tuple[int, int, int]:
         """The flow's bucketed passes so far, how many replayed a CUDA graph, graphs captured."""
         return self.audio.flow_pass.solver.graphs.counts()
+
+    def vocoder_passes(self) -> tuple[int, int]:
+        """The vocoder's passes so far, and how many of them held one row."""
+        return self.audio.vocoder.passes, self.audio.vocoder.alone
 
     def _device_sampler(self, rows: int) -> GpuSampler:
         self.readback = TokenReadback(rows, self.device)
@@ -360,8 +371,7 @@ class BatchEngine:
         """
         tail = self.scheduler.drained()
         seqs = self.scheduler.take_decoded()
-        with self.timer("flow"):
-            self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed, tail)
+        self.audio.render([seq for seq in seqs if seq.request.error is None and seq.kept], speed, tail, self.timer)
         for seq in seqs:
             if not seq.kept and seq.request.error is None:
                 seq.request.error = RuntimeError("the LLM produced no speech tokens")

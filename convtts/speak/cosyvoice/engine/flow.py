@@ -10,15 +10,40 @@ solve itself (eager, bucketed, CUDA graphs) is solver.py's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from convtts.speak.cosyvoice.engine.precision import matmul_mode, part_module, storage_dtype
 from convtts.speak.cosyvoice.engine.requests import Row, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import estimator_widths, flow_bytes_per_frame, rows_within
-from convtts.speak.cosyvoice.engine.solver import Solver, width_bucket
+from convtts.speak.cosyvoice.engine.solver import Solver, rows_bucket, width_bucket
 
-SPREAD = 1.25  # longest over shortest row in one pass (flow.spread's default): padding costs work, not accuracy
+SPREAD = 1.25  # longest over shortest row in one pass (flow.grouping spread): padding costs work, not accuracy
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """What one pass costs apart from its size, and per padded row-frame (tts.cosyvoice.flow: pass_ms,
+    replay_ms, frame_us; the vocoder's vocoder_pass_ms, vocoder_frame_us)."""
+
+    pass_ms: float
+    frame_us: float
+    replay_ms: float | None = None  # a pass that replays a CUDA graph (None: no graphs)
+
+    @classmethod
+    def configured(cls, flow) -> PassCosts | None:
+        """The flow's costs, or None where flow.grouping is spread."""
+        return cls(flow.pass_ms, flow.frame_us, flow.replay_ms) if flow.grouping == "cost" else None
+
+    @classmethod
+    def vocoder(cls, flow) -> PassCosts | None:
+        return cls(flow.vocoder_pass_ms, flow.vocoder_frame_us) if flow.grouping == "cost" else None
+
+    def seconds(self, row_frames: int, replayed: bool = False) -> float:
+        fixed = self.replay_ms if replayed and self.replay_ms is not None else self.pass_ms
+        return (fixed + self.frame_us * row_frames / 1000) / 1000
 
 
 def length_groups(
@@ -33,6 +58,32 @@ def length_groups(
         else:
             groups.append([row])
     return groups
+
+
+def cheapest_groups(rows: list, frames_of, cost, cap=lambda frames: 1 << 30) -> list[list]:
+    """Rows by length, cut into consecutive groups of the least total `cost(rows, longest frames)`, no
+    group over `cap(longest)` rows.
+
+    A pass has a price of its own (launches, an eager solve's Python, a graph's fixed kernels) beside
+    the padded work it does, so the best cut depends on the lengths at hand: rows of close lengths
+    that a ratio bound would split pay that price once, and one long row among many short ones gets
+    its own pass instead of padding them all. Exact over the cuts of the sorted rows (quadratic in
+    the rows of one flush: at most a few hundred).
+    """
+    ordered = sorted(rows, key=frames_of)
+    lengths = [frames_of(row) for row in ordered]
+    best, cut = [0.0] + [float("inf")] * len(ordered), [0] * (len(ordered) + 1)
+    for end in range(1, len(ordered) + 1):
+        longest = lengths[end - 1]
+        for start in range(max(0, end - cap(longest)), end):
+            total = best[start] + cost(end - start, longest)
+            if total < best[end]:
+                best[end], cut[end] = total, start
+    groups, end = [], len(ordered)
+    while end > 0:
+        groups.append(ordered[cut[end] : end])
+        end = cut[end]
+    return groups[::-1]
 
 
 class Flow:
@@ -52,8 +103,10 @@ class Flow:
         frame_buckets: int = 8,
         capture_after: int = 2,
         tail_spread: float | None = None,
+        costs: PassCosts | None = None,
     ):
         self.flow, self.precision, self.device = flow, precision, device
+        self.costs = costs  # None: passes cut by `spread` alone
         self.v1 = type(flow).__name__ == "MaskedDiffWithXvec"
         self.solver = Solver(
             flow.decoder, precision, graphs, compile, max_graphs, device, bucket, frame_buckets, capture_after
@@ -82,16 +135,28 @@ class Flow:
             frame_buckets=cosy.flow.frame_buckets,
             capture_after=cosy.flow.capture_after,
             tail_spread=cosy.flow.tail_spread,
+            costs=PassCosts.configured(cosy.flow),
         )
 
     def groups(self, rows: list[Row], tail: bool = False) -> list[list[Row]]:
-        """The rows' flow passes: close lengths together (within `spread`, or `tail_spread` for a
-        worker's last rows), each within the memory budget."""
+        """The rows' flow passes, each within the memory budget: the cheapest cut by the passes' costs
+        (flow.grouping cost), or close lengths together (within `spread`); a worker's last rows within
+        `tail_spread` (the rows still decoding wait on each pass, and the GPU has room for padding)."""
 
         def cap(frames: int) -> int:
             return rows_within(self.max_mb, width_bucket(frames, self.solver.frame_buckets) * self.per_frame / 2**20)
 
-        return length_groups(rows, self.frames, cap, self.tail_spread if tail else self.spread)
+        if self.costs is None or tail:
+            return length_groups(rows, self.frames, cap, self.tail_spread if tail else self.spread)
+        return cheapest_groups(rows, self.frames, self.pass_seconds, cap)
+
+    def pass_seconds(self, rows: int, frames: int) -> float:
+        """What a pass of `rows` rows padded to `frames` frames costs by flow.* (its bucket where passes are
+        bucketed): a replay of a graph held for its shape, or an eager solve, plus its padded work."""
+        if self.solver.bucketed:
+            rows, frames = rows_bucket(rows), width_bucket(frames, self.solver.frame_buckets)
+        held = self.solver.graphs.holds((rows, frames))
+        return self.costs.seconds(rows * frames, replayed=held)
 
     def frames(self, row: Row) -> int:
         """Mel frames of the row's pass: its prompt's and its own."""

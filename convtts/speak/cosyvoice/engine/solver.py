@@ -126,6 +126,10 @@ class GraphCache:
     def clear(self) -> None:
         self.graphs.clear()
 
+    def holds(self, key) -> bool:
+        """Whether a pass of this bucket would replay a graph now."""
+        return key in self.graphs
+
     def _capture(self, key, inputs: tuple) -> None:
         static = tuple(t.clone() for t in inputs)
         graph = torch.cuda.CUDAGraph()

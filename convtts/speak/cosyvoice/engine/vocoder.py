@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.distributions.uniform import Uniform
 
 from convtts.speak.base import is_out_of_memory
-from convtts.speak.cosyvoice.engine.flow import SPREAD, length_groups
+from convtts.speak.cosyvoice.engine.flow import SPREAD, PassCosts, cheapest_groups, length_groups
 from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
 from convtts.speak.cosyvoice.engine.requests import Request, own_random_stream
@@ -97,9 +97,12 @@ def batch_noise(gen, rows: list[dict], samples: int) -> dict:
 class Vocoder:
     """One engine's vocoder: passes of up to `max_rows` rows (fewer when long: `max_mb` bounds a pass)."""
 
-    def __init__(self, hift, precision: str = "fp32", max_rows: int = 16, max_mb: int = 4096):
+    def __init__(
+        self, hift, precision: str = "fp32", max_rows: int = 16, max_mb: int = 4096, costs: PassCosts | None = None
+    ):
         self.hift, self.precision = hift, precision
         self.max_rows, self.max_mb = max_rows, max_mb
+        self.costs = costs  # None: passes of close lengths (within SPREAD)
         self.takes_finalize = finalizes(hift)
         # a copy with folded weight norms (and cast convolutions); upstream's own serves passes of one
         self.twin = (
@@ -107,17 +110,20 @@ class Vocoder:
         )
         self.per_sample = vocoder_bytes_per_sample(hift_widths(hift), precision)
         self.last_passes: list[int] = []  # rows of each pass of the last call (for benchmarks)
+        self.passes, self.alone = 0, 0  # passes so far, and how many of them held one row (upstream's call)
 
     @classmethod
     def configured(cls, hift, precision: str, cosy) -> Vocoder:
         """The vocoder as tts.cosyvoice configures it (flow.vocoder_rows, flow.max_mb)."""
-        return cls(hift, precision, cosy.flow.vocoder_rows, cosy.flow.max_mb)
+        return cls(hift, precision, cosy.flow.vocoder_rows, cosy.flow.max_mb, PassCosts.vocoder(cosy.flow))
 
     def speak(self, requests: list[Request], mels: list[torch.Tensor], speed: float) -> list:
         """Each row's samples (1-D float32 numpy), or the exception that row's vocoding raised."""
         out: list = [None] * len(mels)
         passes = self._passes([stretch(m, speed).shape[2] for m in mels])
         self.last_passes = [len(index) for index in passes]
+        self.passes += len(passes)
+        self.alone += sum(len(index) == 1 for index in passes)
         for index in passes:
             if len(index) == 1:
                 out[index[0]] = self._one(requests[index[0]], mels[index[0]], speed)
@@ -143,14 +149,17 @@ class Vocoder:
         return out
 
     def _passes(self, frames: list[int]) -> list[list[int]]:
-        """Row indices per pass: by length, as the flow groups them (within SPREAD), each pass within
-        max_rows and the memory budget."""
+        """Row indices per pass, each within max_rows and the memory budget: the cheapest cut by the
+        passes' costs, or close lengths together (within SPREAD)."""
         spf = samples_per_frame(self.hift)
 
         def cap(length: int) -> int:
             return min(self.max_rows, rows_within(self.max_mb, length * spf * self.per_sample / 2**20))
 
-        return length_groups(list(range(len(frames))), frames.__getitem__, cap, SPREAD)
+        rows = list(range(len(frames)))
+        if self.costs is None:
+            return length_groups(rows, frames.__getitem__, cap, SPREAD)
+        return cheapest_groups(rows, frames.__getitem__, lambda n, longest: self.costs.seconds(n * longest), cap)
 
     def _one(self, request: Request, mel: torch.Tensor, speed: float):
         try:

@@ -1,0 +1,96 @@
+"""The cut of a flush's rows into flow and vocoder passes by their costs (flow.py: cheapest_groups)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from convtts.config import ConfigError, load_config
+from convtts.speak.cosyvoice.engine.flow import PassCosts, cheapest_groups, length_groups
+
+
+def priced(fixed: float, per_frame: float):
+    return lambda rows, longest: fixed + per_frame * rows * longest
+
+
+def total(groups, cost) -> float:
+    return sum(cost(len(g), max(g)) for g in groups)
+
+
+def brute_force(lengths: list[int], cost, cap) -> float:
+    """The least total cost over every cut of the sorted lengths into consecutive groups."""
+    ordered = sorted(lengths)
+    best = float("inf")
+    for cuts in itertools.product((False, True), repeat=len(ordered) - 1):
+        groups, current = [], [ordered[0]]
+        for length, cut in zip(ordered[1:], cuts):
+            if cut:
+                groups.append(current)
+                current = []
+            current.append(length)
+        groups.append(current)
+        if all(len(g) <= cap(max(g)) for g in groups):
+            best = min(best, total(groups, cost))
+    return best
+
+
+def test_rows_of_any_lengths_share_a_pass_while_a_pass_costs_more_than_their_padding():
+    lengths = [40, 55, 90, 130, 200]
+    assert cheapest_groups(lengths, int, priced(1000.0, 0.01)) == [lengths]
+
+
+def test_a_long_row_among_short_ones_gets_its_own_pass():
+    """Padding forty rows of 1 s to 30 s would cost far more than a second pass."""
+    lengths = [86] * 40 + [2600]
+    assert cheapest_groups(lengths, int, priced(700.0, 0.018)) == [[86] * 40, [2600]]
+
+
+def test_every_length_alone_when_only_padding_costs():
+    lengths = [5, 3, 5, 9, 3]
+    assert cheapest_groups(lengths, int, priced(0.0, 1.0)) == [[3, 3], [5, 5], [9]]
+
+
+def test_no_pass_holds_more_rows_than_its_cap():
+    lengths = list(range(1, 50))
+    groups = cheapest_groups(lengths, int, priced(1e6, 0.0), cap=lambda longest: 8)
+    assert [len(g) for g in groups] == [1] + [8] * 6  # seven passes at least; the leftover row first
+    assert sorted(x for g in groups for x in g) == lengths
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_cut_is_the_cheapest_one(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice((rng.randint(20, 200), rng.randint(500, 2600))) for _ in range(rng.randint(1, 11))]
+    cost = priced(rng.choice((0.0, 60.0, 700.0)), rng.choice((0.01, 0.018, 1.0)))
+    cap = (lambda longest: 1 << 30) if seed % 2 else (lambda longest: max(1, 4000 // longest))
+    groups = cheapest_groups(lengths, int, cost, cap)
+    assert sorted(x for g in groups for x in g) == sorted(lengths)
+    assert total(groups, cost) == pytest.approx(brute_force(lengths, cost, cap))
+    # never dearer than passes of close lengths
+    assert total(groups, cost) <= total(length_groups(lengths, int, cap), cost) + 1e-9
+
+
+def test_pass_costs_in_seconds_replay_below_eager():
+    costs = PassCosts(pass_ms=700.0, frame_us=18.0, replay_ms=60.0)
+    assert costs.seconds(0) == pytest.approx(0.7)
+    assert costs.seconds(1000, replayed=True) == pytest.approx(0.06 + 0.018)
+    assert PassCosts(12.0, 7.5).seconds(1000, replayed=True) == pytest.approx(0.012 + 0.0075)
+
+
+def test_grouping_is_cost_by_default_and_checked():
+    flow = load_config(None, []).tts.cosyvoice.flow
+    assert flow.grouping == "cost" and PassCosts.configured(flow) is not None
+    spread = load_config(None, ["tts.cosyvoice.flow.grouping=spread"]).tts.cosyvoice.flow
+    assert PassCosts.configured(spread) is None and PassCosts.vocoder(spread) is None
+    with pytest.raises(ConfigError, match="grouping must be cost or spread"):
+        load_config(None, ["tts.cosyvoice.flow.grouping=widest"])
+    with pytest.raises(ConfigError, match="pass_ms must be between"):
+        load_config(None, ["tts.cosyvoice.flow.pass_ms=-1"])
+
+
+def test_flush_share_is_checked():
+    assert load_config(None, []).tts.cosyvoice.flow.flush_share == 0.5
+    with pytest.raises(ConfigError, match="flush_share must be above 0 and at most 1"):
+        load_config(None, ["tts.cosyvoice.flow.flush_share=0"])
