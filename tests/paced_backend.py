@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from convtts.speak.base import FEED_WAIT
+
 
 class PacedTone:
     name = "paced-tone"
@@ -54,6 +56,7 @@ class PacedBatchTone(PacedTone):
     utterance time per ten words from when its row took it."""
 
     name = "paced-batch-tone"
+    feed_may_wait = True  # its feed may say FEED_WAIT, as the CosyVoice engine's may
 
     def __init__(self, config):
         super().__init__(config)
@@ -70,7 +73,10 @@ class PacedBatchTone(PacedTone):
     def synthesize_many(self, items):
         source, rows = iter(items), []  # rows: (ends at, key, text, speaker)
         while True:
-            while len(rows) < self.batch_rows and (item := next(source, None)) is not None:
+            while len(rows) < self.batch_rows:
+                item = next(source, None)
+                if item is None or item is FEED_WAIT:  # none now: asked again once a row has ended
+                    break
                 key, text, speaker, _ = item  # longer texts take longer, so rows end at different times
                 rows.append((time.time() + self.seconds * max(len(text.split()), 1) / 10, key, text, speaker))
             if not rows:

@@ -291,9 +291,9 @@ def one_long_turn(count: int) -> list[dict]:
 
 @pytest.mark.parametrize("hold", [True, False])
 def test_a_batched_worker_speaks_its_first_rows_to_their_end_before_it_takes_more(tmp_path, hold):
-    """workers.hold_first_batch: a worker's first rows (the job's longest ids) decode with no row
-    refilled beside them, so nothing of the worker begins before the last of them ends; off, a row
-    freed by a short utterance takes a new id at once, while the long one still decodes."""
+    """workers.hold_first_batch with hold_release 1.0: a worker's first rows (the job's longest ids) decode
+    with no row refilled beside them, so nothing of the worker begins before the last of them ends; off, a
+    row freed by a short utterance takes a new id at once, while the long one still decodes."""
     source = write_input(tmp_path / "convs.json", one_long_turn(12))
     out, log = tmp_path / "out", tmp_path / "log"
     env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=0.3, CONVTTS_TEST_ROWS=4)
@@ -302,6 +302,8 @@ def test_a_batched_worker_speaks_its_first_rows_to_their_end_before_it_takes_mor
         "tts.backend=paced_backend:PacedBatchTone",
         "--set",
         f"workers.hold_first_batch={str(hold).lower()}",
+        "--set",
+        "workers.hold_release=1.0",
     )
     result = paced_run(source, out, log, 2, *more, env=env)
     assert result.returncode == 0, result.stderr
@@ -312,6 +314,26 @@ def test_a_batched_worker_speaks_its_first_rows_to_their_end_before_it_takes_mor
         assert len(spans) > 4, spans
         early[worker] = [a for a, _ in spans[4:] if a < first_batch_end(spans, 4) - 0.05]
     assert (not any(early.values())) if hold else any(early.values()), early
+
+
+def test_a_first_batch_released_at_half_refills_once_half_of_it_is_back(tmp_path):
+    """workers.hold_release=0.5: a worker's first four rows decode with nothing refilled until two of them
+    have come back; from then on freed rows take new ids while the long one still decodes."""
+    source = write_input(tmp_path / "convs.json", one_long_turn(12))
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=0.3, CONVTTS_TEST_ROWS=4)
+    more = ("--set", "tts.backend=paced_backend:PacedBatchTone", "--set", "workers.hold_release=0.5")
+    result = paced_run(source, out, log, 2, *more, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(out)
+    early = {}
+    for worker in ("slot0-w0", "slot0-w1"):
+        spans = spans_of(rows, worker)
+        assert len(spans) > 4, spans
+        half_back = sorted(end for _, end in spans[:4])[1]
+        assert all(a >= half_back - 0.01 for a, _ in spans[4:]), (worker, half_back, spans)
+        early[worker] = [a for a, _ in spans[4:] if a < first_batch_end(spans, 4) - 0.05]
+    assert any(early.values()), early  # the worker with the long row refilled beside it
 
 
 def test_a_batched_worker_holds_few_ids_it_cannot_begin(tmp_path, hundred_segments):

@@ -15,12 +15,14 @@ from convtts.run.worker import set_cuda_sync
     [
         ("start_method", "fork", "workers.start_method must be one of"),
         ("cuda_sync", "busy", "workers.cuda_sync must be one of"),
+        ("hold_release", 0.0, "workers.hold_release must be above 0 and at most 1"),
+        ("hold_release", 1.5, "workers.hold_release must be above 0 and at most 1"),
     ],
 )
 def test_worker_settings_are_checked_up_front(key, value, message):
     with pytest.raises(ConfigError, match=message):
         WorkerConfig(**{key: value}).check()
-    WorkerConfig(start_method="spawn", cuda_sync="block").check()
+    WorkerConfig(start_method="spawn", cuda_sync="block", hold_release=0.5).check()
 
 
 def test_cuda_sync_leaves_the_driver_alone_on_auto_and_without_a_driver():

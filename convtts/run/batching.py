@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from convtts.run.utterance import (
     respeak,
     write_take,
 )
-from convtts.speak.base import OutOfMemory, SynthesisError
+from convtts.speak.base import FEED_WAIT, OutOfMemory, SynthesisError
 from convtts.state.shardio import is_disk_full
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class BatchHost(Host, Protocol):
     queue: deque  # Attempts to speak; the worker adds pieces and removes ids handed back
     alone: deque  # Attempts that killed a worker before: spoken one at a time, between batches
     holding: bool  # its first batch is to come: it takes its rows' worth of ids, with no refill beside them
+    hold_release: float  # the share of those ids whose results come back before it takes more (workers.hold_release)
 
     def refill(self) -> None: ...
 
@@ -82,9 +84,16 @@ def run_batch(host: BatchHost, queue: deque) -> None:
     ctx = host.context
     in_flight: dict[str, Attempt] = {}
     held: list[HeldTake] = []  # takes the backend finished, waiting for the gate to judge them together
+    first = first_batch(host, ctx.backend)
 
     def feed():
+        nonlocal first
         while not host.rebuild_reason() and not host.alone:
+            if first is not None and first.given >= first.rows:
+                if first.back < first.release:
+                    yield FEED_WAIT  # the engine steps on and asks again
+                    continue
+                first, host.holding = None, False  # released: the worker asks its slot for more again
             host.refill()  # new pieces join the queue while rows decode
             if not queue or host.alone:
                 return
@@ -93,15 +102,19 @@ def run_batch(host: BatchHost, queue: deque) -> None:
             in_flight[uid] = item
             item.started, item.seed = time.time(), take_seed(ctx.settings.seed, uid, len(item.refused))
             host.started(uid)
+            if first is not None:
+                first.given += 1
             yield uid, item.segment["text"], item.segment["speaker"], item.seed
 
     items = feed()
-    if host.holding:  # a worker's first batch (workers.hold_first_batch): its rows' worth of ids, the job's
-        # longest, and no row refilled while they decode (a refill's prefill and flow pass stop them)
+    if host.holding and first is None:  # a worker's first batch (workers.hold_first_batch): its rows' worth of
+        # ids, the job's longest, and no row refilled while they decode (a refill's prefill and flow pass stop them)
         items = itertools.islice(items, ctx.backend.batch_rows)
     broken = None
     try:
         for uid, result in ctx.backend.synthesize_many(items):
+            if first is not None:
+                first.back += 1
             took(host, ctx, in_flight.pop(uid), result, held, queue)
             if gate_full(ctx, held):
                 judge_and_write(host, ctx, held, queue)
@@ -113,6 +126,26 @@ def run_batch(host: BatchHost, queue: deque) -> None:
     host.holding = False
     if broken is not None:
         after_broken_batch(host, ctx, in_flight, broken, queue)
+
+
+@dataclass
+class FirstBatch:
+    """A worker's first batch held with a release short of its end (workers.hold_release below 1): its
+    `rows` ids go to the backend, then FEED_WAIT until `release` of their results are back."""
+
+    rows: int
+    release: int
+    given: int = 0
+    back: int = 0
+
+
+def first_batch(host: BatchHost, backend) -> FirstBatch | None:
+    """The held first batch released early, where the worker holds one and its backend can be told to wait;
+    None for a hold to the batch's end (the feed then stops at its rows) or no hold."""
+    if not host.holding or host.hold_release >= 1 or not getattr(backend, "feed_may_wait", False):
+        return None
+    rows = backend.batch_rows
+    return FirstBatch(rows, max(1, math.ceil(rows * host.hold_release)))
 
 
 def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception, queue: deque) -> None:

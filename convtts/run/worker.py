@@ -107,6 +107,7 @@ class Worker:
         self.asking = True  # False while a piece is spoken by hand (run_piece): ask the slot for nothing
         self.stopping = False
         self.holding = False  # a batched worker's first batch to come or under way: no refill (hold_first_batch)
+        self.hold_release = self.config.workers.hold_release  # the share of it back before it takes more
         self.received = 0  # ids the slot has handed this worker
 
     def send(self, message) -> None:

@@ -26,6 +26,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return "out of memory" in text.lower() or "ALLOC_FAILED" in text
 
 
+# What a batched backend's feed may yield in place of an item: nothing now, ask again after the next step
+# (a worker holding its first batch, run/batching.py). Only a backend with `feed_may_wait` set is given it.
+FEED_WAIT = object()
+
+
 class Backend(Protocol):
     """A loaded voice model inside one worker process.
 

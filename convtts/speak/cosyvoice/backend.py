@@ -11,6 +11,7 @@ import logging
 import pickle
 import random
 import threading
+import traceback
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from convtts.config import Config, ConfigError
-from convtts.speak.base import OutOfMemory, SynthesisError, is_out_of_memory
+from convtts.speak.base import FEED_WAIT, OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.speak.cosyvoice.loading import IMPORTS, CudaContext, LoadClock
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
@@ -195,10 +196,36 @@ def _with_cosyvoice(config: Config, **changes) -> Config:
     return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
 
 
+def normalized(frontend, text: str, text_frontend: bool) -> list[str]:
+    """The runtime's text normalisation and split of `text`; where it breaks on a text (some releases
+    index an empty sentence, 'string index out of range' in split_paragraph, on OCR-token lists), the
+    text as the planner cleaned it, in one piece, with a warning: spoken as written beats failing the
+    utterance on every rerun."""
+    try:
+        return frontend.text_normalize(text, split=True, text_frontend=text_frontend)
+    except Exception as exc:
+        if not text_frontend:
+            raise
+        log.warning("the text frontend failed on %r (%s: %s%s); speaking it as written", text, type(exc).__name__,
+                    exc, raised_at(exc))
+        return frontend.text_normalize(text, split=True, text_frontend=False)
+
+
+def raised_at(error: BaseException) -> str:
+    """' (at file.py:line in function)': the innermost frame that raised `error`, so that a failure
+    in the runtime's text frontend or model names its place in the manifest and the log."""
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ is not None else []
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
+
+
 class CosyVoiceBackend:
     """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
 
     name = "cosyvoice"
+    feed_may_wait = True  # synthesize_many takes FEED_WAIT from its feed (the engine asks again next step)
 
     def __init__(self, config: Config):
         clock = LoadClock()
@@ -345,7 +372,11 @@ class CosyVoiceBackend:
         from convtts.speak.cosyvoice.engine.requests import Request
 
         def requests():
-            for key, text, speaker, seed in items:
+            for item in items:
+                if item is FEED_WAIT:  # the caller has none to give now (a worker holding its first batch)
+                    yield item
+                    continue
+                key, text, speaker, seed = item
                 request = Request(key, [], seed)
                 # the frontend runs in its thread while the engine decodes; a refused text fails alone
                 request.pending = (self.frontend or _INLINE).submit(self._chunks, text, speaker)
@@ -375,20 +406,19 @@ class CosyVoiceBackend:
             # The recording's path stands for the audio: a registered voice's features are used instead.
             return [
                 dict(frontend.frontend_zero_shot(part, prompt_text, prompt.audio, self.sample_rate, key))
-                for part in frontend.text_normalize(text, split=True, text_frontend=tf)
+                for part in normalized(frontend, text, tf)
             ]
         if speaker in self.builtin:
-            return [
-                dict(frontend.frontend_sft(part, speaker))
-                for part in frontend.text_normalize(text, split=True, text_frontend=tf)
-            ]
+            return [dict(frontend.frontend_sft(part, speaker)) for part in normalized(frontend, text, tf)]
         raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
 
     @staticmethod
     def _result(request):
         if request.error is not None:
             error = request.error
-            return error if isinstance(error, SynthesisError) else SynthesisError(f"{type(error).__name__}: {error}")
+            if isinstance(error, SynthesisError):
+                return error
+            return SynthesisError(f"{type(error).__name__}: {error}{raised_at(error)}")
         audio = np.concatenate(request.audio) if request.audio else np.zeros(0, np.float32)
         if audio.size == 0:
             return SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")

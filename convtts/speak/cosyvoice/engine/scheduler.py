@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from convtts.speak.base import FEED_WAIT
 from convtts.speak.cosyvoice.engine.requests import DECODED, DONE, FAILED, RUNNING, Request, Sequence
 
 
@@ -32,11 +33,14 @@ class Scheduler:
 
     # -- requests in ---------------------------------------------------------------------------
     def fill(self, source) -> None:
-        """Take requests from `source` while rows (and the look-ahead) have room for them."""
+        """Take requests from `source` while rows (and the look-ahead) have room for them; FEED_WAIT from it
+        means none now (the caller holds back the next ones): asked again at the next fill."""
         while not self.exhausted and self.outstanding() < self.max_rows + self.ahead:
             request = next(source, None)
             if request is None:
                 self.exhausted = True
+                return
+            if request is FEED_WAIT:
                 return
             self.incoming.append(request)
 
