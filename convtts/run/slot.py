@@ -531,6 +531,10 @@ def _forkserver_serves(wanted: str) -> bool:
 
 def install_stop_handlers() -> None:
     def stop(signum, frame):
+        # Once: Ctrl-C reaches the slot from the terminal and run_all.sh's TERM follows; a second
+        # SlotStopped would break off the stopping of the workers half way.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SlotStopped(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
