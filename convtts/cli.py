@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
-from convtts import EXIT_BAD_INPUT
+from convtts import EXIT_BAD_INPUT, EXIT_FAILURES
 from convtts.config import Config, ConfigError, load_config
 from convtts.state.layout import Layout
 
@@ -30,6 +33,8 @@ def load_config_or_exit(args: argparse.Namespace, extra: list[str] = ()) -> Conf
         return load_config(args.config, [*args.overrides, *extra])
     except ConfigError as exc:
         fail(f"config error: {exc}")
+    except OSError as exc:  # a folder, or a file this user cannot read: load_config names only a missing one
+        fail(f"config error: cannot read {args.config}: {exc.strerror or exc}")
 
 
 def planned_layout(output_dir: str) -> Layout:
@@ -40,9 +45,29 @@ def planned_layout(output_dir: str) -> Layout:
     return layout
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """'1 utterance', '2 utterances', '0 shards': a count and its noun, for the lines people read."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def stop_with_parent(parent_pid: int, signum: int = signal.SIGTERM) -> None:
+    """Have Linux send `signum` to this process when its parent dies, even by SIGKILL: a slot then
+    stops its workers and lets go of the output's lock it inherited, so the run can start again.
+
+    `parent_pid` (run_all.sh passes its own) catches a parent that died before the request was made.
+    Only for children of a run: one started by hand from a shell (nohup) outlives the shell.
+    """
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the slot still notices while it waits for the plan
+        pass
+    if os.getppid() != parent_pid:
+        fail(f"the run that started this process (pid {parent_pid}) is gone", EXIT_FAILURES)
 
 
 def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:

@@ -14,9 +14,18 @@ from pathlib import Path
 SCRIPT = Path(__file__).with_name("node.sh")
 
 
+def command_name(argv0: str) -> str:
+    """The command as typed, for --help and messages: 'python -m convtts', or the script's name ('convtts')."""
+    path = Path(argv0)
+    if path.name == "__main__.py":
+        return f"python -m {path.parent.name}"
+    return f"python -m convtts.{path.stem}" if path.suffix == ".py" else path.name
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     env = {**os.environ, "PYTHON": sys.executable}
+    env.setdefault("CONVTTS_PROG", command_name(sys.argv[0]))  # run_all.sh sets its own name
     env.setdefault("CONVTTS_HOME", os.getcwd())
     # exec, not a child: the same pid, so signals sent to the caller reach the orchestrator's traps
     os.execvpe("bash", ["bash", str(SCRIPT), *args], env)

@@ -4,12 +4,15 @@
 # Started by convtts/node.py with PYTHON set; output/ and log/ default to folders of CONVTTS_HOME
 # (run_all.sh: the checkout; python -m convtts: the current directory).
 # Exit codes: 0 all done; 1 some utterances failed or unfinished, or the disk filled (rerun
-#             retries them); 2 bad input or config (nothing started); 3 another run holds the lock.
+#             retries them); 2 bad input or config (nothing started); 3 another run holds the lock;
+#             130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (rerun finishes the work).
 # Its steps exit 4 when the output's filesystem is full; that becomes one line and exit 1 here.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # the package: run/mps.sh
 PYTHON="${PYTHON:-python3}"
+PROG="${CONVTTS_PROG:-run_all.sh}"  # the command as typed: run_all.sh, python -m convtts (convtts/node.py)
+unset CONVTTS_PROG
 HOME_DIR="${CONVTTS_HOME:-$PWD}"
 # run_all.sh names its checkout's preprocess.py and parallel_cosyvoice.py; installed, the modules.
 PLAN=("$PYTHON" -m convtts.plan) SLOT=("$PYTHON" -m convtts.run)
@@ -17,28 +20,33 @@ PLAN=("$PYTHON" -m convtts.plan) SLOT=("$PYTHON" -m convtts.run)
 [[ -n "${CONVTTS_SLOT_SCRIPT:-}" ]] && SLOT=("$PYTHON" "$CONVTTS_SLOT_SCRIPT")
 
 usage() {
-  cat <<'EOF'
-usage: run_all.sh --input FILE [--output-dir DIR] [--config configs/X.yaml]
-                  [--gpus 0,1,... | --gpus cpu:N] [--workers K] [--mps auto|on|off]
-                  [--fraction F | --count N] [--seed S] [--set group.key=value ...]
-                  [--log-dir DIR] [--force-replan]
-                  [--engine ray [--address auto|HOST:PORT|local] [--slot-resource GPU|NAME]]
-                  [--node-rank R --nodes N | --slurm]
+  local PAD
+  PAD="$(printf "%*s" $((${#PROG} + 8)) "")"  # under the first option, whatever the command's name
+  cat <<EOF
+usage: $PROG --input FILE [--output-dir DIR] [--config configs/X.yaml]
+${PAD}[--gpus 0,1,... | --gpus cpu:N] [--workers K] [--mps auto|on|off]
+${PAD}[--fraction F | --count N] [--seed S] [--set group.key=value ...]
+${PAD}[--log-dir DIR] [--force-replan]
+${PAD}[--engine ray [--address auto|HOST:PORT|local] [--slot-resource GPU|NAME]]
+${PAD}[--node-rank R --nodes N | --slurm]
 Speaks every selected conversation turn into OUTPUT_DIR (default: output/). Run it again after
 any interruption: it finishes the work and redoes nothing that is done.
 --engine ray: one slot per GPU of a Ray cluster, shards handed out as slots ask (OUTPUT_DIR and
 the log folder on a filesystem every node shares). --node-rank/--nodes (--slurm: from SLURM_NODEID
 and SLURM_NNODES): this node speaks shards[R::N], beside the other nodes' run_all.sh.
 Exit codes: 0 all done, 1 some utterances failed or the disk is full (rerun retries them),
-2 bad input or config, 3 another run holds the output directory's lock.
+2 bad input or config, 3 another run holds the output directory's lock; 130 stopped by Ctrl-C
+(SIGINT), 143 by SIGTERM: run the same command again to finish.
 EOF
 }
 
-bad_usage() { echo "run_all.sh: $*" >&2; echo "try: run_all.sh --help" >&2; exit 2; }
+bad_input() { echo "$PROG: $*" >&2; exit 2; }  # one line: cron mails it whole
+bad_usage() { bad_input "$* (see $PROG --help)"; }
 say() { if [[ -t 1 ]]; then echo "$@"; fi; }  # chatter only on a terminal: cron gets the summary alone
+plural() { if [[ "$1" == 1 ]]; then echo "1 $2"; else echo "$1 ${3:-$2s}"; fi; }  # 1 slot, 2 slots
 DISK_FULL_EXIT=4  # convtts.EXIT_DISK_FULL: preprocess, a slot or merge could not write for want of space
 disk_full() {
-  echo "run_all.sh: no space left on device in $OUT; free space and run the same command again" >&2
+  echo "$PROG: no space left on device in $OUT; free space and run the same command again" >&2
   exit 1
 }
 
@@ -46,23 +54,26 @@ STARTED="$(date +%s.%N)"  # the command's start: slots time their start-up from 
 INPUT="" OUT="$HOME_DIR/output" CONFIG="" GPUS="" WORKERS="" MPS="auto" LOG_ROOT="" FORCE=""
 ENGINE="bash" ADDRESS="" SLOT_RESOURCE="" NODE_RANK="" NODES="" SLURM=""
 PRE_ARGS=() SETS=()
+# An option's value, or one line and exit 2 when it is missing or empty (--gpus '').
+needs() { [[ -n "$val" ]] || bad_usage "$opt needs $*"; }
 while [[ $# -gt 0 ]]; do
+  opt="$1" val="${2-}"
   case "$1" in
-    --input) INPUT="${2:?--input needs a file}"; shift 2 ;;
-    --output-dir) OUT="${2:?--output-dir needs a folder}"; shift 2 ;;
-    --config) CONFIG="${2:?--config needs a file}"; shift 2 ;;
-    --gpus) GPUS="${2:?--gpus needs a list or cpu:N}"; shift 2 ;;
-    --workers) WORKERS="${2:?--workers needs a number}"; shift 2 ;;
-    --mps) MPS="${2:?--mps needs auto, on or off}"; shift 2 ;;
-    --fraction|--count|--seed) PRE_ARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
-    --set) SETS+=(--set "${2:?--set needs group.key=value}"); shift 2 ;;
-    --log-dir) LOG_ROOT="${2:?--log-dir needs a folder}"; shift 2 ;;
+    --input) needs a file; INPUT="$val"; shift 2 ;;
+    --output-dir) needs a folder; OUT="$val"; shift 2 ;;
+    --config) needs a file; CONFIG="$val"; shift 2 ;;
+    --gpus) needs "a list of GPU ids (0,1,2) or cpu:N"; GPUS="$val"; shift 2 ;;
+    --workers) needs a number; WORKERS="$val"; shift 2 ;;
+    --mps) needs "auto, on or off"; MPS="$val"; shift 2 ;;
+    --fraction|--count|--seed) needs a value; PRE_ARGS+=("$1" "$val"); shift 2 ;;
+    --set) needs group.key=value; SETS+=(--set "$val"); shift 2 ;;
+    --log-dir) needs a folder; LOG_ROOT="$val"; shift 2 ;;
     --force-replan) FORCE="--force"; shift ;;
-    --engine) ENGINE="${2:?--engine needs bash or ray}"; shift 2 ;;
-    --address) ADDRESS="${2:?--address needs auto, HOST:PORT or local}"; shift 2 ;;
-    --slot-resource) SLOT_RESOURCE="${2:?--slot-resource needs a Ray resource name}"; shift 2 ;;
-    --node-rank) NODE_RANK="${2:?--node-rank needs a number}"; shift 2 ;;
-    --nodes) NODES="${2:?--nodes needs a number}"; shift 2 ;;
+    --engine) needs "bash or ray"; ENGINE="$val"; shift 2 ;;
+    --address) needs "auto, HOST:PORT or local"; ADDRESS="$val"; shift 2 ;;
+    --slot-resource) needs "a Ray resource name"; SLOT_RESOURCE="$val"; shift 2 ;;
+    --node-rank) needs a number; NODE_RANK="$val"; shift 2 ;;
+    --nodes) needs a number; NODES="$val"; shift 2 ;;
     --slurm) SLURM=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) bad_usage "unknown option: $1" ;;
@@ -128,27 +139,32 @@ export CONVTTS_RUN_STARTED="$STARTED" CONVTTS_VALIDATED="$(date +%s.%N)"
 # --- 2. lock the output directory ---------------------------------------------------------
 CREATED_OUT=""
 [[ -d "$OUT" ]] || CREATED_OUT=1
-mkdir -p "$OUT"
-exec 9>"$OUT/.lock"
+made="$(mkdir -p "$OUT" 2>&1)" || bad_input "cannot create the output folder $OUT (${made##*: })"
+{ exec 9>"$OUT/.lock"; } 2>/dev/null || bad_input "cannot write in the output folder $OUT (no $OUT/.lock)"
 # A node of a multi-node run shares the output's lock with its sibling nodes (a whole-output run
 # still excludes them all) and holds its own node's lock alone.
 LOCK_MODE="-x"
 [[ -n "$NODES" ]] && LOCK_MODE="-s"
 if ! flock -n "$LOCK_MODE" 9; then
-  echo "run_all.sh: another run holds the lock on $OUT ($OUT/.lock); not starting" >&2
+  echo "$PROG: another run holds the lock on $OUT ($OUT/.lock); not starting" >&2
   exit 3
 fi
 if [[ -n "$NODES" ]]; then
   exec 8>"$OUT/.lock-node-$NODE_RANK"
   if ! flock -n 8; then
-    echo "run_all.sh: another run of node $NODE_RANK holds $OUT/.lock-node-$NODE_RANK; not starting" >&2
+    echo "$PROG: another run of node $NODE_RANK holds $OUT/.lock-node-$NODE_RANK; not starting" >&2
     exit 3
   fi
 fi
 
 RUN_ID="$(date +%Y%m%dT%H%M%S)-$$${NODES:+-node$NODE_RANK}"
-LOG_DIR="${LOG_ROOT:-$HOME_DIR/log}/$(basename "$OUT")/$RUN_ID"
-mkdir -p "$LOG_DIR"
+# Outputs of one name in different folders (/a/out, /b/out) keep their logs apart: the folder's
+# name for people, a hash of its absolute path to tell them apart.
+OUT_ABS="$(cd "$OUT" && pwd -P)"
+LOG_DIR="${LOG_ROOT:-$HOME_DIR/log}/$(basename "$OUT_ABS")-$(printf %s "$OUT_ABS" | sha1sum | cut -c1-8)/$RUN_ID"
+made="$(mkdir -p "$LOG_DIR" 2>&1)" || bad_input "cannot create the log folder $LOG_DIR (${made##*: })"
+# The first line of each log names its output and run, in the logs' own format (terminal filters drop it).
+log_header() { echo "$(date '+%Y-%m-%d %H:%M:%S') $PROG INFO: output $OUT_ABS, run $RUN_ID, logs $LOG_DIR" >"$1"; }
 
 # --- 3. MPS and the slots, stopping only what we started --------------------------------------
 # The slots start before the plan is made: their workers load their models meanwhile, and read the
@@ -156,22 +172,36 @@ mkdir -p "$LOG_DIR"
 # shellcheck source=run/mps.sh
 source "$HERE/run/mps.sh"
 SLOT_PIDS=()
-MONITOR_PID=""
+MONITOR_PID="" PLAN_PID=""
 PLAN_EXIT="$LOG_DIR/plan.exit"
 DRIVER_PID=""
+STOP_GRACE=15  # seconds a slot has to stop its workers (it gives them 10) before it is killed
 cleanup() {
-  [[ -n "$MONITOR_PID" ]] && kill "$MONITOR_PID" 2>/dev/null || true
+  stop_monitor
   [[ -n "$DRIVER_PID" ]] && wait "$DRIVER_PID" 2>/dev/null || true  # it may still be letting the cluster go
   mps_stop
 }
+stop_monitor() {  # the bars: a loop that ends only when told
+  if [[ -n "$MONITOR_PID" ]]; then kill "$MONITOR_PID" 2>/dev/null || true; wait "$MONITOR_PID" 2>/dev/null || true; fi
+  MONITOR_PID=""
+}
+# TERM to the slots (and the plan, if it is still being made), then wait for those alone, killing
+# any still there after STOP_GRACE: a bare `wait` would wait for every child, the bars included.
 stop_slots() {
-  for pid in "${SLOT_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait || true
+  local pid pids=("${SLOT_PIDS[@]}" $PLAN_PID) deadline=$((SECONDS + STOP_GRACE))
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
 }
 on_signal() {
   trap - INT TERM
-  echo "run_all.sh: $1 received; stopping this run's slots" >&2
+  echo "$PROG: $1 received; stopping this run's slots" >&2
+  stop_monitor
   stop_slots
+  echo "$PROG: stopped; what was spoken is kept: run the same command again to finish" >&2
   [[ "$1" == INT ]] && exit 130 || exit 143
 }
 trap cleanup EXIT
@@ -184,7 +214,8 @@ if [[ "$ENGINE" == ray ]]; then
   RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
             --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" --exit-file "$DRIVER_EXIT" "${SETS[@]}")
   if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
-  "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>"$LOG_DIR/driver.log" &
+  log_header "$LOG_DIR/driver.log"
+  "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>>"$LOG_DIR/driver.log" &
   DRIVER_PID=$!
   SLOT_PIDS+=("$DRIVER_PID")
 else
@@ -194,9 +225,10 @@ else
   for ((rank = 0; rank < WORLD; rank++)); do
     device="${SLOT_DEVICES[$rank]}"
     if [[ "$device" == cpu ]]; then visible="" kind=cpu; else visible="$device" kind=cuda; fi
+    log_header "$LOG_DIR/slot-$rank.log"
     CUDA_VISIBLE_DEVICES="$visible" "${SLOT[@]}" --output-dir "$OUT" --plan-ready "$PLAN_EXIT" "${SETS[@]}" \
       --rank "$rank" --world "$WORLD" --device "$kind" --run-id "$RUN_ID" --log-dir "$LOG_DIR" "${NODE_ARGS[@]}" \
-      >"$LOG_DIR/slot-$rank.log" 2>&1 &
+      --parent-pid $$ >>"$LOG_DIR/slot-$rank.log" 2>&1 &
     SLOT_PIDS+=($!)
   done
 fi
@@ -206,8 +238,13 @@ set +e
 PLAN_STARTED="$(date +%s.%N)"
 # Nodes starting together plan one at a time: the first makes the plan, the others find it fresh.
 [[ -n "$NODES" ]] && exec 7>"$OUT/.lock-plan" && flock 7
-"${PLAN[@]}" --input "$INPUT" --output-dir "$OUT" $FORCE "${PRE_ARGS[@]}" >"$LOG_DIR/preprocess.log" 2>&1
+log_header "$LOG_DIR/preprocess.log"
+# In the background, waited for: a signal's trap then runs at once, not once the plan is made.
+"${PLAN[@]}" --input "$INPUT" --output-dir "$OUT" $FORCE "${PRE_ARGS[@]}" >>"$LOG_DIR/preprocess.log" 2>&1 &
+PLAN_PID=$!
+wait "$PLAN_PID"
 rc=$?
+PLAN_PID=""
 [[ -n "$NODES" ]] && exec 7>&-
 echo "$rc $PLAN_STARTED $(date +%s.%N)" >"$PLAN_EXIT.tmp" && mv "$PLAN_EXIT.tmp" "$PLAN_EXIT"  # exit code, start, end
 set -e
@@ -219,7 +256,7 @@ if [[ $rc -ne 0 ]]; then
   if [[ -n "$CREATED_OUT" && -z "$NODES" ]]; then rm -f "$OUT/.lock"; rmdir "$OUT" 2>/dev/null || true; fi
   [[ $rc -eq $DISK_FULL_EXIT ]] && disk_full
   [[ $rc -eq 2 ]] && exit 2
-  echo "run_all.sh: preprocessing failed unexpectedly (exit $rc); see $LOG_DIR/preprocess.log" >&2
+  echo "$PROG: preprocessing failed unexpectedly (exit $rc); see $LOG_DIR/preprocess.log" >&2
   exit 1
 fi
 if [[ -t 1 ]]; then grep -v -E '^[0-9]{4}-' "$LOG_DIR/preprocess.log" || true; fi
@@ -228,10 +265,11 @@ if [[ -t 1 ]]; then grep -v -E '^[0-9]{4}-' "$LOG_DIR/preprocess.log" || true; f
 if [[ "$ENGINE" == ray ]]; then
   say "run $RUN_ID: slots on the Ray cluster at ${ADDRESS:-auto}; logs in $LOG_DIR (driver.log, slot-N.log)"
 else
-  say "run $RUN_ID: $WORLD slot(s) on ${GPUS}${NODES:+, node $NODE_RANK of $NODES}; logs in $LOG_DIR"
+  say "run $RUN_ID: $(plural "$WORLD" slot) on ${GPUS}${NODES:+, node $NODE_RANK of $NODES}; logs in $LOG_DIR"
 fi
 if [[ -t 1 && "$ENGINE" == bash ]]; then
-  "$PYTHON" -m convtts.run.progress "$OUT" --slots "$WORLD" --since "$STARTED" &
+  # It holds no lock (7-9 closed): after a kill -9 of this run only the slots, which stop with it, do.
+  "$PYTHON" -m convtts.run.progress "$OUT" --slots "$WORLD" --since "$STARTED" --parent-pid $$ 7>&- 8>&- 9>&- &
   MONITOR_PID=$!
 fi
 
@@ -249,7 +287,7 @@ if [[ "$ENGINE" == ray ]]; then
     SLOT_DISK_FULL=1
   elif [[ $rc -ne 0 ]]; then
     SLOT_FAILED=1
-    echo "run_all.sh: the Ray driver exited $rc; see $LOG_DIR/driver.log" >&2
+    echo "$PROG: the Ray driver exited $rc; see $LOG_DIR/driver.log" >&2
   fi
   WORLD=0  # no slots of its own to wait for
 fi
@@ -263,7 +301,7 @@ for ((rank = 0; rank < WORLD; rank++)); do
     echo "run_all.sh: slot $rank (${SLOT_DEVICES[$rank]}) exited $rc; see $LOG_DIR/slot-$rank.log" >&2
   fi
 done
-if [[ -n "$MONITOR_PID" ]]; then kill "$MONITOR_PID" 2>/dev/null || true; wait "$MONITOR_PID" 2>/dev/null || true; MONITOR_PID=""; echo; fi
+if [[ -n "$MONITOR_PID" ]]; then stop_monitor; echo; fi
 
 # --- 6. merge and report ------------------------------------------------------------------
 # No merge on a full disk: it would rewrite manifest.jsonl beside the work files and fail too.
@@ -271,14 +309,14 @@ if [[ -n "$MONITOR_PID" ]]; then kill "$MONITOR_PID" 2>/dev/null || true; wait "
 rc=0
 # Sibling nodes merge one at a time; the last to finish writes outputs that hold every node's work.
 [[ -n "$NODES" ]] && exec 7>"$OUT/.lock-merge" && flock 7
-"$PYTHON" -m convtts.results.merge "$OUT" --run-id "$RUN_ID" --started "$STARTED" || rc=$?
+"$PYTHON" -m convtts.results.merge "$OUT" --run-id "$RUN_ID" --started "$STARTED" --log-dir "$LOG_DIR" || rc=$?
 [[ $rc -eq $DISK_FULL_EXIT ]] && disk_full
 if [[ -n "$NODES" && $rc -eq 1 && $SLOT_FAILED -eq 0 ]]; then
   echo "node $NODE_RANK of $NODES: its shards are all spoken; the outputs are whole once every node has finished"
   exit 0
 fi
 if [[ $rc -ne 0 || $SLOT_FAILED -ne 0 ]]; then
-  echo "run_all.sh: not everything was spoken; see $OUT/failures.jsonl. Run the same command again to retry." >&2
+  echo "$PROG: not everything was spoken; see $OUT/failures.jsonl. Run the same command again to retry." >&2
   exit 1
 fi
 exit 0

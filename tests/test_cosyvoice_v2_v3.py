@@ -170,7 +170,7 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     assert len(loads) >= 2 and all(where in line for line in loads), loads
 
     # the batched engine spoke them, or upstream's own path did
-    assert (f"1 workers of {batch} rows each" in logs) == (batch > 1)
+    assert (f"1 worker of {batch} rows each" in logs) == (batch > 1)
     assert "ignored: batching" not in logs  # the worker's warning when a model cannot be batched
 
     # rebuilds land mid-shard (4 utterances, one shard); a batch's feed stops once one is due, and

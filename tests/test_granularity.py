@@ -80,7 +80,7 @@ def test_one_shard_keeps_four_workers_busy(tmp_path, hundred_segments):
     rows = assert_complete(four)
     assert 80 <= len(rows) <= 130 and len(list((four / "plan" / "shards").glob("shard-?????.jsonl"))) == 1
     started = re.search(
-        r"(\d+) utterances to do in 1 of 1 shards, cut into about (\d+) pieces.*; (\d+) workers",
+        r"(\d+) utterances? to do in 1 of 1 shard, cut into about (\d+) pieces?.*; (\d+) workers?",
         slot_log(tmp_path / "log4"),
     )
     assert started and int(started[1]) == len(rows) and int(started[2]) >= 8 and int(started[3]) == 4

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
+from convtts.cli import plural
 from convtts.results.report import QualityTally
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import disk_full_text, is_disk_full, load_done, load_failures, read_json, read_jsonl
@@ -56,16 +57,23 @@ class AtomicWriter:
         self.tmp.unlink(missing_ok=True)
 
 
-def merge(layout: Layout, run_id: str | None = None, started: float | None = None, check_audio: bool = True) -> dict:
+def merge(
+    layout: Layout,
+    run_id: str | None = None,
+    started: float | None = None,
+    check_audio: bool = True,
+    log_dir: str | None = None,
+) -> dict:
     """Write the outputs whole or not at all: a failure (a full disk) leaves the previous ones as they were.
 
-    `check_audio` False counts each row without opening its audio (--no-audio-check)."""
+    `check_audio` False counts each row without opening its audio (--no-audio-check); `log_dir`, the
+    run's log folder, is named in the summary."""
     remove_stale_temporaries(layout)
     writers: list[AtomicWriter] = []
     try:
         for path in (layout.manifest_file, layout.failures_file, layout.conversations_file):
             writers.append(AtomicWriter(path))
-        summary = make_summary(layout, write_outputs(layout, run_id, check_audio, *writers), started)
+        summary = make_summary(layout, write_outputs(layout, run_id, check_audio, *writers), started, log_dir)
         writers.append(AtomicWriter(layout.summary_file))
         writers[-1].write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         for writer in writers:
@@ -175,7 +183,7 @@ def with_audio(item: dict, turns: dict) -> dict:
     return record
 
 
-def make_summary(layout: Layout, t: Totals, started: float | None) -> dict:
+def make_summary(layout: Layout, t: Totals, started: float | None, log_dir: str | None = None) -> dict:
     plan = read_json(layout.plan_file) or {}
     wall = time.time() - started if started else None
     rate = t.run_audio_seconds / wall if wall else None
@@ -198,6 +206,7 @@ def make_summary(layout: Layout, t: Totals, started: float | None) -> dict:
             "wall_seconds": round(wall, 3) if wall else None,
             "audio_seconds_per_second": round(rate, 4) if rate else None,
             "real_time_factor": round(wall / t.run_audio_seconds, 4) if wall and t.run_audio_seconds else None,
+            "log_dir": os.path.abspath(log_dir) if log_dir else None,
         },
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -207,8 +216,8 @@ def summary_text(s: dict) -> str:
     run = s["this_run"]
     lines = [
         f"conversations {s['conversations']}, segments {s['segments']}: {s['done']} done, {s['failed']} failed, "
-        f"{s['pending']} pending; {s['skipped_turns']} turns skipped (nothing speakable)",
-        f"audio {s['audio_hours']:.3f} h in all; this run spoke {run['utterances']} utterances, "
+        f"{s['pending']} pending; {plural(s['skipped_turns'], 'turn')} skipped (nothing speakable)",
+        f"audio {s['audio_hours']:.3f} h in all; this run spoke {plural(run['utterances'], 'utterance')}, "
         f"{run['audio_seconds']:.1f} s of audio",
     ]
     if run["wall_seconds"]:
@@ -239,6 +248,7 @@ def main(argv=None) -> int:
     p.add_argument("output_dir")
     p.add_argument("--run-id")
     p.add_argument("--started", type=float, help="epoch seconds the run started, for wall time and rate")
+    p.add_argument("--log-dir", help="the run's log folder, named in summary.json (this_run.log_dir)")
     p.add_argument(
         "--no-audio-check",
         action="store_true",
@@ -251,7 +261,7 @@ def main(argv=None) -> int:
         print(f"error: no plan in {layout.plan_dir}", file=sys.stderr)
         return 2
     try:
-        summary = merge(layout, args.run_id, args.started, check_audio=not args.no_audio_check)
+        summary = merge(layout, args.run_id, args.started, not args.no_audio_check, args.log_dir)
     except OSError as exc:
         if not is_disk_full(exc):
             raise

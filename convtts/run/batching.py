@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from convtts.cli import plural
 from convtts.run.utterance import (
     Attempt,
     Context,
@@ -152,13 +153,17 @@ def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception
     """Out of memory: fewer rows, and what was in flight goes back in line; else each is spoken alone."""
     if isinstance(exc, OutOfMemory):
         rows = ctx.backend.shrink_batch()
-        log.warning("CUDA out of memory with %d utterances in flight; now %d rows", len(in_flight), rows)
+        flight, now = plural(len(in_flight), "utterance"), plural(rows, "row")
+        log.warning("CUDA out of memory with %s in flight; now %s", flight, now)
         for item in in_flight.values():
             retry_or_fail(host, ctx, item, exc, queue)
         return
     # no single utterance is known to be at fault
     log.warning(
-        "a batch failed (%s: %s); speaking its %d utterances one at a time", type(exc).__name__, exc, len(in_flight)
+        "a batch failed (%s: %s); speaking its %s one at a time",
+        type(exc).__name__,
+        exc,
+        plural(len(in_flight), "utterance"),
     )
     for item in in_flight.values():
         note_error(item.segment["id"], item.attempt, ctx.settings.max_attempts, exc, item.errors)

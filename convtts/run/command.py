@@ -10,7 +10,7 @@ import sys
 import time
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES
-from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
+from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging, stop_with_parent
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import check_gate
 from convtts.gate.whisper import recogniser_gpu_mb
@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--slots-on-node", type=int, default=0, help="slots sharing this node's cores (default: world)")
     p.add_argument("--log-dir", help="folder for the workers' own log files")
+    p.add_argument(
+        "--parent-pid", type=int, default=0, help="stop when this process (run_all.sh) is gone, however it ended"
+    )
     p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"), help="tags this run's manifest rows")
     p.add_argument(
         "--plan-ready",
@@ -62,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     started = time.time()
     args = parse_args(argv)
+    if args.parent_pid:
+        stop_with_parent(args.parent_pid)
     setup_logging()
     layout = Layout(args.output_dir) if args.plan_ready else planned_layout(args.output_dir)
     if args.config is None and not args.plan_ready:

@@ -16,7 +16,8 @@ mps_start() {
   if [[ ${#pipe} -gt 80 ]]; then pipe="$(mktemp -d /tmp/convtts-mps.XXXXXX)" MPS_TEMP_PIPE="$pipe"; fi
   mkdir -p "$pipe" "$dir/log"
   export CUDA_MPS_PIPE_DIRECTORY="$pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
-  if nvidia-cuda-mps-control -d && mps_answers; then
+  # The daemon outlives a run killed with SIGKILL: it must not hold the output's locks (fds 7-9).
+  if nvidia-cuda-mps-control -d 7>&- 8>&- 9>&- && mps_answers; then
     MPS_STARTED=1
     echo "MPS control daemon started (pipes $pipe, logs $dir/log)" >"$dir/status"
     return 0

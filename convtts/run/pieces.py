@@ -30,6 +30,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from convtts.cli import plural
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
     append_line,
@@ -302,12 +303,12 @@ class WorkQueue:
         write_json_atomic(self.layout.stats(work.name), stats)  # last: the shard's done marker
         del self.open[work.name]
         log.info(
-            "%s finished: %d of %d spoken (%d now, in %d pieces), %d failed",
+            "%s finished: %d of %d spoken (%d now, in %s), %d failed",
             work.name,
             stats["done"],
             work.segments,
             work.new,
-            work.pieces,
+            plural(work.pieces, "piece"),
             work.failed,
         )
 

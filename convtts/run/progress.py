@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 import time
 
+from convtts.cli import plural
 from convtts.config import Config
 from convtts.run.startup import Timeline
 from convtts.state.layout import Layout
@@ -99,11 +102,13 @@ class SlotProgress:
     def line(self) -> str:
         handled = self.done + self.failed
         planned, share, eta = self.estimate()
-        loading = f" ({self.loading} still loading their model)" if self.loading else ""
+        their = "its" if self.loading == 1 else "their"
+        loading = f" ({self.loading} still loading {their} model)" if self.loading else ""
         left = f"eta {eta / 60:.1f} min" if eta is not None else "eta not known yet"
         return (
-            f"{handled}/{self.total} utterances ({self.failed} failed), {self.audio_seconds / 3600:.3f} h audio, "
-            f"{self.rate_text()}, {self.alive} workers{loading}, {share:.0%} of {planned / 3600:.2f} h planned, {left}"
+            f"{handled}/{plural(self.total, 'utterance')} ({self.failed} failed), "
+            f"{self.audio_seconds / 3600:.3f} h audio, {self.rate_text()}, {plural(self.alive, 'worker')}{loading}, "
+            f"{share:.0%} of {planned / 3600:.2f} h planned, {left}"
         )
 
     def write_status(self, finished: bool) -> None:
@@ -171,18 +176,19 @@ def status_text(status: dict) -> str:
     end = status["updated"] if status.get("finished") else time.time()
     text = f"{status['audio_seconds'] / max(end - status['started'], 1e-6):.2f} audio s/s, {status['failed']} failed"
     if status.get("loading"):
-        text += f", {status['loading']} workers loading"
+        text += f", {plural(status['loading'], 'worker')} loading"
     if not status.get("finished") and status.get("eta_seconds") is not None:
         text += f", eta {status['eta_seconds'] / 60:.1f} min"
     return text
 
 
-def monitor(out_dir: str, slots: int, started: float) -> None:
-    """Bars for every slot of a run, fed from their status files (run_all starts this on a terminal)."""
+def monitor(out_dir: str, slots: int, started: float, parent: int = 0) -> None:
+    """Bars for every slot of a run, fed from their status files (run_all starts this on a terminal),
+    until `parent` (the run) is gone: a run killed with SIGKILL cannot stop it."""
     layout = Layout(out_dir)
     bars: dict[int, object] = {}
     finished: set[int] = set()
-    while True:
+    while not parent or os.getppid() == parent:
         for rank in set(range(slots)) - finished:
             status = read_json(layout.slot_status(rank))
             if not status or status.get("started", 0) < started:
@@ -202,8 +208,11 @@ if __name__ == "__main__":
     parser.add_argument("out_dir")
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--since", type=float, default=0.0)
+    parser.add_argument("--parent-pid", type=int, default=0, help="stop once this process (run_all.sh) is gone")
     opts = parser.parse_args()
+    # run_all.sh starts it in the background, where bash has Ctrl-C ignored; it stops with the run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        monitor(opts.out_dir, opts.slots, opts.since)
+        monitor(opts.out_dir, opts.slots, opts.since, opts.parent_pid)
     except KeyboardInterrupt:
         pass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
+from convtts.cli import plural
 from convtts.config import Config
 from convtts.run.feed import FedWork
 from convtts.run.messages import (
@@ -177,7 +178,7 @@ class Slot:
         listing = WorkListing(self.layout)
         todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing)]  # logs any damage
         if not todo and self.feed is None:
-            log.info("slot %d: all %d shards already complete", self.options.rank, len(self.shards))
+            log.info("slot %d: %s already complete", self.options.rank, plural(len(self.shards), "shard"))
             return EXIT_OK
         if self.feed is not None:
             writer = self.options.writer_prefix.rstrip("-")
@@ -197,19 +198,22 @@ class Slot:
         return None
 
     def plan_text(self, todo: list[str], count: int) -> str:
-        """E.g. '118 utterances to do in 1 of 1 shards, cut into about 45 pieces of 2-5 utterances; 14 workers'."""
+        """E.g. '118 utterances to do in 1 of 1 shard, cut into about 45 pieces of 2-5 utterances; 14 workers'."""
         hold = self.config.workers.hold_first_batch
         sizes = preview_cuts(self.work.pending_counts(), count, self.work.rows, hold) or [0]
+        each = plural(min(sizes), "utterance") if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)} utterances"
+        workers = plural(count, "worker")
+        if count < self.options.workers:
+            workers = f"keeping {count} of {plural(self.options.workers, 'worker')}"
         text = (
-            f"{self.work.total} utterances to do in {len(todo)} of {len(self.shards)} shards, cut into about "
-            f"{len(sizes)} pieces of {min(sizes)}-{max(sizes)} utterances; {count} workers"
+            f"{plural(self.work.total, 'utterance')} to do in {len(todo)} of {plural(len(self.shards), 'shard')}, "
+            f"cut into about {plural(len(sizes), 'piece')} of {each}; {workers}"
         )
         if self.feed is not None:
-            text = f"pieces of shards handed out by the driver; {count} workers"
+            text = f"pieces of shards handed out by the driver; {workers}"
         if self.work.rows > 1:
             text += f" of {self.work.rows} rows each"  # the sizing line above says where they came from
         if count < self.options.workers:
-            text = text.replace(f"; {count} workers", f"; keeping {count} of {self.options.workers} workers")
             text += ": no more than utterances to do"
         return text
 
@@ -324,10 +328,10 @@ class Slot:
                 handle.pieces.remove(piece)
         if message.ids:
             log.info(
-                "slot %d: worker %d handed back %d utterances it had not begun",
+                "slot %d: worker %d handed back %s it had not begun",
                 self.options.rank,
                 handle.wid,
-                len(message.ids),
+                plural(len(message.ids), "utterance"),
             )
 
     def on_built(self, handle: Handle, message: Built) -> None:
@@ -447,9 +451,9 @@ class Slot:
         self.barren_deaths = 0 if handle.spoke else self.barren_deaths + 1
         if self.barren_deaths >= MAX_BARREN_DEATHS:
             log.error(
-                "slot %d: workers died %d times in a row without speaking; giving up",
+                "slot %d: workers died %s in a row without speaking; giving up",
                 self.options.rank,
-                self.barren_deaths,
+                plural(self.barren_deaths, "time"),
             )
             return
         if (self.work is None or self.work.has_work()) and not self.halted:
@@ -488,7 +492,8 @@ class Slot:
             s for s in self.shards + (self.work.taken if self.work else []) if not shard_complete(self.layout, s)
         ]
         if incomplete:
-            log.warning("slot %d: %d shards have failed or unfinished utterances", self.options.rank, len(incomplete))
+            has = "shard has" if len(incomplete) == 1 else "shards have"
+            log.warning("slot %d: %d %s failed or unfinished utterances", self.options.rank, len(incomplete), has)
             return EXIT_FAILURES
         return EXIT_OK
 
@@ -531,6 +536,10 @@ def _forkserver_serves(wanted: str) -> bool:
 
 def install_stop_handlers() -> None:
     def stop(signum, frame):
+        # Once: Ctrl-C reaches the slot from the terminal and run_all.sh's TERM follows; a second
+        # SlotStopped would break off the stopping of the workers half way.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SlotStopped(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)

@@ -92,7 +92,8 @@ class Timeline:
         marks = ", ".join(f"{name} {at:.1f}" for name, at in self.events.items() if name != "all_busy")
         first = f", first ready {min(ready):.1f}" if ready else ""
         busy = self.events.get("all_busy", float("nan"))
-        return f"all {len(self.workers)} workers busy at {busy:.1f} s ({marks}{first})"
+        everyone = "the one worker" if len(self.workers) == 1 else f"all {len(self.workers)} workers"
+        return f"{everyone} busy at {busy:.1f} s ({marks}{first})"
 
     def as_dict(self) -> dict:
         return {

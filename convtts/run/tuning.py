@@ -6,6 +6,8 @@ import logging
 import os
 import subprocess
 
+from convtts.cli import plural
+
 log = logging.getLogger(__name__)
 
 # The per-worker GPU memory figure comes from workers.gpu_mb_per_worker (default 2600 MiB: one
@@ -54,7 +56,7 @@ def choose_workers(requested: int, device: str, slots_on_node: int, gpu_mb_per_w
     slots = max(1, slots_on_node)
     if device == "cpu":
         by_cpu = max(1, cpu_cores() // slots)
-        log.info("workers: %d (%d cores shared by %d CPU slots)", by_cpu, cpu_cores(), slots_on_node)
+        log.info("workers: %d (%s shared by %s)", by_cpu, plural(cpu_cores(), "core"), plural(slots, "CPU slot"))
         return by_cpu
     by_cpu = gpu_slot_cores(slots)
     free_mb = free_gpu_mb()
@@ -157,7 +159,9 @@ def fit_passes(
     )
     if room < 64:
         log.warning(
-            "%d workers of %d rows do not fit this GPU's free memory: expect out-of-memory retries", workers, rows
+            "%s of %d rows do not fit this GPU's free memory: expect out-of-memory retries",
+            plural(workers, "worker"),
+            rows,
         )
     return workers, passes
 
@@ -179,9 +183,9 @@ def rows_with_room(
     room = int(pass_room(free_mb * FREE_SHARE, workers, base, roomy, row_mb))
     if room < PASS_MIN_MB:
         log.info(
-            "rows: %d (%d workers of %d rows would leave passes of %d MiB, under %d)",
+            "rows: %d (%s of %d rows would leave passes of %d MiB, under %d)",
             rows,
-            workers,
+            plural(workers, "worker"),
             roomy,
             room,
             PASS_MIN_MB,
@@ -189,10 +193,10 @@ def rows_with_room(
         return rows, fitted_mb
     passes = min(pass_mb, room)
     log.info(
-        "rows: %d in place of %d (tts.cosyvoice.batch_size_with_room): %d workers of %d rows fit with passes of %d MiB",
+        "rows: %d in place of %d (tts.cosyvoice.batch_size_with_room): %s of %d rows fit with passes of %d MiB",
         roomy,
         rows,
-        workers,
+        plural(workers, "worker"),
         roomy,
         passes,
     )

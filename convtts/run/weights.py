@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from convtts.cli import plural
 from convtts.speak import backend_class
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,9 @@ def _read_all(paths: list[Path], rank: int) -> None:
         except OSError as exc:
             log.warning("slot %d: could not read %s ahead of the workers: %s", rank, path, exc)
     log.info(
-        "slot %d: read %.2f GB of model weights (%d files) into the page cache in %.1f s",
+        "slot %d: read %.2f GB of model weights (%s) into the page cache in %.1f s",
         rank,
         total / 1e9,
-        len(paths),
+        plural(len(paths), "file"),
         time.time() - started,
     )

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from convtts.cli import setup_logging
+from convtts.cli import plural, setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
 from convtts.run.batching import can_batch, speak_batched
@@ -68,6 +68,7 @@ def worker_main(args: WorkerArgs, conn) -> None:
     _die_with_parent(args.parent_pid, args.start_method)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the slot, which stops us
     setup_logging(args.log_file)
+    log.info("output %s, run %s", os.path.abspath(args.out_dir), args.run_id)  # the log's first line names them
     set_cuda_sync(args.config.workers.cuda_sync)  # before the gate or the model touch the GPU
     set_temporary_tag(args.temporary_tag)
     worker = Worker(args, conn)
@@ -277,7 +278,7 @@ class Worker:
     def rebuild_reason(self) -> str | None:
         w = self.config.workers
         if w.rebuild_every and self.since_build >= w.rebuild_every:
-            return f"every {w.rebuild_every} utterances"
+            return f"every {plural(w.rebuild_every, 'utterance')}"
         if w.max_rss_mb and rss_mb() > w.max_rss_mb:
             return f"rss {rss_mb():.0f} MiB over {w.max_rss_mb}"
         if w.max_gpu_mb and self.gpu_mb() > w.max_gpu_mb:
