@@ -13,6 +13,7 @@ from convtts.cli import add_config_args, fail, load_config_or_exit, setup_loggin
 from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
 from convtts.plan.planner import (
+    CONTENT_SINCE,
     PLAN_VERSION,
     earlier_version_with_same_ids,
     make_plan,
@@ -23,7 +24,7 @@ from convtts.plan.planner import (
 from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout
-from convtts.state.shardio import disk_full_text, is_disk_full, write_atomic
+from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_atomic
 
 log = logging.getLogger("preprocess")
 
@@ -39,9 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="selection seed (select.seed)")
     parser.add_argument("--validate", action="store_true", help="check config and input, write nothing")
     parser.add_argument(
+        "--force-replan",
         "--force",
+        dest="force",
         action="store_true",
-        help="replan even though synthesis work from another plan exists (that work is deleted)",
+        help="replan even though synthesis work from another plan exists (that work is deleted); "
+        "run_all.sh's flag of the same name",
     )
     return parser.parse_args(argv)
 
@@ -118,8 +122,8 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
     if stale_work and not force:
         fail(
             f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
-            "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
-            "or --force to replan and delete that work"
+            f"or different plan settings (select, text, speakers, shards){older_plan_note(layout)}; use a new "
+            "--output-dir, or --force-replan to replan and delete that work"
         )
     created = not layout.root.exists()
     try:
@@ -132,9 +136,21 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
         fail(f"bad input: {exc}" if isinstance(exc, InputError) else f"plan not made: {exc}")
 
 
+def older_plan_note(layout: Layout) -> str:
+    """What to know of a plan made before plans knew their input by content, or ''."""
+    version = read_json(layout.plan_file)
+    version = version.get("version") if isinstance(version, dict) else None
+    if not isinstance(version, int) or version >= CONTENT_SINCE:
+        return ""
+    return (
+        f" (its plan, of plan version {version}, knows the input by path, size and modification time, "
+        "not content: the same bytes touched or moved read as a different input)"
+    )
+
+
 def discard_work(layout: Layout) -> None:
     """Audio and manifests of the old plan would pass as done under the new one: remove them."""
-    log.warning("--force: deleting the synthesis work of the previous plan in %s", layout.root)
+    log.warning("--force-replan: deleting the synthesis work of the previous plan in %s", layout.root)
     for path in (layout.work_dir, layout.audio_root):
         shutil.rmtree(path, ignore_errors=True)
     for path in (layout.manifest_file, layout.failures_file, layout.conversations_file, layout.summary_file):
