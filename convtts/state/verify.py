@@ -25,9 +25,9 @@ def check_complete(out: str | Path) -> list[str]:
     counts = Counter(r.get("id") for r in rows)
     problems = [f"{uid} appears {n} times in the manifest" for uid, n in counts.items() if n > 1]
     dropped = {r.get("id") for r in read_jsonl(layout.failures_file) if r.get("status") == DROPPED}
-    planned = set(planned_ids(layout)) - dropped
+    planned = set(planned_ids(layout))
     problems += [f"{uid} is both dropped and in the manifest" for uid in sorted(dropped & set(counts))]
-    problems += [f"{uid} planned but not in the manifest" for uid in sorted(planned - set(counts))]
+    problems += [f"{uid} planned but not in the manifest" for uid in sorted(planned - dropped - set(counts))]
     problems += [f"{uid} in the manifest but not planned" for uid in sorted(set(counts) - planned)]
     for row in rows:
         problems += audio_problems(layout.root, row)
