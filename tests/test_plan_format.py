@@ -128,14 +128,24 @@ def test_an_output_of_plan_version_2_is_remade_with_its_work_kept(tmp_path):
     assert "plan version 2; remaking it in version 3" in kept.stderr and work.read_text()
     assert orjson.loads(layout.plan_file.read_bytes())["version"] == PLAN_VERSION == 3
 
-    # An old plan cannot tell a touched input from another one: refused, saying why, nothing deleted.
+    # Touched, the input no longer matches an old plan's fingerprint: the plan made now is compared
+    # with it, shard by shard, and the same shards keep the work.
     as_version_2(layout, source, config)
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 60_000_000_000))
+    touched = preprocess(*args)
+    assert touched.returncode == 0, touched.stderr
+    assert "has the same shards, so the work spoken for them is kept" in touched.stderr
+    assert orjson.loads(layout.plan_file.read_bytes())["version"] == 3 and work.read_text()
+
+    # Changed, it makes other shards: refused, naming run_all.sh's and preprocess.py's flag, the old plan kept.
+    as_version_2(layout, source, config)
+    old_plan = layout.plan_file.read_bytes()
+    write_input(source, llava_conversations(4))
     refused = preprocess(*args)
-    assert refused.returncode == 2 and "modification time" in refused.stderr
+    assert refused.returncode == 2 and "holds synthesis work" in refused.stderr
     assert set(re.findall(r"--[a-z][a-z-]*", refused.stderr)) == {"--output-dir", "--force-replan"}
-    assert work.read_text() == '{"id": "spoken-before"}\n'
+    assert work.read_text() == '{"id": "spoken-before"}\n' and layout.plan_file.read_bytes() == old_plan
 
 
 @pytest.mark.e2e

@@ -405,7 +405,7 @@ def make_plan(
     input_path: str | Path,
     layout: Layout,
     config: Config,
-    before_install: Callable[[], None] | None = None,
+    before_install: Callable[[Layout], None] | None = None,
     workers: int | None = None,
 ) -> dict:
     """Build the plan in a staging directory and swap it in whole; InputError leaves the old one."""
@@ -436,8 +436,8 @@ def make_plan(
         info["sha256"] = digest
         plan = _summary(fingerprint(input_path, config), info, counts, writer.names, config)
         staging.plan_file.write_bytes(orjson.dumps(plan, option=orjson.OPT_INDENT_2) + b"\n")
-        if before_install is not None:
-            before_install()
+        if before_install is not None:  # it sees the new plan (staging) beside the old one; it may refuse it
+            before_install(staging)
         _install(staging.plan_dir, layout.plan_dir)
     finally:
         shutil.rmtree(staging.root, ignore_errors=True)
