@@ -49,7 +49,12 @@ def rows_of(out: Path) -> tuple[list[dict], list[dict]]:
             if line.strip()
         ]
 
-    return read("*.manifest.jsonl"), [f for f in read("*.failures.jsonl") if f.get("status") == "failed"]
+    # takes refused after every re-speak count as failed whatever validate.on_fail made of them:
+    # kept (a manifest row with audio) or dropped (a manifest row without)
+    rows = read("*.manifest.jsonl")
+    refused = [r for r in rows if r.get("status") in ("gate-refused-kept", "dropped")]
+    failed = [f for f in read("*.failures.jsonl") if f.get("status") == "failed"]
+    return [r for r in rows if r.get("status") != "dropped"], failed + refused
 
 
 def gate_report(rows: list[dict], failures: list[dict]) -> dict | None:
@@ -63,7 +68,8 @@ def gate_report(rows: list[dict], failures: list[dict]) -> dict | None:
     audio = sum(r["duration"] for r in gated)
     by_check: dict[str, int] = {}
     for f in failures:
-        by_check[f.get("check", "error")] = by_check.get(f.get("check", "error"), 0) + 1
+        check = f.get("check") or (f.get("refused") or {}).get("check") or "error"
+        by_check[check] = by_check.get(check, 0) + 1
     return {
         "gated": len(gated),
         "asr": kinds,

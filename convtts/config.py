@@ -342,6 +342,7 @@ class OutputConfig:
 
 
 RECOGNISERS = ("none", "pocketsphinx", "hf-whisper", "whisper", "faster-whisper")
+ON_FAIL = ("keep", "drop", "fail")
 ASR_PRECISIONS = ("bf16", "fp16", "fp32")
 ASR_DEVICES = ("auto", "cuda", "cpu")
 
@@ -352,6 +353,11 @@ class ValidateConfig:
 
     enabled: bool = False
     max_respeaks: int = 2  # new takes (new seeds) after a failed check; apart from workers.max_attempts
+    # An utterance whose every take was refused: keep (its last take is written, marked
+    # gate-refused-kept in the manifest), drop (recorded as dropped: not spoken, and final) or fail
+    # (recorded as failed: the run exits 1 and a rerun speaks it again). A recogniser that keeps
+    # mishearing some words refuses the same takes on every run: keep and drop let such a job finish.
+    on_fail: str = "keep"
     min_seconds_per_word: float = 0.12  # shorter: words were dropped or the audio is cut
     max_seconds_per_word: float = 1.5  # longer: babble, long silences, a stuck decoder
     silence_db: float = -40.0  # a 20 ms frame quieter than this (dBFS, RMS) is silence
@@ -387,6 +393,8 @@ class ValidateConfig:
     def check(self) -> None:
         if not 0 <= self.max_respeaks <= 20:
             raise ConfigError(f"validate.max_respeaks must be between 0 and 20, got {self.max_respeaks}")
+        if self.on_fail not in ON_FAIL:
+            raise ConfigError(f"validate.on_fail must be one of {', '.join(ON_FAIL)}, got {self.on_fail!r}")
         if not 0 <= self.min_seconds_per_word < self.max_seconds_per_word:
             raise ConfigError(
                 "validate.min_seconds_per_word must be at least 0 and below validate.max_seconds_per_word, "

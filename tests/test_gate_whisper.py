@@ -236,7 +236,7 @@ def test_a_checkpoint_missing_a_file_is_refused_up_front(tmp_path, whisper_dir, 
 def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, whisper_dir):
     """A real run: Piper spoken through synthesize_many, the takes judged in groups by the hf-whisper gate.
     A silent first take is re-spoken with the next seed and kept; an id silent on every take is a
-    failure row; every kept row carries the recogniser's transcript and WER (max_wer is set high: a
+    failure row (validate.on_fail=fail); every kept row carries the recogniser's transcript and WER (max_wer is set high: a
     random Whisper hears random words), and the takes judged together shared windows."""
     source = write_input(tmp_path / "in.json", CONVERSATIONS)
     out = tmp_path / "out"
@@ -267,6 +267,8 @@ def test_gate_respeaks_bad_takes_on_the_batched_path_with_hf_whisper(tmp_path, w
         "validate.max_respeaks=1",
         "--set",
         "validate.asr_pack=true",
+        "--set",
+        "validate.on_fail=fail",
         env=script_env(CONVTTS_TEST_BAD="street-001-00=silence:1,garage-000-00=silence:all"),
     )
     assert result.returncode == 1, result.stderr

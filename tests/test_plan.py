@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -346,9 +347,25 @@ def test_plan_freshness(tmp_path):
     )
     for change in ("text.max_words=10", "select.fraction=0.5", "speakers.seed=1", "shards.segments_per_shard=7"):
         assert not plan_is_fresh(source, layout, load_config(None, [change]))
+    # the plan knows its input by content: touched, or the same bytes elsewhere, it is the same input
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert not plan_is_fresh(source, layout, config)
+    assert plan_is_fresh(source, layout, config)
+    moved = tmp_path / "elsewhere" / "renamed.json"
+    moved.parent.mkdir()
+    moved.write_bytes(source.read_bytes())
+    assert plan_is_fresh(moved, layout, config)
+    source.write_bytes(source.read_bytes().replace(b"the", b"The", 1))  # one letter, same size
+    assert source.stat().st_size == moved.stat().st_size and not plan_is_fresh(source, layout, config)
+
+
+def test_content_digest_is_the_sha256_of_the_bytes_and_follows_a_change(tmp_path):
+    path = tmp_path / "in.json"
+    data = os.urandom(planner.HASH_BLOCK * 2 + 17)  # whole blocks and a partial one
+    path.write_bytes(data)
+    assert planner.content_digest(path) == hashlib.sha256(data).hexdigest()
+    path.write_bytes(data + b"]")
+    assert planner.content_digest(path) == hashlib.sha256(data + b"]").hexdigest()
 
 
 def test_bad_input_keeps_the_old_plan_whole(tmp_path):
@@ -423,7 +440,7 @@ def test_preprocess_runs_on_through_bad_items_and_replans_only_when_needed(tmp_p
     Layout(out).work_dir.mkdir()
     Layout(out).manifest("shard-00000").write_text("{}\n")
     blocked = preprocess("--input", source, "--output-dir", out, "--count", "5")
-    assert blocked.returncode == 2 and "--force" in blocked.stderr and "different" in blocked.stderr
-    forced = preprocess("--input", source, "--output-dir", out, "--count", "5", "--force")
+    assert blocked.returncode == 2 and "--force-replan" in blocked.stderr and "different" in blocked.stderr
+    forced = preprocess("--input", source, "--output-dir", out, "--count", "5", "--force-replan")
     assert forced.returncode == 0, forced.stderr
     assert len(plan_conversations(out)) == 5 and not Layout(out).work_dir.exists()

@@ -1,11 +1,17 @@
-"""The plan and manifest grow with the text (a turn's source text once), and outputs of plan version 1 resume."""
+"""The plan and manifest grow with the text (a turn's source text once), outputs of plan versions 1 and 2
+resume, and the plan knows its input by content: touched or moved, it resumes; changed, it is refused."""
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
 
 import orjson
 import pytest
 
-from conftest import assert_complete, llava_conversations, read_jsonl, run_all, write_input
+from conftest import REPO, assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
 from convtts.config import load_config
 from convtts.plan.planner import PLAN_VERSION, fingerprint, make_plan
 from convtts.state.layout import Layout
@@ -87,3 +93,83 @@ def test_an_output_of_plan_version_1_finishes_without_redoing_spoken_work(tmp_pa
     for row in rows:  # old and new rows alike: the turn's text on its first segment only
         expected = turns[row["conversation_id"], row["turn"]] if row["segment"] == 0 else None
         assert row["source_text"] == expected, row["id"]
+
+
+def preprocess(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def as_version_2(layout: Layout, source, config) -> None:
+    """plan.json as convtts wrote it under plan version 2: the input known by path, size and mtime."""
+    plan = orjson.loads(layout.plan_file.read_bytes())
+    plan["input"].pop("sha256")
+    plan.update(version=2, fingerprint=fingerprint(source, config, version=2))
+    layout.plan_file.write_bytes(orjson.dumps(plan))
+
+
+def test_an_output_of_plan_version_2_is_remade_with_its_work_kept(tmp_path):
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    layout, config = Layout(tmp_path / "out"), load_config(None, list(SETTINGS))
+    make_plan(source, layout, config)
+    layout.work_dir.mkdir()
+    work = layout.manifest("shard-00000", "w0")
+    work.write_text('{"id": "spoken-before"}\n')
+    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+
+    as_version_2(layout, source, config)
+    kept = preprocess(*args)
+    assert kept.returncode == 0, kept.stderr
+    assert "plan version 2; remaking it in version 3" in kept.stderr and work.read_text()
+    assert orjson.loads(layout.plan_file.read_bytes())["version"] == PLAN_VERSION == 3
+
+    # Touched, the input no longer matches an old plan's fingerprint: the plan made now is compared
+    # with it, shard by shard, and the same shards keep the work.
+    as_version_2(layout, source, config)
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 60_000_000_000))
+    touched = preprocess(*args)
+    assert touched.returncode == 0, touched.stderr
+    assert "has the same shards, so the work spoken for them is kept" in touched.stderr
+    assert orjson.loads(layout.plan_file.read_bytes())["version"] == 3 and work.read_text()
+
+    # Changed, it makes other shards: refused, naming run_all.sh's and preprocess.py's flag, the old plan kept.
+    as_version_2(layout, source, config)
+    old_plan = layout.plan_file.read_bytes()
+    write_input(source, llava_conversations(4))
+    refused = preprocess(*args)
+    assert refused.returncode == 2 and "holds synthesis work" in refused.stderr
+    assert set(re.findall(r"--[a-z][a-z-]*", refused.stderr)) == {"--output-dir", "--force-replan"}
+    assert work.read_text() == '{"id": "spoken-before"}\n' and layout.plan_file.read_bytes() == old_plan
+
+
+@pytest.mark.e2e
+def test_a_touched_or_moved_input_resumes_and_a_changed_one_is_refused(tmp_path):
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    out = tmp_path / "out"
+    settings = [x for s in SETTINGS for x in ("--set", s)]
+    first = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", *settings)
+    assert first.returncode == 0, first.stderr
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "audio").rglob("*.wav")}
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 60_000_000_000))  # touch
+    copy = tmp_path / "checkout-copy" / "conversations.json"
+    copy.parent.mkdir()
+    copy.write_bytes(source.read_bytes())
+
+    for path in (source, copy):
+        again = run_all("--input", path, "--output-dir", out, "--gpus", "cpu:1", *settings)
+        assert again.returncode == 0, again.stderr
+        assert orjson.loads((out / "summary.json").read_bytes())["this_run"]["utterances"] == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "audio").rglob("*.wav")} == stamps  # nothing spoken again
+
+    write_input(source, llava_conversations(4))
+    refused = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", *settings)
+    assert refused.returncode == 2 and "holds synthesis work" in refused.stderr
+    assert set(re.findall(r"--[a-z][a-z-]*", refused.stderr)) == {"--output-dir", "--force-replan"}
+    assert {p: p.stat().st_mtime_ns for p in (out / "audio").rglob("*.wav")} == stamps  # nothing deleted

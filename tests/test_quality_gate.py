@@ -2,7 +2,8 @@
 
 tests/bad_audio_backend.py gives chosen ids wrong audio on their first takes (silence, or another
 sentence spoken), and one id wrong audio on every take: the gate must re-speak the first ones with
-new seeds, record the last in failures.jsonl with its check and figure, and let a rerun finish.
+new seeds, and settle the last by validate.on_fail: keep its last take (marked), drop it, or fail
+it so that a rerun tries again; failures.jsonl records its check and figure each way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import orjson
 import pytest
 
-from conftest import assert_complete, need, read_jsonl, run_all, script_env, write_input
+from conftest import REPO, assert_complete, need, read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import (
     QualityFailure,
@@ -251,6 +252,7 @@ def test_asr_share_samples_ids_deterministically(voice_and_gate):
         ("validate.model_path=/x.pt", "only for the Whisper recognisers"),
         ("validate.max_respeak=2", "did you mean 'max_respeaks'"),
         ("validate.asr_pack=maybe", "validate.asr_pack must be true or false"),
+        ("validate.on_fail=skip", "validate.on_fail must be one of keep, drop, fail, got 'skip'"),
     ],
 )
 def test_validate_config_is_checked_up_front(override, message):
@@ -292,12 +294,31 @@ def gated_run(tmp_path, backend: str, bad: str, *extra) -> tuple[subprocess.Comp
     return run_all(*args, env=script_env(CONVTTS_TEST_BAD=bad)), args
 
 
+def test_an_unknown_on_fail_stops_the_run_in_one_line(tmp_path):
+    source = write_input(tmp_path / "in.json", short_conversations())
+    result = subprocess.run(
+        [sys.executable, "preprocess.py", "--input", source, "--output-dir", tmp_path / "out", "--validate"]
+        + ["--set", "validate.on_fail=retry"],
+        cwd=REPO,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: config error: validate.on_fail must be one of keep, drop, fail, got 'retry'"
+    ]
+
+
 @pytest.mark.e2e
 def test_gate_respeaks_bad_takes_and_records_the_hopeless_one(tmp_path):
     bad = "street-000-00=silence:1,street-001-00=other:2,garage-000-00=other:all"
-    first, args = gated_run(tmp_path, "bad_audio_backend:BadAudioPiper", bad)
+    first, args = gated_run(tmp_path, "bad_audio_backend:BadAudioPiper", bad, "--set", "validate.on_fail=fail")
     out = tmp_path / "out"
     assert first.returncode == 1, first.stderr  # one utterance failed: cron sees it
+    assert "exited" not in first.stderr  # no slot crashed: the gate refused, and the summary says so
+    told = "the quality gate refused every take of 1 utterance (wer: 1): 1 failed: a rerun speaks them again"
+    assert f"{told}; see {out / 'failures.jsonl'}" in first.stdout
     rows = {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")}
     assert len(rows) == 5 and "garage-000-00" not in rows
 
@@ -349,16 +370,53 @@ def check_report(out):
 
 
 @pytest.mark.e2e
-def test_gate_works_on_the_batched_path(tmp_path):
-    bad = "street-001-00=silence:1,garage-000-00=other:all"
-    first, _ = gated_run(tmp_path, "bad_audio_backend:BatchedBadAudioPiper", bad, "--set", "validate.max_respeaks=1")
+def test_takes_refused_on_every_run_are_kept_by_default_and_a_rerun_exits_0(tmp_path):
+    bad = "garage-000-00=other:all"  # the recogniser mishears it on every take of every run
+    first, args = gated_run(tmp_path, "bad_audio_backend:BadAudioPiper", bad)
     out = tmp_path / "out"
-    assert first.returncode == 1, first.stderr
-    rows = {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")}
+    assert first.returncode == 0, first.stderr
+    rows = {r["id"]: r for r in assert_complete(out)}  # every id once, with whole audio
+    kept = rows["garage-000-00"]
+    assert kept["status"] == "gate-refused-kept" and kept["refused"]["check"] == "wer"
+    assert kept["respeaks"] == 2 and kept["seed"] == take_seed(BASE_SEED, "garage-000-00", 2)
+    assert kept["quality"]["wer"] > 0.6 and "purple" in kept["quality"]["heard"]
+    assert all(r["status"] == "ok" for uid, r in rows.items() if uid != "garage-000-00")
+    (failure,) = [f for f in read_jsonl(out / "failures.jsonl") if f["id"] == "garage-000-00"]
+    assert failure["status"] == "gate-refused-kept" and failure["audio"] == kept["audio"]
+    assert failure["check"] == "wer" and failure["figure"] > 0.6 and failure["quality"] == kept["quality"]
+    refused = orjson.loads((out / "summary.json").read_bytes())["quality"]["refused"]
+    assert refused == {"utterances": 1, "kept": 1, "dropped": 0, "failed": 0, "by_check": {"wer": 1}}
+    line = "the quality gate refused every take of 1 utterance (wer: 1): 1 kept, status gate-refused-kept"
+    assert line in first.stdout
+
+    again = run_all(*args, env=script_env(CONVTTS_TEST_BAD=bad))  # the same mishearing: nothing to redo
+    assert again.returncode == 0, again.stderr
+    assert line in again.stdout and "Run the same command again" not in again.stderr
+    assert {r["id"]: r for r in read_jsonl(out / "manifest.jsonl")} == rows
+    assert orjson.loads((out / "summary.json").read_bytes())["this_run"]["utterances"] == 0
+
+
+@pytest.mark.e2e
+def test_gate_works_on_the_batched_path_and_drops_the_hopeless_take(tmp_path):
+    bad = "street-001-00=silence:1,garage-000-00=other:all"
+    settings = ("--set", "validate.max_respeaks=1", "--set", "validate.on_fail=drop")
+    first, args = gated_run(tmp_path, "bad_audio_backend:BatchedBadAudioPiper", bad, *settings)
+    out = tmp_path / "out"
+    assert first.returncode == 0, first.stderr
+    rows = {r["id"]: r for r in assert_complete(out)}  # every id once but the dropped one
     assert len(rows) == 5 and rows["street-001-00"]["respoken_for"] == ["silence 1 > 0.6"]
     assert rows["street-001-00"]["seed"] == take_seed(BASE_SEED, "street-001-00", 1)
-    failed = [f for f in read_jsonl(out / "failures.jsonl") if f["status"] == "failed"]
-    assert [(f["id"], f["check"], f["respeaks"]) for f in failed] == [("garage-000-00", "wer", 1)]
+    dropped = [f for f in read_jsonl(out / "failures.jsonl") if f["status"] == "dropped"]
+    assert [(f["id"], f["check"], f["respeaks"]) for f in dropped] == [("garage-000-00", "wer", 1)]
+    assert "purple" in dropped[0]["quality"]["heard"] and not list(out.rglob("garage-000-00.*"))
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["complete"] and summary["dropped"] == 1 and summary["done"] == 5
+    assert "1 dropped, not spoken" in first.stdout
+
+    again = run_all(*args, env=script_env(CONVTTS_TEST_BAD=bad))  # dropped is final: not spoken again
+    assert again.returncode == 0, again.stderr
+    assert orjson.loads((out / "summary.json").read_bytes())["this_run"]["utterances"] == 0
+    assert [f["id"] for f in read_jsonl(out / "failures.jsonl") if f["status"] == "dropped"] == ["garage-000-00"]
 
 
 @pytest.mark.e2e

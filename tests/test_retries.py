@@ -143,13 +143,45 @@ def test_a_refused_take_is_spoken_again_with_the_next_seed_without_costing_an_at
     assert [c["seed"] for c in calls(tally)] == [take_seed(SEED, ZEBRA, 0), take_seed(SEED, ZEBRA, 1)]
 
 
-def test_a_take_refused_every_time_fails_on_the_gates_check(tmp_path, monkeypatch, tally):
-    worker = run(tmp_path, monkeypatch, "zebra=silent:all", "ScriptedTone", "validate.max_respeaks=2")
+def refused_every_time(tmp_path, monkeypatch, tally, backend: str, policy: str) -> Run:
+    """A worker whose every take of ZEBRA the gate refuses (silence), under validate.on_fail=policy."""
+    settings = ("validate.max_respeaks=2", f"validate.on_fail={policy}")
+    worker = run(tmp_path, monkeypatch, "zebra=silent:all", backend, *settings)
     worker.speak()
-    failure = worker.failures()[ZEBRA]
-    assert failure["check"] == "silence" and failure["respeaks"] == 2 and failure["attempts"] == 1
     assert [c["seed"] for c in calls(tally)] == [take_seed(SEED, ZEBRA, take) for take in range(3)]
+    return worker
+
+
+@pytest.mark.parametrize("backend", ["ScriptedTone", "ScriptedBatchTone"])
+def test_a_take_refused_every_time_fails_on_the_gates_check_under_fail(tmp_path, monkeypatch, tally, backend):
+    worker = refused_every_time(tmp_path, monkeypatch, tally, backend, "fail")
+    failure = worker.failures()[ZEBRA]
+    assert failure["status"] == "failed" and failure["check"] == "silence" and failure["respeaks"] == 2
+    assert failure["attempts"] == 1 and ZEBRA not in worker.rows()
     assert not (worker.layout.audio_dir(worker.shard) / f"{ZEBRA}.wav").exists()  # nothing refused is written
+    assert any(isinstance(m, Failed) and m.uid == ZEBRA for m in worker.messages())
+
+
+@pytest.mark.parametrize("backend", ["ScriptedTone", "ScriptedBatchTone"])
+def test_a_take_refused_every_time_is_written_and_marked_under_keep(tmp_path, monkeypatch, tally, backend):
+    worker = refused_every_time(tmp_path, monkeypatch, tally, backend, "keep")
+    row = worker.rows()[ZEBRA]  # its audio is whole: load_done opened it
+    assert row["status"] == "gate-refused-kept" and row["seed"] == take_seed(SEED, ZEBRA, 2)
+    assert row["refused"] == {"reason": "silence 1 > 0.6", "check": "silence", "figure": 1.0, "limit": 0.6}
+    assert row["respeaks"] == 2 and row["respoken_for"] == ["silence 1 > 0.6"] * 2
+    assert row["quality"]["silence"] == 1
+    assert ZEBRA not in worker.failures()
+    assert any(isinstance(m, Spoken) and m.uid == ZEBRA and m.audio_seconds > 0 for m in worker.messages())
+
+
+@pytest.mark.parametrize("backend", ["ScriptedTone", "ScriptedBatchTone"])
+def test_a_take_refused_every_time_is_settled_without_audio_under_drop(tmp_path, monkeypatch, tally, backend):
+    worker = refused_every_time(tmp_path, monkeypatch, tally, backend, "drop")
+    row = worker.rows()[ZEBRA]  # a manifest row: a rerun counts the id as settled
+    assert row["status"] == "dropped" and row["check"] == "silence" and row["respeaks"] == 2
+    assert row["quality"]["silence"] == 1 and ZEBRA not in worker.failures()
+    assert not list(worker.layout.audio_root.rglob(f"{ZEBRA}.*"))
+    assert open_shard(worker.layout, worker.shard, "run2").pending.count(ZEBRA) == 0
 
 
 def test_out_of_memory_rebuilds_the_model_then_tries_again(tmp_path, monkeypatch, tally):

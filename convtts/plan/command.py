@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import filecmp
 import logging
 import shutil
 import sys
@@ -13,6 +14,7 @@ from convtts.cli import add_config_args, fail, load_config_or_exit, setup_loggin
 from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
 from convtts.plan.planner import (
+    CONTENT_SINCE,
     PLAN_VERSION,
     earlier_version_with_same_ids,
     make_plan,
@@ -23,7 +25,7 @@ from convtts.plan.planner import (
 from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout
-from convtts.state.shardio import disk_full_text, is_disk_full, write_atomic
+from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_atomic
 
 log = logging.getLogger("preprocess")
 
@@ -39,9 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="selection seed (select.seed)")
     parser.add_argument("--validate", action="store_true", help="check config and input, write nothing")
     parser.add_argument(
+        "--force-replan",
         "--force",
+        dest="force",
         action="store_true",
-        help="replan even though synthesis work from another plan exists (that work is deleted)",
+        help="replan even though synthesis work from another plan exists (that work is deleted); "
+        "run_all.sh's flag of the same name",
     )
     return parser.parse_args(argv)
 
@@ -112,29 +117,79 @@ def update_plan(source: Path, layout: Layout, config, force: bool) -> None:
     print(describe(build(source, layout, config, force, same_plan=bool(missing) or older is not None)))
 
 
+class DifferentPlan(Exception):
+    """The plan just made is not the one the output's work was spoken for."""
+
+
 def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = False) -> dict:
-    """Make a new plan; refuse to orphan audio spoken from a different plan unless forced."""
+    """Make a new plan; refuse to orphan audio spoken from a different plan unless forced.
+
+    A plan of a version before CONTENT_SINCE knew its input by path, size and modification time, so
+    it cannot tell a touched or moved input from another one: the new plan is made, and kept with
+    the work when its shards are the old plan's, byte for byte (same ids, texts and voices).
+    """
     stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
-    if stale_work and not force:
-        fail(
-            f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
-            "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
-            "or --force to replan and delete that work"
-        )
+    version = plan_version(layout)
+    compare = bool(stale_work) and not force and version < CONTENT_SINCE
+    if stale_work and not force and not compare:
+        refuse(layout, stale_work)
+
+    def before_install(staging: Layout) -> None:
+        if compare and not same_shards(staging, layout):
+            raise DifferentPlan
+        if stale_work and not compare:
+            discard_work(layout)
+
     created = not layout.root.exists()
     try:
-        return make_plan(source, layout, config, before_install=lambda: discard_work(layout) if stale_work else None)
+        plan = make_plan(source, layout, config, before_install=before_install)
+    except DifferentPlan:
+        refuse(layout, stale_work)
     except (InputError, OSError) as exc:
         if created:
             shutil.rmtree(layout.root, ignore_errors=True)
         if is_disk_full(exc):
             raise
         fail(f"bad input: {exc}" if isinstance(exc, InputError) else f"plan not made: {exc}")
+    if compare:
+        log.warning(
+            "the plan in %s, of plan version %d, knew its input by path and modification time; the plan "
+            "made now from %s has the same shards, so the work spoken for them is kept",
+            layout.plan_dir,
+            version,
+            source,
+        )
+    return plan
+
+
+def refuse(layout: Layout, stale_work: list[Path]) -> None:
+    fail(
+        f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
+        "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
+        "or --force-replan to replan and delete that work"
+    )
+
+
+def plan_version(layout: Layout) -> int:
+    """The version of the plan in the output (PLAN_VERSION when there is none to speak of)."""
+    plan = read_json(layout.plan_file)
+    version = plan.get("version") if isinstance(plan, dict) else None
+    return version if isinstance(version, int) else PLAN_VERSION
+
+
+def same_shards(new: Layout, old: Layout) -> bool:
+    """Whether two plans hold the same shard files, byte for byte."""
+    names = new.shard_names()
+    if names != old.shard_names():
+        return False
+    pairs = [(new.shard_file(n), old.shard_file(n)) for n in names]
+    pairs += [(new.shard_conversations(n), old.shard_conversations(n)) for n in names]
+    return all(b.is_file() and filecmp.cmp(a, b, shallow=False) for a, b in pairs)
 
 
 def discard_work(layout: Layout) -> None:
     """Audio and manifests of the old plan would pass as done under the new one: remove them."""
-    log.warning("--force: deleting the synthesis work of the previous plan in %s", layout.root)
+    log.warning("--force-replan: deleting the synthesis work of the previous plan in %s", layout.root)
     for path in (layout.work_dir, layout.audio_root):
         shutil.rmtree(path, ignore_errors=True)
     for path in (layout.manifest_file, layout.failures_file, layout.conversations_file, layout.summary_file):

@@ -14,7 +14,16 @@ from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.cli import plural
 from convtts.results.report import QualityTally
 from convtts.state.layout import Layout, WorkListing
-from convtts.state.shardio import disk_full_text, is_disk_full, load_done, load_failures, read_json, read_jsonl
+from convtts.state.shardio import (
+    DROPPED,
+    KEPT,
+    disk_full_text,
+    is_disk_full,
+    load_done,
+    load_failures,
+    read_json,
+    read_jsonl,
+)
 
 
 @dataclass
@@ -24,6 +33,7 @@ class Totals:
     done: int = 0
     failed: int = 0
     pending: int = 0
+    dropped: int = 0  # every take refused, and validate.on_fail: drop (settled, not spoken)
     skipped_turns: int = 0
     audio_seconds: float = 0.0
     run_utterances: int = 0
@@ -138,8 +148,14 @@ def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failur
     for segment in read_jsonl(layout.shard_file(shard)):
         uid = segment["id"]
         totals.segments += 1
-        if uid in done:
+        if uid in done and done[uid].get("status") == DROPPED:
+            failures.write(orjson.dumps(done[uid]) + b"\n")
+            totals.dropped += 1
+            totals.quality.add_refused(done[uid])
+        elif uid in done:
             row = with_source_text(done[uid], segment)
+            if row.get("status") == KEPT:  # written, and listed with the refusals too
+                failures.write(orjson.dumps(kept_failure(row)) + b"\n")
             manifest.write(orjson.dumps(row) + b"\n")
             totals.done += 1
             totals.audio_seconds += row["duration"]
@@ -162,6 +178,17 @@ def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failur
             failures.write(orjson.dumps(pending) + b"\n")
             totals.pending += 1
     return audio_by_turn
+
+
+def kept_failure(row: dict) -> dict:
+    """failures.jsonl's line for a take the gate refused and validate.on_fail kept: the refusal and
+    its scores, and the audio that was kept."""
+    keys = ("id", "conversation_id", "turn", "segment", "role", "speaker", "text", "status", "audio", "seed")
+    line = {k: row.get(k) for k in keys}
+    line.update(row.get("refused") or {})
+    line.update(quality=row.get("quality"), respeaks=row.get("respeaks"), respoken_for=row.get("respoken_for"))
+    line.update(backend=row.get("backend"), run=row.get("run"), time=row.get("finished"))
+    return line
 
 
 def with_source_text(row: dict, segment: dict) -> dict:
@@ -193,6 +220,7 @@ def make_summary(layout: Layout, t: Totals, started: float | None, log_dir: str 
         "done": t.done,
         "failed": t.failed,
         "pending": t.pending,
+        "dropped": t.dropped,
         "skipped_turns": t.skipped_turns,
         "audio_seconds": round(t.audio_seconds, 3),
         "audio_hours": round(t.audio_seconds / 3600, 4),
@@ -212,7 +240,8 @@ def make_summary(layout: Layout, t: Totals, started: float | None, log_dir: str 
     }
 
 
-def summary_text(s: dict) -> str:
+def summary_text(s: dict, failures: str = "failures.jsonl") -> str:
+    """The closing summary; `failures`: where failures.jsonl is, for the line on refused takes."""
     run = s["this_run"]
     lines = [
         f"conversations {s['conversations']}, segments {s['segments']}: {s['done']} done, {s['failed']} failed, "
@@ -227,7 +256,7 @@ def summary_text(s: dict) -> str:
             f"real-time factor {factor if factor is not None else 'n/a'}"
         )
     quality = s.get("quality") or {}
-    if quality.get("gated") or quality.get("failed_by_reason"):
+    if quality.get("gated") or quality.get("failed_by_reason") or quality.get("refused"):
         wer = quality["wer"]
         heard = (
             f"ASR WER mean {wer['mean']:.3f}, p90 {wer['p90']:.3f} over {wer['scored']}"
@@ -238,7 +267,27 @@ def summary_text(s: dict) -> str:
             f"quality gate: {quality['gated']} passed, {quality['respoken']} of them re-spoken; {heard}; "
             f"failed by reason {quality['failed_by_reason'] or 'none'} (python -m convtts.results.report for a page)"
         )
+    if quality.get("refused"):
+        lines.append(refused_text(quality["refused"], failures))
     return "\n".join(lines)
+
+
+def refused_text(refused: dict, where: str) -> str:
+    """The closing line on utterances whose every take the gate refused, by what became of them
+    (validate.on_fail), e.g. `the quality gate refused every take of 3 utterances (silence: 1,
+    wer: 2): 3 kept, status gate-refused-kept in manifest.jsonl; see .../failures.jsonl ...`."""
+    counts = ", ".join(f"{check}: {n}" for check, n in sorted(refused["by_check"].items()))
+    fates = {
+        "kept": "kept, status gate-refused-kept in manifest.jsonl",
+        "dropped": "dropped, not spoken",
+        "failed": "failed: a rerun speaks them again",
+    }
+    told = "; ".join(f"{refused[fate]} {text}" for fate, text in fates.items() if refused.get(fate))
+    count = refused["utterances"]
+    return (
+        f"the quality gate refused every take of {count} utterance{'s' * (count != 1)} ({counts}): {told}; "
+        f"see {where} (each one's check, figure and scores)"
+    )
 
 
 def main(argv=None) -> int:
@@ -270,7 +319,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return EXIT_DISK_FULL
-    print(summary_text(summary))
+    print(summary_text(summary, str(layout.failures_file)))
     return EXIT_OK if summary["complete"] else EXIT_FAILURES
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 
 from convtts.state.layout import Layout
-from convtts.state.shardio import read_json, read_jsonl
+from convtts.state.shardio import DROPPED, KEPT, read_json, read_jsonl
 
 
 @dataclass
@@ -29,10 +29,16 @@ class QualityTally:
     wers: list = field(default_factory=list)
     asr_skipped: Counter = field(default_factory=Counter)
     failed_by_reason: Counter = field(default_factory=Counter)
+    # utterances whose every take was refused, by what validate.on_fail made of them, and by check
+    refused: Counter = field(default_factory=Counter)
+    refused_by_check: Counter = field(default_factory=Counter)
 
     def add_row(self, row: dict) -> None:
         scores = row.get("quality")
         if not scores:
+            return
+        if row.get("status") == KEPT:
+            self.add_refused(row)
             return
         self.gated += 1
         self.respoken += row.get("respeaks", 0) > 0
@@ -47,10 +53,18 @@ class QualityTally:
         """`wer`, `silence`, `short`, ... for takes the gate refused; `error` for errors and crashes."""
         if row.get("status") == "failed":
             self.failed_by_reason[row.get("check") or "error"] += 1
+            if row.get("check"):
+                self.add_refused(row)
+
+    def add_refused(self, row: dict) -> None:
+        """An utterance whose every take the gate refused: a KEPT or DROPPED row, or a failed one."""
+        fate = {KEPT: "kept", DROPPED: "dropped"}.get(row.get("status"), "failed")
+        self.refused[fate] += 1
+        self.refused_by_check[row.get("check") or (row.get("refused") or {}).get("check") or "?"] += 1
 
     def summary(self) -> dict | None:
         """None when the gate was off and nothing failed: no figures to give."""
-        if not self.gated and not self.failed_by_reason:
+        if not self.gated and not self.failed_by_reason and not self.refused:
             return None
         wers = np.asarray(self.wers, dtype=float)
         return {
@@ -70,6 +84,13 @@ class QualityTally:
             else {"scored": 0},
             "asr_skipped": dict(self.asr_skipped),
             "failed_by_reason": dict(self.failed_by_reason),
+            "refused": {
+                "utterances": sum(self.refused.values()),
+                **{fate: self.refused[fate] for fate in ("kept", "dropped", "failed")},
+                "by_check": dict(self.refused_by_check),
+            }
+            if self.refused
+            else None,
             "gate_seconds": round(self.gate_seconds, 3),
         }
 
@@ -137,7 +158,7 @@ def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> 
     summary = read_json(layout.summary_file) or {}
     figures = {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
     quality = summary.get("quality") or {}
-    failed = [f for f in failures if f.get("status") == "failed"]
+    failed = [f for f in failures if f.get("status") in ("failed", KEPT, DROPPED)]  # skipped turns apart
     respoken = [r for r in rows if r.get("respeaks")]
     parts = [
         "<!doctype html><meta charset='utf-8'>",
@@ -153,8 +174,11 @@ def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> 
         _speaker_table(rows),
         "<h2>Quality gate</h2>",
         _table(["figure", "value"], _flat(quality)) if quality else "<p>validate was off.</p>",
-        f"<h2>Failed ({len(failed)})</h2>",
-        _table(["id", "reason", "text"], [(f["id"], f.get("reason"), f.get("text")) for f in failed[:200]]),
+        f"<h2>Failed or refused by the gate ({len(failed)})</h2>",
+        _table(
+            ["id", "status", "reason", "text"],
+            [(f["id"], f.get("status"), f.get("reason"), f.get("text")) for f in failed[:200]],
+        ),
         f"<h2>Re-spoken ({len(respoken)})</h2>",
         _table(
             ["id", "takes refused", "heard at last"],

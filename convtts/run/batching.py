@@ -32,8 +32,8 @@ from convtts.run.utterance import (
     check_audio,
     failure_row,
     note_error,
-    quality_failure_row,
     respeak,
+    settle_refused,
     write_take,
 )
 from convtts.speak.base import FEED_WAIT, OutOfMemory, SynthesisError
@@ -229,30 +229,30 @@ def judge_and_write(host: Host, ctx: Context, held: list[HeldTake], queue: deque
 
 
 def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> None:
-    """Write a take the gate passed (verdict: its scores, or None with the gate off); re-speak or fail the others."""
+    """Write a take the gate passed (verdict: its scores, or None with the gate off); re-speak the
+    others, or settle one whose re-speaks are spent by validate.on_fail (settle_refused)."""
     from convtts.gate.quality import QualityFailure
 
     item = take.item
-    shard = item.shard
-    if isinstance(verdict, QualityFailure):  # a new take (new seed) in a later batch, or the failure row
-        if respeak(item.segment["id"], verdict, item.refused, ctx.settings.max_respeaks):
-            queue.append(item)
-        else:
-            row = quality_failure_row(ctx, item.segment, item.refused, item.attempt, item.errors)
-            host.record(shard, item.segment["id"], None, row)
+    shard, uid = item.shard, item.segment["id"]
+    refused = isinstance(verdict, QualityFailure)
+    if refused and respeak(uid, verdict, item.refused, ctx.settings.max_respeaks):
+        queue.append(item)  # a new take (new seed) in a later batch
         return
+    made = (item.attempt, item.seed, take.seconds)
     try:
-        if isinstance(verdict, BaseException):  # the recogniser failed on this take
+        if refused:
+            row, failure = settle_refused(ctx, shard, item.segment, take.audio, made, item.refused, item.errors)
+        elif isinstance(verdict, BaseException):  # the recogniser failed on this take
             raise verdict
-        row = write_take(
-            ctx, shard, item.segment, take.audio, (item.attempt, item.seed, take.seconds), verdict, item.refused
-        )
+        else:
+            row, failure = write_take(ctx, shard, item.segment, take.audio, made, verdict, item.refused), None
     except Exception as exc:  # this utterance's, as on the one-at-a-time path, unless the disk is full
         if is_disk_full(exc):
             raise
         retry_or_fail(host, ctx, item, exc, queue)
         return
-    host.record(shard, item.segment["id"], row, None)
+    host.record(shard, uid, row, failure)
 
 
 def retry_or_fail(host: Host, ctx: Context, item: Attempt, exc: BaseException, queue: deque) -> None:

@@ -40,7 +40,13 @@ from convtts.run.weights import warm_page_cache, weight_files
 from convtts.run.worker import WorkerArgs, worker_main
 from convtts.speak import backend_rows
 from convtts.state.layout import Layout, WorkListing
-from convtts.state.shardio import disk_full_text, is_disk_full, shard_complete, shard_complete_and_whole
+from convtts.state.shardio import (
+    disk_full_text,
+    is_disk_full,
+    only_gate_refusals,
+    shard_complete,
+    shard_complete_and_whole,
+)
 
 log = logging.getLogger(__name__)
 
@@ -491,10 +497,18 @@ class Slot:
         incomplete = [
             s for s in self.shards + (self.work.taken if self.work else []) if not shard_complete(self.layout, s)
         ]
-        if incomplete:
-            has = "shard has" if len(incomplete) == 1 else "shards have"
-            log.warning("slot %d: %d %s failed or unfinished utterances", self.options.rank, len(incomplete), has)
+        unfinished = [s for s in incomplete if not only_gate_refusals(self.layout, s)]
+        if unfinished:
+            has = "shard has" if len(unfinished) == 1 else "shards have"
+            log.warning("slot %d: %d %s failed or unfinished utterances", self.options.rank, len(unfinished), has)
             return EXIT_FAILURES
+        if incomplete:  # no fault of the slot's: merge counts the refused takes and sets the run's exit code
+            log.info(
+                "slot %d: %s utterances whose every take the quality gate refused "
+                "(validate.on_fail=fail); see failures.jsonl once merged",
+                self.options.rank,
+                plural(len(incomplete), "shard holds", "shards hold"),
+            )
         return EXIT_OK
 
 

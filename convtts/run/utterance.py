@@ -18,7 +18,7 @@ import soundfile as sf
 from convtts.config import Config, OutputConfig
 from convtts.speak.base import SynthesisError, is_out_of_memory
 from convtts.state.layout import Layout
-from convtts.state.shardio import is_disk_full, write_atomic
+from convtts.state.shardio import DROPPED, KEPT, is_disk_full, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class Settings:
     output: OutputConfig
     backend: str  # tts.backend, for failure rows
     run_id: str
+    on_fail: str = "keep"  # validate.on_fail: what becomes of an utterance whose every take was refused
 
     @classmethod
     def of(cls, config: Config, run_id: str) -> Settings:
@@ -56,6 +57,7 @@ class Settings:
             config.output,
             config.tts.backend,
             run_id,
+            config.validate.on_fail,
         )
 
 
@@ -110,6 +112,7 @@ def synthesize_with_retries(host: Host, item: Attempt):
     `item` says where the utterance stands (attempts so far, their errors, refused takes). An
     error costs an attempt (workers.max_attempts) and the same take is tried again; a take the
     quality gate refuses costs a re-speak (validate.max_respeaks) and the next take has a new seed.
+    Once every take was refused, validate.on_fail decides (settle_refused).
     """
     from convtts.gate.quality import QualityFailure, take_seed
 
@@ -122,10 +125,13 @@ def synthesize_with_retries(host: Host, item: Attempt):
         try:
             started = time.time()
             audio = ctx.backend.synthesize(segment["text"], segment["speaker"], seed)
-            return keep_audio(ctx, shard, segment, audio, attempt, seed, started, refused), None
-        except QualityFailure as bad:
-            if not respeak(uid, bad, refused, settings.max_respeaks):
-                return None, quality_failure_row(ctx, segment, refused, attempt, errors)
+            try:
+                return keep_audio(ctx, shard, segment, audio, attempt, seed, started, refused), None
+            except QualityFailure as bad:
+                if respeak(uid, bad, refused, settings.max_respeaks):
+                    continue
+                made = (attempt, seed, time.time() - started)
+                return settle_refused(ctx, shard, segment, audio, made, refused, errors)
         except Exception as exc:  # any error is this utterance's, never the shard's...
             if is_disk_full(exc):
                 raise  # ...except a full disk: no utterance is at fault, the run stops (worker.serve)
@@ -134,6 +140,31 @@ def synthesize_with_retries(host: Host, item: Attempt):
                 host.build("out of GPU memory")
             attempt += 1
     return None, failure_row(host.context, segment, errors, settings.max_attempts)
+
+
+def settle_refused(
+    ctx: Context, shard: str, segment: dict, audio, made: tuple[int, int, float], refused: list, errors: list[str]
+) -> tuple[dict | None, dict | None]:
+    """(row, None) or (None, failure row) for an utterance whose last take the gate refused too, by
+    validate.on_fail: keep writes that take, its row marked KEPT; drop records a DROPPED row in the
+    manifest, without audio, as the id's final word; fail records the failure, which a rerun retries.
+    `made` is the last take's (attempt, seed, synthesis seconds)."""
+    last = refused[-1]
+    policy = ctx.settings.on_fail
+    if policy == "keep":
+        row = write_take(ctx, shard, segment, audio, made, last.scores, refused[:-1])
+        row.update(status=KEPT, refused=refusal(last))
+        return row, None
+    failure = quality_failure_row(ctx, segment, refused, made[0], errors)
+    if policy == "drop":  # a manifest row, so the resume machinery counts the id as settled
+        failure.update(status=DROPPED, seed=made[1], duration=0.0)
+        return failure, None
+    return None, failure
+
+
+def refusal(bad) -> dict:
+    """What the gate said of a refused take: `wer 0.83 > 0.6` as its check, figure and limit."""
+    return {"reason": str(bad), "check": bad.check, "figure": bad.figure, "limit": bad.limit}
 
 
 def respeak(uid: str, bad, refused: list, limit: int) -> bool:
@@ -145,7 +176,7 @@ def respeak(uid: str, bad, refused: list, limit: int) -> bool:
         uid,
         len(refused) - 1,
         bad,
-        "; speaking it again with a new seed" if again else "; no re-speaks left",
+        "; speaking it again with a new seed" if again else "; no re-speaks left (validate.on_fail decides)",
     )
     return again
 

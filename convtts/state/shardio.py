@@ -15,6 +15,12 @@ from convtts.state.layout import Layout, WorkListing
 
 log = logging.getLogger(__name__)
 
+# Statuses of manifest rows besides "ok", for utterances whose every take the quality gate refused
+# (validate.on_fail): KEPT rows carry the last take's audio; a DROPPED row has none, and settles
+# its id as surely as audio does: a rerun speaks it no more.
+KEPT = "gate-refused-kept"
+DROPPED = "dropped"
+
 
 def read_jsonl(path: Path) -> list[dict]:
     """All complete lines of a JSON-lines file; a torn last line (a kill mid-write) is ignored."""
@@ -163,6 +169,7 @@ def load_done(
     worker died between the row and its report, and the id was spoken again) keeps its latest row,
     which matches the audio on disk. Lines that are not rows, and rows whose audio is not whole, are
     left out and said in `problems`. `check_audio` False trusts the rows (merge --no-audio-check).
+    A DROPPED row has no audio to check.
     """
     rows = []
     for path in layout.manifests(shard) if paths is None else paths:
@@ -172,7 +179,7 @@ def load_done(
             problems += [f"{path} line {number} is not a manifest row; dropped" for number in bad]
     done = {}
     for uid, row in latest_by_id(rows).items():
-        problem = audio_problem(layout, row) if check_audio else None
+        problem = audio_problem(layout, row) if check_audio and row.get("status") != DROPPED else None
         if problem is None:
             done[uid] = row
         elif problems is not None:
@@ -231,6 +238,19 @@ def shard_complete(layout: Layout, shard: str) -> bool:
     """A shard is finished when its stats file, written last, says nothing failed."""
     stats = read_json(layout.stats(shard))
     return isinstance(stats, dict) and stats.get("failed", 1) == 0 and stats.get("pending", 1) == 0
+
+
+def only_gate_refusals(layout: Layout, shard: str) -> bool:
+    """Whether a shard was left unfinished by takes the quality gate refused (validate.on_fail: fail)
+    and nothing else: nothing pending, and each id without a manifest row has a refusal (its `check`)
+    as its latest failure."""
+    stats = read_json(layout.stats(shard))
+    if not isinstance(stats, dict) or stats.get("pending", 1):
+        return False
+    done = load_done(layout, shard, check_audio=False)
+    failures = load_failures(layout, shard)
+    unsettled = [row["id"] for row in read_jsonl(layout.shard_file(shard)) if row["id"] not in done]
+    return all("check" in failures.get(uid, {}) for uid in unsettled)
 
 
 def shard_complete_and_whole(layout: Layout, shard: str, listing: WorkListing | None = None) -> bool:

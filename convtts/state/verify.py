@@ -8,14 +8,15 @@ from pathlib import Path
 import soundfile as sf
 
 from convtts.state.layout import Layout
-from convtts.state.shardio import read_jsonl
+from convtts.state.shardio import DROPPED, read_jsonl
 
 
 def check_complete(out: str | Path) -> list[str]:
     """What is wrong with a finished output, one line per problem; empty when every id is there once.
 
-    Checks: manifest.jsonl holds each planned id exactly once; each row's audio file decodes to
-    num_samples frames at sample_rate and lasts `duration`; audio/ holds no file the manifest lacks.
+    Checks: manifest.jsonl holds each planned id exactly once, but for ids failures.jsonl records as
+    dropped (validate.on_fail: drop); each row's audio file decodes to num_samples frames at
+    sample_rate and lasts `duration`; audio/ holds no file the manifest lacks.
     """
     layout = Layout(out)
     if not layout.manifest_file.is_file():
@@ -23,8 +24,10 @@ def check_complete(out: str | Path) -> list[str]:
     rows = read_jsonl(layout.manifest_file)
     counts = Counter(r.get("id") for r in rows)
     problems = [f"{uid} appears {n} times in the manifest" for uid, n in counts.items() if n > 1]
+    dropped = {r.get("id") for r in read_jsonl(layout.failures_file) if r.get("status") == DROPPED}
     planned = set(planned_ids(layout))
-    problems += [f"{uid} planned but not in the manifest" for uid in sorted(planned - set(counts))]
+    problems += [f"{uid} is both dropped and in the manifest" for uid in sorted(dropped & set(counts))]
+    problems += [f"{uid} planned but not in the manifest" for uid in sorted(planned - dropped - set(counts))]
     problems += [f"{uid} in the manifest but not planned" for uid in sorted(set(counts) - planned)]
     for row in rows:
         problems += audio_problems(layout.root, row)
