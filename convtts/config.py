@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ class TextConfig:
     max_turn_chars: int = 20000  # longer turns are recorded as skipped, not spoken
     words_per_minute: float = 150.0  # only for the plan's estimate of audio hours
     speak_roles: tuple[str, ...] = ("human", "assistant")
+    # How a link is said: domain ('https://www.nodejs.org/en/download' -> 'nodejs dot org') or phrase
+    # (link_phrase in its place). Dropping it would leave a hole: 'See and for Node.js.'
+    links: str = "domain"
+    link_phrase: str = "a link"
 
     def check(self) -> None:
         if self.max_words < 3:
@@ -48,6 +53,21 @@ class TextConfig:
         unknown = set(self.speak_roles) - {"human", "assistant", "system"}
         if unknown or not self.speak_roles:
             raise ConfigError(f"text.speak_roles takes human, assistant, system; got {list(self.speak_roles)}")
+        if self.links not in LINK_STYLES:
+            raise ConfigError(f"text.links must be one of {LINK_STYLES}, got {self.links!r}")
+        if not _LINK_PHRASE.fullmatch(self.link_phrase):
+            raise ConfigError(
+                f"text.link_phrase must be one to five words of letters (a voice says it), got {self.link_phrase!r}"
+            )
+
+    def link_words(self) -> str | None:
+        """What a link is said as: None for its domain, else the phrase."""
+        return self.link_phrase if self.links == "phrase" else None
+
+
+LINK_STYLES = ("domain", "phrase")
+# 'a link', 'the website', 'l'adresse': words a voice can say, no markup or digits
+_LINK_PHRASE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*(?: [^\W\d_]+(?:['’-][^\W\d_]+)*){0,4}")
 
 
 SPEAKER_POLICIES = ("by_role", "per_turn", "single")

@@ -153,7 +153,7 @@ def plan_conversation(
         reason = turn_problem(item, side, config)
         if reason is None:
             source = item.get("value", item.get("content"))
-            text, reason = clean(source)
+            text, reason = clean(source, config.text.link_words())
         if reason is not None:
             skipped.append(
                 {
