@@ -357,8 +357,8 @@ class ValidateConfig:
     max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
-    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test;
-    # without pocketsphinx's dictionary that test misses about 1 English segment in 6)
+    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test:
+    # convtts/gate/language.py, which keeps 40 of 40 short technical English sentences)
     assume_english: bool = False
     # hf-whisper: 30 s windows recognised at once: with asr_pack, each holds as many takes as fit
     # (the batched path holds finished takes until they fill this many); without, one take each

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convtts.config import ConfigError, ValidateConfig
+from convtts.gate.language import is_english
 from convtts.gate.recognisers import check_recogniser_installed, load_recogniser
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,7 @@ class Gate:
             scores["asr"] = "skipped: not sampled"
         elif len(spoken_words(take.text)) < self.cfg.min_asr_words:
             scores["asr"] = f"skipped: under {self.cfg.min_asr_words} words"
-        elif not self.cfg.assume_english and not looks_english(take.text, self.lexicon):
+        elif not self.cfg.assume_english and not is_english(take.text):
             scores["asr"] = "skipped: not English"
         if "asr" in scores:
             scores["gate_seconds"] = round(scores["gate_seconds"], 4)
