@@ -254,7 +254,7 @@ def test_reexport_redoes_only_what_the_manifest_changed(spoken, tmp_path):
     )
     assert respoken.returncode == 0, respoken.stderr
     third = export(out, "nemo", "--shard-rows", 6)
-    assert third.returncode == 0 and " 1 units written" in third.stdout, third.stdout
+    assert third.returncode == 0 and " 1 unit written" in third.stdout, third.stdout
     after = orjson.loads((out / "export" / "nemo" / ".export-state.json").read_bytes())["units"]
     (redone,) = [name for name in after if after[name]["fingerprint"] != before[name]["fingerprint"]]
     assert after[redone]["rows"] == before[redone]["rows"] + 1

@@ -16,6 +16,7 @@ import yaml
 
 from convtts.state.layout import Layout
 from convtts.state.shardio import read_json, read_jsonl
+from convtts.words import plural
 
 
 @dataclass
@@ -90,7 +91,7 @@ def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
     left.hist([r["duration"] for r in rows], bins=40, color="#4477aa")
-    left.set(title=f"Duration of {len(rows)} utterances", xlabel="seconds", ylabel="utterances")
+    left.set(title=f"Duration of {plural(len(rows), 'utterance')}", xlabel="seconds", ylabel="utterances")
     wers = [r["quality"]["wer"] for r in rows if (r.get("quality") or {}).get("wer") is not None]
     if wers:
         middle.hist(wers, bins=np.linspace(0, max(1.0, max(wers)), 41), color="#228833")
