@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from conftest import need
 from convtts.plan.command import describe
 from convtts.results.export.command import _not_spoken
 from convtts.words import plural
@@ -46,3 +49,13 @@ def test_a_plan_of_many_reads_in_the_plural():
 def test_the_export_note_agrees_with_its_count():
     assert _not_spoken(1) == "1 segment of the output is failed or pending"
     assert _not_spoken(2) == "2 segments of the output are failed or pending"
+
+
+def test_the_gate_says_one_take_at_a_time(caplog):
+    need("pocketsphinx", "validate")
+    from convtts.config import ValidateConfig
+    from convtts.gate.quality import open_gate
+
+    with caplog.at_level(logging.INFO, logger="convtts.gate.quality"):
+        open_gate(ValidateConfig(enabled=True))
+    assert "quality gate on (recogniser pocketsphinx, 1 take at a time)" in caplog.text
