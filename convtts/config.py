@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -476,9 +477,26 @@ def check_piper_voices(config: Config) -> None:
 PLAN_GROUPS = ("select", "text", "speakers", "shards")
 
 
+# The shipped configs: configs/ in a checkout, convtts/configs/ in an installed wheel (setup.py copies them).
+SHIPPED_CONFIG_DIRS = (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
+
+
+def shipped_config(name: str) -> Path | None:
+    """The shipped config of that name ('default', 'cosyvoice2'), or None."""
+    for folder in SHIPPED_CONFIG_DIRS:
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    return None
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read a YAML file (or the defaults), apply `a.b=value` overrides, build and check."""
+    """Read a YAML file (or the defaults), apply `a.b=value` overrides, build and check.
+
+    A bare name that is no file ('cosyvoice2') means the shipped config of that name.
+    """
     data: dict = {}
+    if path is not None and not Path(path).exists() and shipped_config(str(path)):
+        path = shipped_config(str(path))
     if path is not None:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
@@ -577,3 +595,19 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m convtts.config NAME: print a shipped config (to copy and edit), or list them."""
+    names = sorted({p.stem for folder in SHIPPED_CONFIG_DIRS for p in folder.glob("*.yaml")})
+    args = sys.argv[1:] if argv is None else argv
+    path = shipped_config(args[0]) if len(args) == 1 else None
+    if path is None:
+        print(f"usage: python -m convtts.config NAME > my.yaml  (NAME: {', '.join(names)})", file=sys.stderr)
+        return 2
+    sys.stdout.write(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -83,7 +83,7 @@ def check_recogniser_installed(cfg: ValidateConfig) -> None:
             spec = f"'{package}'" if any(c in package for c in "<>") else package  # quoted for the shell
             raise ConfigError(
                 f"validate.recogniser={cfg.recogniser} needs {package}: pip install {spec} "
-                f"(or pip install 'convtts[{extra}]'), or set validate.recogniser=none"
+                f"(or, in the convtts checkout, pip install '.[{extra}]'), or set validate.recogniser=none"
             )
 
 

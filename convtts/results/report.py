@@ -221,8 +221,12 @@ def main(argv=None) -> int:
         return 2
     try:
         print(write_report(layout))
-    except ImportError as exc:  # matplotlib comes with the validate extra
-        print(f"error: the report needs matplotlib ({exc}): pip install 'convtts[validate]'", file=sys.stderr)
+    except ImportError as exc:  # matplotlib: the report extra (validate has it too)
+        print(
+            f"error: the report needs matplotlib ({exc}): pip install matplotlib, or in the convtts checkout "
+            "pip install '.[report]'",
+            file=sys.stderr,
+        )
         return 2
     return 0
 
