@@ -319,6 +319,11 @@ def plan_settings(config: Config) -> dict:
     pool = settings["speakers"].pop("pool")  # without a pool, the settings of plans made before pools
     if pool:
         settings["speakers"]["pool"] = names_digest(voice_names(config.speakers))
+    # Links said as their domain (the default; link_phrase unused): the settings of plans made before
+    # text.links, so that an output in progress stays fresh after an upgrade and goes on speaking its
+    # own plan's texts.
+    if config.text.links == "domain":
+        del settings["text"]["links"], settings["text"]["link_phrase"]
     return settings
 
 
