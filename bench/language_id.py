@@ -2,8 +2,10 @@
 """Which language identifier the quality gate uses: accuracy on short technical English and speed per call.
 
 Reads tests/data/language_sentences.tsv (English technical sentences and others) and asks each
-candidate whether a sentence is English; prints errors, load time and microseconds per call.
+candidate whether a sentence is English; prints errors, load time, microseconds per call and peak
+memory, each candidate in a process of its own.
 
+    pip install lingua-language-detector==2.1.1 py3langid==0.4.0   # the candidates
     python bench/language_id.py
 """
 
