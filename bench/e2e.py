@@ -49,8 +49,10 @@ def make_conversations(count: int, path: Path, text: str = "bench") -> None:
     its GPT-4 answer each; `short`, the real short-turn conversations as they are."""
     if text == "short":
         records = json.loads(SHORT_TURNS.read_text())
-        repeated = [dict(records[n % len(records)], id=f"{records[n % len(records)]['id']}-{n // len(records)}")
-                    for n in range(count)]
+        repeated = [
+            dict(records[n % len(records)], id=f"{records[n % len(records)]['id']}-{n // len(records)}")
+            for n in range(count)
+        ]
         path.write_text(json.dumps(repeated))
         return
     pairs = [json.loads(line) for line in TEXT.read_text().splitlines() if line.strip()]
@@ -270,8 +272,13 @@ def measure(out: Path, started: float, wall: float) -> dict:
     }
 
 
-LENGTH_BUCKETS = ((0.0, 1.0, "under 1 s"), (1.0, 2.0, "1-2 s"), (2.0, 5.0, "2-5 s"), (5.0, 10.0, "5-10 s"),
-                  (10.0, float("inf"), "over 10 s"))
+LENGTH_BUCKETS = (
+    (0.0, 1.0, "under 1 s"),
+    (1.0, 2.0, "1-2 s"),
+    (2.0, 5.0, "2-5 s"),
+    (5.0, 10.0, "5-10 s"),
+    (10.0, float("inf"), "over 10 s"),
+)
 
 
 def worker_shares(rows: list[dict]) -> list[float]:
@@ -313,8 +320,14 @@ def by_row_length(rows: list[dict], rate: float) -> list[dict]:
         audio = sum(rows[i]["duration"] for i in picked)
         spent = sum(shares[i] for i in picked)
         scaled = rate * (audio / audio_all) / (spent / time_all) if picked and spent and audio_all else None
-        out.append({"rows": name, "count": len(picked), "audio_seconds": round(audio, 1),
-                    "audio_s_per_s": round(scaled, 1) if scaled else None})
+        out.append(
+            {
+                "rows": name,
+                "count": len(picked),
+                "audio_seconds": round(audio, 1),
+                "audio_s_per_s": round(scaled, 1) if scaled else None,
+            }
+        )
     return out
 
 
@@ -451,8 +464,10 @@ def report(figures: dict) -> str:
     )
     lines.append(
         "  by row length (rows, audio s, audio s/s at that cost): "
-        + "; ".join(f"{b['rows']} {b['count']}, {b['audio_seconds']}, {b['audio_s_per_s']}"
-                    for b in figures.get("by_row_length", []))
+        + "; ".join(
+            f"{b['rows']} {b['count']}, {b['audio_seconds']}, {b['audio_s_per_s']}"
+            for b in figures.get("by_row_length", [])
+        )
     )
     stages = figures.get("engine_stages") or {}
     if stages.get("share"):

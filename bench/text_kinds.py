@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Short turns against long answers: the README's command on both kinds of real text, at the same audio size, in one call.
+"""Short turns against long answers: the README's command on both kinds of real text, same audio size, one call.
 
 Runs bench/e2e.py's job on N real short-turn conversations (bench/data/llava15_short_turns.json,
 a third of its rows under 2 s of audio) and then on as many LLaVA GPT-4 answers as hold the same
@@ -26,8 +26,9 @@ WORD = re.compile(r"\w+")
 
 def words(path: Path) -> int:
     """Words of every turn of a conversations file."""
-    return sum(len(WORD.findall(turn["value"])) for record in json.loads(path.read_text())
-               for turn in record["conversations"])
+    return sum(
+        len(WORD.findall(turn["value"])) for record in json.loads(path.read_text()) for turn in record["conversations"]
+    )
 
 
 def matching_count(target: int, work: Path, largest: int = 100_000) -> int:

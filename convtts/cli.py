@@ -45,11 +45,6 @@ def planned_layout(output_dir: str) -> Layout:
     return layout
 
 
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """'1 utterance', '2 utterances', '0 shards': a count and its noun, for the lines people read."""
-    return f"{count} {word if count == 1 else many or word + 's'}"
-
-
 def fail(message: str, code: int = EXIT_BAD_INPUT):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)

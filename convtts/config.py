@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,6 +39,10 @@ class TextConfig:
     max_turn_chars: int = 20000  # longer turns are recorded as skipped, not spoken
     words_per_minute: float = 150.0  # only for the plan's estimate of audio hours
     speak_roles: tuple[str, ...] = ("human", "assistant")
+    # How a link is said: domain ('https://www.nodejs.org/en/download' -> 'nodejs dot org') or phrase
+    # (link_phrase in its place). Dropping it would leave a hole: 'See and for Node.js.'
+    links: str = "domain"
+    link_phrase: str = "a link"
 
     def check(self) -> None:
         if self.max_words < 3:
@@ -48,6 +54,21 @@ class TextConfig:
         unknown = set(self.speak_roles) - {"human", "assistant", "system"}
         if unknown or not self.speak_roles:
             raise ConfigError(f"text.speak_roles takes human, assistant, system; got {list(self.speak_roles)}")
+        if self.links not in LINK_STYLES:
+            raise ConfigError(f"text.links must be one of {LINK_STYLES}, got {self.links!r}")
+        if not _LINK_PHRASE.fullmatch(self.link_phrase):
+            raise ConfigError(
+                f"text.link_phrase must be one to five words of letters (a voice says it), got {self.link_phrase!r}"
+            )
+
+    def link_words(self) -> str | None:
+        """What a link is said as: None for its domain, else the phrase."""
+        return self.link_phrase if self.links == "phrase" else None
+
+
+LINK_STYLES = ("domain", "phrase")
+# 'a link', 'the website', 'l'adresse': words a voice can say, no markup or digits
+_LINK_PHRASE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*(?: [^\W\d_]+(?:['’-][^\W\d_]+)*){0,4}")
 
 
 SPEAKER_POLICIES = ("by_role", "per_turn", "single")
@@ -371,8 +392,8 @@ class ValidateConfig:
     max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
-    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test;
-    # without pocketsphinx's dictionary that test misses about 1 English segment in 6)
+    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test:
+    # convtts/gate/language.py, which keeps 40 of 40 short technical English sentences)
     assume_english: bool = False
     # hf-whisper: 30 s windows recognised at once: with asr_pack, each holds as many takes as fit
     # (the batched path holds finished takes until they fill this many); without, one take each
@@ -492,9 +513,26 @@ def check_piper_voices(config: Config) -> None:
 PLAN_GROUPS = ("select", "text", "speakers", "shards")
 
 
+# The shipped configs: configs/ in a checkout, convtts/configs/ in an installed wheel (setup.py copies them).
+SHIPPED_CONFIG_DIRS = (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
+
+
+def shipped_config(name: str) -> Path | None:
+    """The shipped config of that name ('default', 'cosyvoice2'), or None."""
+    for folder in SHIPPED_CONFIG_DIRS:
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    return None
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read a YAML file (or the defaults), apply `a.b=value` overrides, build and check."""
+    """Read a YAML file (or the defaults), apply `a.b=value` overrides, build and check.
+
+    A bare name that is no file ('cosyvoice2') means the shipped config of that name.
+    """
     data: dict = {}
+    if path is not None and not Path(path).exists() and shipped_config(str(path)):
+        path = shipped_config(str(path))
     if path is not None:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
@@ -593,3 +631,19 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m convtts.config NAME: print a shipped config (to copy and edit), or list them."""
+    names = sorted({p.stem for folder in SHIPPED_CONFIG_DIRS for p in folder.glob("*.yaml")})
+    args = sys.argv[1:] if argv is None else argv
+    path = shipped_config(args[0]) if len(args) == 1 else None
+    if path is None:
+        print(f"usage: python -m convtts.config NAME > my.yaml  (NAME: {', '.join(names)})", file=sys.stderr)
+        return 2
+    sys.stdout.write(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -151,7 +151,9 @@ def test_each_call_logs_where_its_time_went(batched, caplog):
     assert abs(sum(stages.values()) - float(match[1])) <= 0.05 * (len(stages) + 1) + 1e-9, line
     # the flow's passes on the GPU (none on a CPU), in the words bench/e2e.py sums
     # and the vocoder's passes, with those of one row (upstream's own call)
-    passes = re.search(r"; flow passes 0 bucketed: 0 replayed, 0 captured; vocoder passes (\d+), (\d+) of one row$", line)
+    passes = re.search(
+        r"; flow passes 0 bucketed: 0 replayed, 0 captured; vocoder passes (\d+), (\d+) of one row$", line
+    )
     assert passes and 1 <= int(passes[1]) <= len(TEXTS) and int(passes[2]) <= int(passes[1]), line
     sys.path.insert(0, str(REPO / "bench"))
     from e2e import FLOW_GRAPHS, VOCODER_PASSES  # bench/ is not a package

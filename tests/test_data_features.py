@@ -122,6 +122,7 @@ def test_code_blocks_links_and_markdown_are_removed_and_numbers_kept(sharegpt):
     assert code.startswith("Multiply the Celsius value by 9/5 and add 32. Here is a small function that does it:")
     assert "20°C becomes 68°F, and the boiling point of water, 100°C, becomes 212°F." in code
     assert not any(gone in code for gone in ("`", "def ", "return", "print", "https", "docs.python.org"))
+    assert "The tutorial at python dot org explains" in code  # a link is said as its domain
 
     advice = spoken(sharegpt, "4021", 2)
     assert "The sleep hygiene checklist has more ideas" in advice  # a markdown link keeps its words

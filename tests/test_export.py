@@ -254,7 +254,7 @@ def test_reexport_redoes_only_what_the_manifest_changed(spoken, tmp_path):
     )
     assert respoken.returncode == 0, respoken.stderr
     third = export(out, "nemo", "--shard-rows", 6)
-    assert third.returncode == 0 and " 1 units written" in third.stdout, third.stdout
+    assert third.returncode == 0 and " 1 unit written" in third.stdout, third.stdout
     after = orjson.loads((out / "export" / "nemo" / ".export-state.json").read_bytes())["units"]
     (redone,) = [name for name in after if after[name]["fingerprint"] != before[name]["fingerprint"]]
     assert after[redone]["rows"] == before[redone]["rows"] + 1
@@ -365,3 +365,15 @@ def test_errors_exit_2_and_a_held_destination_exits_3(spoken, tmp_path):
         held = export(spoken[0], "nemo", "--dest", dest)
     assert held.returncode == 3 and "another export" in held.stderr
     os.remove(dest / ".export.lock")
+
+
+def test_a_numeric_source_id_goes_into_the_parquet_as_text(tmp_path):
+    """An input record's own id may be a JSON number ("id": 17); the parquet's column is text."""
+    pq = need("pyarrow.parquet", "export")
+    from convtts.results.export.hf import HuggingFace
+
+    part = HuggingFace().open_part(tmp_path, "00000", 0)
+    part.add({"id": "17-000-00", "source_id": 17, "turn": 0}, tmp_path / "17-000-00.wav", b"RIFF")
+    part.commit()
+    table = pq.read_table(tmp_path / "data" / "train-00000-000.parquet")
+    assert table.column("source_id").to_pylist() == ["17"] and table.column("turn").to_pylist() == [0]

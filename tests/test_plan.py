@@ -390,7 +390,10 @@ BAD_INPUTS = [
     (b'"just a string"', "found no object"),
     (b"[]", "no records"),
     (b'[{"id": 1, "messages": []}]', "no record has a usable 'conversations' list"),
-    (b'[{"id": 1, "conversations": [{"from": "human", "value": "<image>"}]}]', "nothing to speak"),
+    (
+        b'[{"id": 1, "conversations": [{"from": "human", "value": "<image>"}]}]',
+        "nothing to speak: the one selected conversation has no turn with speakable text (1 turn skipped",
+    ),
 ]
 
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convtts.config import ConfigError, ValidateConfig
+from convtts.gate.language import is_english
 from convtts.gate.recognisers import check_recogniser_installed, load_recogniser
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +303,7 @@ class Gate:
             scores["asr"] = "skipped: not sampled"
         elif len(spoken_words(take.text)) < self.cfg.min_asr_words:
             scores["asr"] = f"skipped: under {self.cfg.min_asr_words} words"
-        elif not self.cfg.assume_english and not looks_english(take.text, self.lexicon):
+        elif not self.cfg.assume_english and not is_english(take.text):
             scores["asr"] = "skipped: not English"
         if "asr" in scores:
             scores["gate_seconds"] = round(scores["gate_seconds"], 4)
@@ -384,7 +386,7 @@ def open_gate(cfg: ValidateConfig) -> Gate | None:
     recogniser = load_recogniser(cfg)
     lexicon = english_lexicon() if recogniser is not None else None
     gate = Gate(cfg, recogniser, lexicon)
-    at_once = f"{gate.batch_rows} windows of packed takes" if gate.packs else f"{gate.batch_rows} takes"
+    at_once = f"{plural(gate.batch_rows, 'window')} of packed takes" if gate.packs else plural(gate.batch_rows, "take")
     log.info(
         "quality gate on (recogniser %s, %s at a time), loaded in %.2fs", cfg.recogniser, at_once, time.time() - started
     )

@@ -73,6 +73,8 @@ RECOGNISER_CLASSES = {
 def check_recogniser_installed(cfg: ValidateConfig) -> None:
     """Before anything starts: the packages the enabled gate's recogniser needs are installed."""
     needed = [("soxr", "soxr")] if cfg.recogniser != "none" else []
+    if needed and not cfg.assume_english:
+        needed.append(("py3langid", "py3langid"))  # which segments are English: gate/language.py
     if cfg.recogniser in RECOGNISER_CLASSES:
         needed.append(RECOGNISER_CLASSES[cfg.recogniser][1:])
     for module, package in needed:
@@ -81,7 +83,7 @@ def check_recogniser_installed(cfg: ValidateConfig) -> None:
             spec = f"'{package}'" if any(c in package for c in "<>") else package  # quoted for the shell
             raise ConfigError(
                 f"validate.recogniser={cfg.recogniser} needs {package}: pip install {spec} "
-                f"(or pip install 'convtts[{extra}]'), or set validate.recogniser=none"
+                f"(or, in the convtts checkout, pip install '.[{extra}]'), or set validate.recogniser=none"
             )
 
 

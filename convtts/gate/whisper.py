@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from convtts.config import ValidateConfig
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,11 @@ class TransformersWhisper:
         self._token_rules()
         self.static = self._static_decoder() if cfg.asr_graphs else None
         log.info(
-            "Whisper from %s on %s in %s, %d windows a batch, loaded in %.1fs",
+            "Whisper from %s on %s in %s, %s a batch, loaded in %.1fs",
             path,
             self.device,
             str(self.dtype).removeprefix("torch."),
-            self.batch,
+            plural(self.batch, "window"),
             time.time() - started,
         )
 

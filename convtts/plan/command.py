@@ -26,6 +26,7 @@ from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_atomic
+from convtts.words import plural
 
 log = logging.getLogger("preprocess")
 
@@ -164,7 +165,7 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
 
 def refuse(layout: Layout, stale_work: list[Path]) -> None:
     fail(
-        f"{layout.root} holds synthesis work ({len(stale_work)} shard manifests) from a different input "
+        f"{layout.root} holds synthesis work ({plural(len(stale_work), 'shard manifest')}) from a different input "
         "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
         "or --force-replan to replan and delete that work"
     )
@@ -204,16 +205,18 @@ def write_config(layout: Layout, config) -> None:
 
 def describe(plan: dict) -> str:
     shards = plan["shards"]
+    names = shards[0] if len(shards) == 1 else f"{shards[0]} .. {shards[-1]}"
     return (
-        f"Plan: {plan['conversations']:,} conversations ({plan['skipped_records']:,} unusable records skipped), "
-        f"{plan['turns']:,} turns to speak ({plan['skipped_turns']:,} skipped, see plan/skipped.jsonl), "
-        f"{plan['segments']:,} segments, {plan['words']:,} words, about {audio_length(plan['estimated_hours'])} "
-        f"of audio, in {len(shards):,} shards ({shards[0]} .. {shards[-1]})."
+        f"Plan: {plural(plan['conversations'], 'conversation')} "
+        f"({plural(plan['skipped_records'], 'unusable record')} skipped), "
+        f"{plural(plan['turns'], 'turn')} to speak ({plan['skipped_turns']:,} skipped, see plan/skipped.jsonl), "
+        f"{plural(plan['segments'], 'segment')}, {plural(plan['words'], 'word')}, "
+        f"about {audio_length(plan['estimated_hours'])} of audio, in {plural(len(shards), 'shard')} ({names})."
     )
 
 
 def audio_length(hours: float) -> str:
-    return f"{hours:,.1f} hours" if hours >= 1 else f"{hours * 60:.0f} minutes"
+    return f"{hours:,.1f} hours" if hours >= 1 else plural(round(hours * 60), "minute")
 
 
 if __name__ == "__main__":

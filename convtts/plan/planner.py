@@ -23,6 +23,7 @@ from convtts.plan.reader import InputError, json_type, read_spans, records
 from convtts.plan.textclean import clean, split_segments
 from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
 from convtts.state.layout import Layout, shard_name
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def select(ids: list[str], config: SelectConfig) -> list[int]:
         limit = config.fraction * 2**64
         return [i for i, cid in enumerate(ids) if id_hash(config.seed, cid) < limit]
     if config.count >= len(ids):
-        log.warning("select.count=%d but only %d conversations: keeping all", config.count, len(ids))
+        log.warning("select.count=%d but only %s: keeping all", config.count, plural(len(ids), "conversation"))
         return list(range(len(ids)))
     return sorted(heapq.nsmallest(config.count, range(len(ids)), key=lambda i: (id_hash(config.seed, ids[i]), ids[i])))
 
@@ -158,7 +159,7 @@ def plan_conversation(
         reason = turn_problem(item, side, config)
         if reason is None:
             source = item.get("value", item.get("content"))
-            text, reason = clean(source)
+            text, reason = clean(source, config.text.link_words())
         if reason is not None:
             skipped.append(
                 {
@@ -358,6 +359,11 @@ def plan_settings(config: Config) -> dict:
     pool = settings["speakers"].pop("pool")  # without a pool, the settings of plans made before pools
     if pool:
         settings["speakers"]["pool"] = names_digest(voice_names(config.speakers))
+    # Links said as their domain (the default; link_phrase unused): the settings of plans made before
+    # text.links, so that an output in progress stays fresh after an upgrade and goes on speaking its
+    # own plan's texts.
+    if config.text.links == "domain":
+        del settings["text"]["links"], settings["text"]["link_phrase"]
     return settings
 
 
@@ -420,7 +426,7 @@ def make_plan(
         with open(staging.skipped_file, "wb") as skipped:
             ids, spans, counts = _index(input_path, skipped)
             chosen = select(ids, config.select)
-            log.info("selected %d of %d conversations", len(chosen), len(ids))
+            log.info("selected %s of %s", f"{len(chosen):,}", plural(len(ids), "conversation"))
             writer = ShardWriter(staging, config.shards.segments_per_shard)
             try:
                 counts.update(
@@ -442,10 +448,10 @@ def make_plan(
     finally:
         shutil.rmtree(staging.root, ignore_errors=True)
     log.info(
-        "plan made in %.1f s: %d segments in %d shards",
+        "plan made in %.1f s: %s in %s",
         time.monotonic() - started,
-        plan["segments"],
-        len(plan["shards"]),
+        plural(plan["segments"], "segment"),
+        plural(len(plan["shards"]), "shard"),
     )
     return plan
 
@@ -500,11 +506,17 @@ def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter,
             log.info("planned %d/%d conversations, %d segments", totals[0], len(chosen), totals[1])
     if not totals[1]:
         raise InputError(
-            f"{path}: nothing to speak: none of the {totals[0]} selected conversations has a turn "
-            f"with speakable text ({totals[4]} turns skipped: empty, only placeholders, code or links, "
+            f"{path}: nothing to speak: {_none_of(totals[0])} with speakable text "
+            f"({plural(totals[4], 'turn')} skipped: empty, only placeholders, code or links, "
             "or roles not in text.speak_roles)"
         )
     return Counter(dict(zip(("conversations", "segments", "turns", "words", "skipped_turns"), totals)))
+
+
+def _none_of(conversations: int) -> str:
+    if conversations == 1:
+        return "the one selected conversation has no turn"
+    return f"none of the {conversations:,} selected conversations has a turn"
 
 
 def _summary(fp: str, info: dict, counts: Counter, shards: list[str], config: Config) -> dict:

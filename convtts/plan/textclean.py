@@ -6,6 +6,8 @@ import html
 import math
 import re
 
+from convtts.plan import spoken
+
 # --- cleaning ---------------------------------------------------------------------------------
 
 # Emoji and other pictographs: the emoji planes, misc symbols and dingbats (☀ ✔), arrows (→),
@@ -45,10 +47,6 @@ _MD_IMAGE = re.compile(r"!\[([^\[\]\n]*)\]\((?:[^()\n]|\([^()\n]*\))*\)")
 _MD_LINK = re.compile(r"\[([^\[\]\n]+)\](?:\((?:[^()\n]|\([^()\n]*\))*\)|\[[^\[\]\n]*\])")
 _MD_LINK_DEF = re.compile(r"^[ \t]{0,3}\[[^\]\n]+\]:[ \t]*\S+.*$", re.M)
 _MD_FOOTNOTE = re.compile(r"\[\^[^\]\n]*\]")
-_URL = re.compile(
-    r"(?:\b(?:https?|ftp)://|\bwww\.)(?:[^\s<>\"'()\[\]]|\([^\s()]*\))*(?:[^\s<>\"'()\[\].,;:!?]|\([^\s()]*\))"
-)
-_EMAIL = re.compile(r"(?:mailto:)?\b[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b")
 _EMPTY_BRACKETS = re.compile(r"\(\s*\)|\[\s*\]|<\s*>")
 _MD_HEADER = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$", re.M)
 _MD_RULE = re.compile(r"^[ \t]*([-*_=])(?:[ \t]*\1){2,}[ \t]*$", re.M)
@@ -57,7 +55,6 @@ _MD_BULLET = re.compile(r"^[ \t]*[-*+•◦▪‣][ \t]+", re.M)
 _TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-+:?[ \t]*\|)+[ \t]*(?::?-+:?[ \t]*)?$", re.M)
 _TABLE_ROW = re.compile(r"^.*\|.*$", re.M)
 # Inline markup keeps its words. Spans are bounded so that 100,000 stray asterisks stay linear.
-_MD_CODE = re.compile(r"(`+)([^`\n]+?)\1")
 _MD_BOLD = re.compile(r"(\*\*|__)(?=\S)([^\n]{0,500}?\S)\1")
 _MD_ITALIC = re.compile(r"(?<![\w*])\*([^\s*](?:[^\n*]{0,500}[^\s*])?)\*(?![\w*])")
 _MD_UNDERSCORE = re.compile(r"(?<![\w_])_([^\s_](?:[^\n_]{0,500}[^\s_])?)_(?![\w_])")
@@ -66,15 +63,19 @@ _MD_STRAY = re.compile(r"\*{2,}|_{2,}|~{2,}|(?<!\d)(?<!\d )\*(?! ?\d)")
 _MD_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|>~])")
 _ODD_SPACE = re.compile(r"[^\S\n ]")  # tab, no-break space, ideographic space ...
 _SPACES = re.compile(r" {2,}")
-_SPACE_BEFORE_PUNCT = re.compile(r" +(?=[.,;:!?])")
+# 'done .' -> 'done.', but 'is .NET' and 'is ::1' keep their space: the mark starts a word there.
+_SPACE_BEFORE_PUNCT = re.compile(r" +(?=[.,;:!?]+(?:[\s\"')\]]|$))")
 _SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit, in any script
 
 
-def clean(text: str) -> tuple[str, str | None]:
+def clean(text: str, link_phrase: str | None = None) -> tuple[str, str | None]:
     """Return (speakable text, None), or (whatever is left, reason) when no letter or digit remains.
 
-    Lines are kept apart by newlines: a list item or a heading stays its own sentence. Every rule
-    is guarded by a cheap substring test: most chat text needs only a few of them.
+    Links are said as their domain ('nodejs dot org'), or as link_phrase when one is given; e-mail
+    addresses, IP addresses and file paths as words (convtts/plan/spoken.py). A turn that is
+    nothing but links is skipped. Lines are kept apart by newlines: a list item or a heading stays
+    its own sentence. Every rule is guarded by a cheap substring test: most chat text needs only a
+    few of them.
     """
     out = _plain_chars(text)
     if "```" in out or "~~~" in out:
@@ -85,14 +86,19 @@ def clean(text: str) -> tuple[str, str | None]:
     if "[" in out:
         out = _MD_LINK_DEF.sub("", _MD_FOOTNOTE.sub("", out))
         out = _MD_LINK.sub(r"\1", _MD_IMAGE.sub(r"\1", out))
-    if "@" in out:
-        out = _EMAIL.sub("", out)
-    if "://" in out or "www." in out:
-        out = _URL.sub("", out)
+    if "@" in out or "." in out:
+        said = spoken.speak_links(spoken.speak_email(out) if "@" in out else out, link_phrase)
+        if said != out and not _SPEAKABLE.search(spoken.strip_links(out)):
+            return _tidy(spoken.strip_links(out)), "only a link or e-mail address"
+        out = said
     if "<" in out:
         out = _HTML_TAG.sub("", _HTML_BREAK.sub("\n", out))
     if "&" in out:
         out = _plain_chars(html.unescape(out))  # '&nbsp;', '&#128512;'
+    if "." in out or ":" in out:
+        out = spoken.speak_addresses(out)
+    if "/" in out or "\\" in out:
+        out = spoken.speak_paths(out)
     if any(line.lstrip()[:1] in _LINE_MARKUP for line in out.split("\n")):
         out = _markdown_lines(out)
     if any(mark in out for mark in "`*_~\\"):
@@ -135,7 +141,7 @@ def _markdown_lines(text: str) -> str:
 def _markdown_inline(text: str) -> str:
     """Inline markdown keeps its words: `code`, **bold**, *italic*, _italic_, ~~struck~~."""
     if "`" in text:
-        text = _MD_CODE.sub(r"\2", text).replace("`", "")
+        text = spoken.speak_inline_code(text).replace("`", "")
     if "*" in text or "__" in text:
         text = _MD_BOLD.sub(r"\2", text)
         text = _MD_ITALIC.sub(r"\1", text)
@@ -165,8 +171,7 @@ def _tidy(text: str) -> str:
 # digit names the reason.
 _REASON_STEPS = (
     ("only a placeholder", lambda t: _PLACEHOLDER.sub(" ", t)),
-    ("only code", lambda t: _MD_CODE.sub("", _FENCE.sub("\n", t))),
-    ("only a link or e-mail address", lambda t: _URL.sub("", _EMAIL.sub("", t))),
+    ("only code", lambda t: spoken.INLINE_CODE.sub("", _FENCE.sub("\n", t))),
     ("only markup", lambda t: _HTML_TAG.sub("", _HTML_BREAK.sub("", _HTML_COMMENT.sub("", t)))),
 )
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import orjson
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
-from convtts.cli import plural
 from convtts.results.report import QualityTally
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
@@ -24,6 +23,7 @@ from convtts.state.shardio import (
     read_json,
     read_jsonl,
 )
+from convtts.words import plural
 
 
 @dataclass

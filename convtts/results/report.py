@@ -16,6 +16,7 @@ import yaml
 
 from convtts.state.layout import Layout
 from convtts.state.shardio import DROPPED, KEPT, read_json, read_jsonl
+from convtts.words import plural
 
 
 @dataclass
@@ -111,7 +112,7 @@ def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
     left.hist([r["duration"] for r in rows], bins=40, color="#4477aa")
-    left.set(title=f"Duration of {len(rows)} utterances", xlabel="seconds", ylabel="utterances")
+    left.set(title=f"Duration of {plural(len(rows), 'utterance')}", xlabel="seconds", ylabel="utterances")
     wers = [r["quality"]["wer"] for r in rows if (r.get("quality") or {}).get("wer") is not None]
     if wers:
         middle.hist(wers, bins=np.linspace(0, max(1.0, max(wers)), 41), color="#228833")
@@ -244,8 +245,12 @@ def main(argv=None) -> int:
         return 2
     try:
         print(write_report(layout))
-    except ImportError as exc:  # matplotlib comes with the validate extra
-        print(f"error: the report needs matplotlib ({exc}): pip install 'convtts[validate]'", file=sys.stderr)
+    except ImportError as exc:  # matplotlib: the report extra (validate has it too)
+        print(
+            f"error: the report needs matplotlib ({exc}): pip install matplotlib, or in the convtts checkout "
+            "pip install '.[report]'",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

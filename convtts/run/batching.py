@@ -24,7 +24,6 @@ from typing import Protocol
 
 import numpy as np
 
-from convtts.cli import plural
 from convtts.run.utterance import (
     Attempt,
     Context,
@@ -38,6 +37,7 @@ from convtts.run.utterance import (
 )
 from convtts.speak.base import FEED_WAIT, OutOfMemory, SynthesisError
 from convtts.state.shardio import is_disk_full
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

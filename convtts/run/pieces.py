@@ -30,7 +30,6 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from convtts.cli import plural
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
     append_line,
@@ -43,6 +42,7 @@ from convtts.state.shardio import (
     write_atomic,
     write_json_atomic,
 )
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ import signal
 import sys
 import time
 
-from convtts.cli import plural
 from convtts.config import Config
 from convtts.run.startup import Timeline
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_json_atomic
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
-from convtts.cli import plural
 from convtts.config import Config
 from convtts.run.feed import FedWork
 from convtts.run.messages import (
@@ -47,6 +46,7 @@ from convtts.state.shardio import (
     shard_complete,
     shard_complete_and_whole,
 )
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import logging
 import os
 import subprocess
 
-from convtts.cli import plural
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from convtts.cli import plural
 from convtts.speak import backend_class
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

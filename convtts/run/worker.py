@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from convtts.cli import plural, setup_logging
+from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
 from convtts.run.batching import can_batch, speak_batched
@@ -43,6 +43,7 @@ from convtts.state.shardio import (
     read_jsonl,
     set_temporary_tag,
 )
+from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

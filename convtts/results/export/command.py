@@ -18,6 +18,7 @@ from convtts.results.export.runner import ExportLocked, ExportOptions, export
 from convtts.results.export.source import SourceError
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full
+from convtts.words import plural
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,16 +59,22 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"{disk_full_text(exc)}; free space and run the same command again", EXIT_DISK_FULL)
     rate = result.rows / result.seconds if result.seconds else 0.0
     print(
-        f"exported {result.rows} rows to {dest} ({args.format}): {result.files} files, "
-        f"{result.written_units} units written, {result.skipped_units} already up to date; "
+        f"exported {plural(result.rows, 'row')} to {dest} ({args.format}): {plural(result.files, 'file')}, "
+        f"{plural(result.written_units, 'unit')} written, {result.skipped_units} already up to date; "
         f"{result.seconds:.1f} s, {rate:.0f} rows/s"
     )
     if result.not_spoken:
         print(
-            f"note: {result.not_spoken} segments of the output are failed or pending (see failures.jsonl) and "
-            "are not in the export; after run_all.sh speaks them, the same command exports them"
+            f"note: {_not_spoken(result.not_spoken)} (see failures.jsonl) and not in the export; "
+            "after run_all.sh speaks them, the same command exports them"
         )
     return EXIT_OK
+
+
+def _not_spoken(count: int) -> str:
+    if count == 1:
+        return "1 segment of the output is failed or pending"
+    return f"{count:,} segments of the output are failed or pending"
 
 
 if __name__ == "__main__":

@@ -91,5 +91,8 @@ def get_format(name: str) -> Format:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise MissingLibrary(f"the {name} export needs {exc.name}: pip install -e '.[export]'") from None
+        raise MissingLibrary(
+            f"the {name} export needs {exc.name}: pip install {exc.name} "
+            "(or, in the convtts checkout, pip install '.[export]')"
+        ) from None
     return getattr(module, class_name)()

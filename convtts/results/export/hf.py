@@ -35,6 +35,7 @@ COLUMNS = [  # (name, arrow type, datasets dtype)
     ("seed", pa.int64(), "int64"),
     ("prompt_audio", pa.string(), "string"),
 ]
+_TEXT_COLUMNS = [name for name, kind, _ in COLUMNS if kind == pa.string()]
 AUDIO_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 
@@ -74,6 +75,9 @@ class ParquetPart(Part):
 
     def write(self, fields: dict, audio: Path, data: bytes | None) -> None:
         row = {name: fields.get(name) for name, _, _ in COLUMNS}
+        for name in _TEXT_COLUMNS:  # an input's own id may be a number: "id": 17
+            if row[name] is not None and not isinstance(row[name], str):
+                row[name] = str(row[name])
         row["audio"] = {"bytes": data, "path": audio.name}
         self.buffer.append(row)
         if len(self.buffer) >= ROWS_PER_GROUP:

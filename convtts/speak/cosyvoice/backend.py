@@ -206,8 +206,13 @@ def normalized(frontend, text: str, text_frontend: bool) -> list[str]:
     except Exception as exc:
         if not text_frontend:
             raise
-        log.warning("the text frontend failed on %r (%s: %s%s); speaking it as written", text, type(exc).__name__,
-                    exc, raised_at(exc))
+        log.warning(
+            "the text frontend failed on %r (%s: %s%s); speaking it as written",
+            text,
+            type(exc).__name__,
+            exc,
+            raised_at(exc),
+        )
         return frontend.text_normalize(text, split=True, text_frontend=False)
 
 
