@@ -413,7 +413,7 @@ print(json.dumps({
 
 def test_a_v1_model_loads_and_speaks_without_importing_transformers_or_training_tools(model_dir, backend):
     # v1 never calls transformers; its import (torch._dynamo, sympy, torch.distributed) was most of a
-    # worker's runtime import on a GPU node (convtts.speak.cosyvoice.deferred); Matcha-TTS's training
+    # worker's runtime import on a GPU node (convtts.speak.cosyvoice.standins); Matcha-TTS's training
     # tools come with its matcha.utils package (convtts.speak.cosyvoice.matcha_utils)
     seen = python_reports(SPEAK_IN_A_FRESH_PROCESS, model_dir, TEXT)
     counts = text_token_counts(backend.model.frontend, TEXT)

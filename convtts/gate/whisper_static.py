@@ -3,7 +3,7 @@ graph per bucket of rows and length on the GPU (run eagerly on the CPU, the same
 batched CosyVoice engine's StepGraphs (its buckets, warm-up, shared pool and eager fallback).
 
 Measured on one H200, a decoder step of transformers' Whisper costs about 3.6 ms whatever its rows
-(docs/PERFORMANCE.md): a few dozen small kernels launched one by one from Python, and under MPS
+(bench/results/h200-2026-11-24-gate/): a few dozen small kernels launched one by one from Python, and under MPS
 each launch waits behind the other workers'. Replayed from a graph, a step is one launch. The
 step does what transformers' decoder does with a cache: the token's embedding plus its position's,
 then per layer self-attention over the positions so far, cross-attention over the encoder's frames,

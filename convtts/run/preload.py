@@ -9,7 +9,7 @@ The forkserver imports this module by name, with the slot's environment; CONVTTS
 the slot before the server starts) says what to import: JSON {"cosyvoice": bool, "cosyvoice_root":
 path or "", "version": the model's CosyVoice generation or null, "model_dir": path, "whisper": bool}.
 It imports the runtime and the modules the model's yaml names (runtime.import_model_modules), and
-transformers for v2/v3 and for Whisper, which use it (v1 does not: speak.cosyvoice.deferred). A
+transformers for v2/v3 and for Whisper, which use it (v1 does not: speak.cosyvoice.standins). A
 failure here is only logged: each worker then imports for itself and reports its own error, as it
 does under spawn.
 

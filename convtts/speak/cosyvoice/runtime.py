@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -16,9 +15,8 @@ from pathlib import Path
 
 from convtts.config import ConfigError, CosyVoiceConfig
 from convtts.speak.cosyvoice import matcha_utils
-from convtts.speak.cosyvoice.deferred import resolve_placeholders, v1_imports_deferred
 from convtts.speak.cosyvoice.loading import IMPORTS, LoadClock, fast_load, lazy_onnx_sessions, time_upstream_steps
-from convtts.speak.cosyvoice.unused_imports import kept_out, refuse_download
+from convtts.speak.cosyvoice.standins import held_back, refuse_download, resolve_placeholders
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +66,7 @@ def go_offline() -> None:
 def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
     """Import and return the `cosyvoice.cli.cosyvoice` module from the configured place.
 
-    For a v1 model (`version` 1) transformers is not imported with it (convtts.speak.cosyvoice.deferred).
+    Libraries the model's workers need late or never stay out of it (convtts.speak.cosyvoice.standins).
     """
     root = runtime_root(cosy)
     check_runtime(cosy)
@@ -95,15 +93,6 @@ def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
     if root is not None and not _inside(sys.modules["cosyvoice"], root):
         raise ConfigError(f"cosyvoice was imported from {_origin(sys.modules['cosyvoice'])}, not from {root}")
     return module
-
-
-@contextlib.contextmanager
-def held_back(version: int | None):
-    """What the runtime's import and its model's construction leave unimported: transformers and
-    torch._dynamo for a v1 model (deferred), and for any the libraries no voice needs as it loads
-    (unused_imports)."""
-    with v1_imports_deferred(version == 1), kept_out():
-        yield
 
 
 def import_inflect_unchecked() -> None:
