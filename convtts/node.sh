@@ -212,7 +212,8 @@ if [[ "$ENGINE" == ray ]]; then
   # The driver starts the slots (and each node's MPS daemon) on the cluster; it is this run's only child.
   DRIVER_EXIT="$LOG_DIR/driver.exit"
   RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
-            --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" --exit-file "$DRIVER_EXIT" "${SETS[@]}")
+            --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" --exit-file "$DRIVER_EXIT"
+            --parent-pid $$ "${SETS[@]}")
   if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
   log_header "$LOG_DIR/driver.log"
   "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>>"$LOG_DIR/driver.log" &

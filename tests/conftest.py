@@ -6,6 +6,7 @@ Test modules import these from here (`from conftest import ...`), never from one
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import os
 import subprocess
@@ -271,6 +272,17 @@ def run_short_of_memory(monkeypatch, engine_class, rows: int) -> None:
         return step(engine)
 
     monkeypatch.setattr(engine_class, "_step", short_of_memory)
+
+
+def lock_free(out: Path) -> bool:
+    """Whether the output's lock could be taken now (no run holds it)."""
+    with open(out / ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return True
 
 
 def assert_complete(out: Path) -> list[dict]:

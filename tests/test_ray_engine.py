@@ -18,6 +18,7 @@ from conftest import (
     alive,
     assert_complete,
     llava_conversations,
+    lock_free,
     mps_requests,
     need,
     read_jsonl_tolerant,
@@ -215,6 +216,29 @@ def test_driver_killed_then_rerun_completes_and_a_second_driver_is_refused(tmp_p
     rows = {r["id"]: r for r in assert_complete(out)}
     kept = [uid for uid, row in before.items() if rows[uid]["run"] == row["run"]]
     assert len(kept) == len(before), "finished work was spoken again"
+
+
+def test_kill_9_of_run_all_alone_stops_the_driver_and_frees_the_lock(tmp_path, cluster):
+    """The driver learns of run_all.sh's death (a parent-death signal) and lets its slots go as on a
+    Ctrl-C, so the output's lock is free and a rerun finishes the job."""
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    head, _ = cluster({"resources": {SLOT: 1}})
+    out, log = tmp_path / "out", tmp_path / "log"
+    run = start(source, out, log, ray_args(head.address))
+    try:
+        wait_for(lambda: sum(map(len, writer_rows(out).values())) >= 2 if (out / "work").is_dir() else False)
+        os.kill(run.pid, signal.SIGKILL)  # run_all.sh alone: no trap runs, its driver is orphaned
+        run.wait()
+        wait_for(lambda: "stopped by SIGTERM" in driver_log(log), timeout=30)
+        wait_for(lambda: lock_free(out), timeout=30)
+    finally:
+        try:
+            os.killpg(run.pid, signal.SIGKILL)  # what is left of the run, should the test fail
+        except ProcessLookupError:
+            pass
+    again = run_all("--input", source, "--output-dir", out, "--log-dir", log, *ray_args(head.address))
+    assert again.returncode == 0, again.stderr + driver_log(log)
+    assert_complete(out)
 
 
 def test_gpu_slots_one_per_gpu_and_one_mps_daemon_per_node(tmp_path, cluster, monkeypatch):

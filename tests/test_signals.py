@@ -24,6 +24,7 @@ from conftest import (
     alive,
     assert_complete,
     llava_conversations,
+    lock_free,
     run_all,
     script_env,
     spoken_so_far,
@@ -92,16 +93,6 @@ def stops_within(run: subprocess.Popen, seconds: float) -> float:
     began = time.monotonic()
     run.wait(timeout=seconds)
     return time.monotonic() - began
-
-
-def lock_free(out: Path) -> bool:
-    with open(out / ".lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        return True
 
 
 def rerun_completes(source: Path, out: Path) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
-from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging
+from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layout, setup_logging, stop_with_parent
 from convtts.cluster.handout import HANDBACK_GRACE, Book
 from convtts.cluster.ray_actors import NodeMPS, SlotProcess
 from convtts.config import ConfigError, load_config
@@ -473,6 +473,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="write the exit code here once every slot has ended, before the slots' actors, the MPS daemons "
         "and Ray are let go (run_all.sh merges meanwhile)",
     )
+    p.add_argument(
+        "--parent-pid", type=int, default=0, help="stop when this process (run_all.sh) is gone, however it ended"
+    )
     add_config_args(p)
     return p.parse_args(argv)
 
@@ -482,6 +485,8 @@ def main(argv=None) -> int:
     clock.events["driver"] = clock.events.pop("slot")  # this process, its modules imported
     args = parse_args(argv)
     setup_logging()
+    if args.parent_pid:  # run_all.sh killed outright: SIGTERM here, and the slots are let go as on a Ctrl-C
+        stop_with_parent(args.parent_pid)
     if args.plan_ready:
         layout, settings = Layout(args.output_dir), slot_settings(args)
         config = load_config_or_exit(args)
