@@ -524,9 +524,12 @@ def main(argv=None) -> int:
         code = driver.run()
         write_exit_code(args.exit_file, code)
         return code
-    except Stopped as exc:
-        log.error("stopped by %s; ending this run's slots", exc)
-        return 130 if str(exc) == "SIGINT" else 143
+    except Exception as exc:
+        stopped = stopped_by(exc)
+        if stopped is None:
+            raise
+        log.error("stopped by %s; ending this run's slots", stopped)
+        return 130 if str(stopped) == "SIGINT" else 143
     finally:
         driver.stop()
         ray.shutdown()
@@ -548,6 +551,18 @@ def slot_settings(args: argparse.Namespace) -> list[str]:
     for item in args.overrides:
         settings += ["--set", item]
     return settings
+
+
+def stopped_by(exc: BaseException | None) -> Stopped | None:
+    """The Stopped behind `exc`: a signal that arrives while Ray waits in its C code raises our Stopped
+    there, and Ray's wrapper turns it into a SystemError caused by it."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, Stopped):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _install_stop_handlers() -> None:
