@@ -309,8 +309,8 @@ def test_assume_english_checks_what_the_language_test_would_skip(whisper_dir, re
     text = "De trein naar Utrecht vertrekt om negen uur vanaf spoor drie."
     audio = (np.sin(np.arange(22050 * 3) * 0.05) * 0.3).astype(np.float32)
     config = gate_config(whisper_dir, "validate.max_wer=100")
-    assert Gate(config, recogniser, None).judge(audio, 22050, text)["asr"] == "skipped: not English"
-    assumed = Gate(dataclasses.replace(config, assume_english=True), recogniser, None)
+    assert Gate(config, recogniser).judge(audio, 22050, text)["asr"] == "skipped: not English"
+    assumed = Gate(dataclasses.replace(config, assume_english=True), recogniser)
     assert assumed.judge(audio, 22050, text)["asr"] == "hf-whisper"
 
 

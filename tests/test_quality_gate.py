@@ -21,11 +21,10 @@ import pytest
 
 from conftest import REPO, assert_complete, need, read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
+from convtts.gate.language import is_english
 from convtts.gate.quality import (
     QualityFailure,
     align_words,
-    english_lexicon,
-    looks_english,
     open_gate,
     split_heard,
     spoken_words,
@@ -98,24 +97,8 @@ def test_spoken_words_normalise_case_punctuation_and_numbers(text, words):
     ],
 )
 def test_only_english_segments_get_the_asr_check(text, english):
-    assert looks_english(text) is english
-    assert looks_english(text, english_lexicon()) is english
-
-
-@pytest.mark.parametrize(
-    "text",
-    [  # English with none of the few common words: the dictionary knows them
-        "Jagged peaks rise on both sides under a clear blue sky.",
-        "Indoor cats need both physical exercise and mental stimulation.",
-        "Libraries offer much more than shelves of books.",
-        "What trick is the skateboarder performing?",  # one word the dictionary lacks
-    ],
-)
-def test_the_recognisers_dictionary_knows_plain_english(text):
-    need("pocketsphinx", "validate")
-    assert looks_english(text, english_lexicon())
-    for other in ("Il était une fois un petit chat qui aimait le lait.", "Der Hund spielt im Garten mit dem Ball."):
-        assert not looks_english(other, english_lexicon())
+    need("py3langid", "validate")
+    assert is_english(text) is english
 
 
 def test_word_error_rate_counts_substitutions_deletions_insertions():

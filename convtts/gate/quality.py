@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -57,11 +56,6 @@ _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 _SYMBOLS = {"%": " percent ", "&": " and ", "°": " degrees ", "+": " plus ", "=": " equals ", "@": " at "}
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-# Words frequent in English and rare as words of the other languages with Latin letters.
-_ENGLISH = frozenset(
-    "the and is are of to with you your that this it its for be have has what which there they he she we not "
-    "can will at by from or how does were their these those would should could".split()
-)
 
 
 def number_words(n: int) -> list[str]:
@@ -93,33 +87,6 @@ def spoken_words(text: str) -> list[str]:
         text = text.replace(symbol, word)
     text = _CJK.sub(lambda m: f" {m.group(0)} ", text)  # no spaces between CJK words: count characters
     return _WORD.findall(text)
-
-
-def looks_english(text: str, lexicon: frozenset | None = None) -> bool:
-    """Whether the recognisers, run in English, can be asked to hear this text (numbers aside).
-
-    Latin letters, and either all but 15% of the words (or all but one) in `lexicon`, the
-    recogniser's English pronouncing dictionary (French, German or Spanish text scores 50-75%
-    there, English 90-100%), or, without one, 15% of the words among a few common English words.
-    """
-    words = [w for w in _WORD.findall(text.lower()) if not w.isdigit()]
-    letters = "".join(words)
-    if not letters or sum(c.isascii() for c in letters) < 0.9 * len(letters):
-        return False
-    if lexicon:
-        return sum(w not in lexicon for w in words) <= max(1.0, 0.15 * len(words))
-    return sum(w in _ENGLISH for w in words) >= 0.15 * len(words)
-
-
-def english_lexicon() -> frozenset | None:
-    """The words of pocketsphinx's US English dictionary (126,000), or None where it is not installed."""
-    try:
-        from pocketsphinx import get_model_path
-    except ImportError:
-        return None
-    path = os.path.join(get_model_path(), "en-us", "cmudict-en-us.dict")
-    with open(path, encoding="utf-8", errors="replace") as lines:
-        return frozenset(line.split(" ", 1)[0].split("(", 1)[0] for line in lines)
 
 
 def word_error_rate(reference: list[str], heard: list[str]) -> float:
@@ -227,7 +194,6 @@ class Take:
 class Gate:
     cfg: ValidateConfig
     recogniser: object = field(default=None, repr=False)
-    lexicon: frozenset | None = field(default=None, repr=False)
 
     @property
     def batch_rows(self) -> int:
@@ -384,8 +350,7 @@ def open_gate(cfg: ValidateConfig) -> Gate | None:
         return None
     started = time.time()
     recogniser = load_recogniser(cfg)
-    lexicon = english_lexicon() if recogniser is not None else None
-    gate = Gate(cfg, recogniser, lexicon)
+    gate = Gate(cfg, recogniser)
     at_once = f"{plural(gate.batch_rows, 'window')} of packed takes" if gate.packs else plural(gate.batch_rows, "take")
     log.info(
         "quality gate on (recogniser %s, %s at a time), loaded in %.2fs", cfg.recogniser, at_once, time.time() - started
