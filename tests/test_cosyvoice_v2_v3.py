@@ -20,6 +20,7 @@ import soundfile as sf
 from conftest import COSYVOICE_CHECKOUT as CHECKOUT
 from conftest import REPO, assert_complete, python_reports, run_all, script_env, write_input
 from convtts.testing.cosyvoice_qwen import SAMPLE_RATE, expected_samples
+from convtts.words import plural
 
 pytestmark = pytest.mark.cosyvoice
 
@@ -176,7 +177,7 @@ def test_run_all_speaks_zero_shot_voices(request, tmp_path, prompts, version, ru
     # rebuilds land mid-shard (4 utterances, one shard); a batch's feed stops once one is due, and
     # what is in flight (the rows and what the engine takes ahead of them, never twice the rows)
     # finishes first
-    assert sum(f"(every {every} utterances)" in line for line in logs.splitlines()) >= 1
+    assert sum(f"(every {plural(every, 'utterance')})" in line for line in logs.splitlines()) >= 1
     since = sorted(r["since_build"] for r in rows)
     assert since[0] == 0 and max(since) <= every - 1 + 2 * batch, since
     assert batch > 1 or since == [0, 0, 1, 1]
