@@ -518,6 +518,17 @@ def report(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def fresh_work(parser: argparse.ArgumentParser, args) -> Path:
+    """--work made (it must be empty: every run starts from nothing) and the model written if asked for."""
+    work = Path(args.work)
+    if work.exists() and any(work.iterdir()):
+        parser.error(f"--work {work} is not empty: every run starts from nothing")
+    work.mkdir(parents=True, exist_ok=True)
+    args.model_dir = Path(args.model_dir).resolve()
+    ensure_model(args.model_dir, args.size)
+    return work
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", default="/tmp/cv300m")
@@ -544,12 +555,7 @@ def main() -> int:
     p.add_argument("--work", default="/tmp/convtts-e2e", help="a fresh folder: inputs, outputs, logs")
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args()
-    work = Path(args.work)
-    if work.exists() and any(work.iterdir()):
-        p.error(f"--work {work} is not empty: every run starts from nothing")
-    work.mkdir(parents=True, exist_ok=True)
-    args.model_dir = Path(args.model_dir).resolve()
-    ensure_model(args.model_dir, args.size)
+    work = fresh_work(p, args)
     source = work / f"conversations-{args.conversations}.json"
     make_conversations(args.conversations, source, args.text)
     results = []

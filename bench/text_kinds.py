@@ -74,12 +74,7 @@ def main() -> int:
     p.add_argument("--work", default="/tmp/convtts-kinds", help="a fresh folder")
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args()
-    work = Path(args.work)
-    if work.exists() and any(work.iterdir()):
-        p.error(f"--work {work} is not empty: every run starts from nothing")
-    work.mkdir(parents=True, exist_ok=True)
-    args.model_dir = Path(args.model_dir).resolve()
-    e2e.ensure_model(args.model_dir, args.size)
+    work = e2e.fresh_work(p, args)
     short_source = work / "short-words.json"
     e2e.make_conversations(args.conversations, short_source, "short")
     long_count = matching_count(words(short_source), work)
