@@ -274,7 +274,7 @@ if [[ -t 1 && "$ENGINE" == bash ]]; then
   MONITOR_PID=$!
 fi
 
-SLOT_FAILED=0 SLOT_DISK_FULL=0
+SLOT_FAILED=0 SLOT_DISK_FULL=0 INTERRUPTED=0
 if [[ "$ENGINE" == ray ]]; then
   # Once every slot has ended the driver writes its exit code, then lets the cluster go (a second or
   # more); the merge runs meanwhile, and the driver is waited for before this run exits.
@@ -297,12 +297,18 @@ for ((rank = 0; rank < WORLD; rank++)); do
   wait "${SLOT_PIDS[$rank]}" || rc=$?
   if [[ $rc -eq $DISK_FULL_EXIT ]]; then
     SLOT_DISK_FULL=1  # its log names the file; the others stopped or will, on the same disk
+  elif [[ $rc -eq 130 || $rc -eq 143 ]]; then
+    INTERRUPTED=$rc  # the slot was stopped by INT or TERM (a terminal's Ctrl-C reaches the slots too)
   elif [[ $rc -ne 0 ]]; then
     SLOT_FAILED=1
-    echo "run_all.sh: slot $rank (${SLOT_DEVICES[$rank]}) exited $rc; see $LOG_DIR/slot-$rank.log" >&2
+    echo "$PROG: slot $rank (${SLOT_DEVICES[$rank]}) exited $rc; see $LOG_DIR/slot-$rank.log" >&2
   fi
 done
 if [[ -n "$MONITOR_PID" ]]; then stop_monitor; echo; fi
+if [[ $INTERRUPTED -ne 0 ]]; then  # as on_signal ends, should the signal have reached the slots alone
+  echo "$PROG: stopped; what was spoken is kept: run the same command again to finish" >&2
+  exit "$INTERRUPTED"
+fi
 
 # --- 6. merge and report ------------------------------------------------------------------
 # No merge on a full disk: it would rewrite manifest.jsonl beside the work files and fail too.
