@@ -306,7 +306,8 @@ for ((rank = 0; rank < WORLD; rank++)); do
 done
 if [[ -n "$MONITOR_PID" ]]; then stop_monitor; echo; fi
 if [[ $INTERRUPTED -ne 0 ]]; then  # as on_signal ends, should the signal have reached the slots alone
-  echo "$PROG: stopped; what was spoken is kept: run the same command again to finish" >&2
+  [[ $INTERRUPTED -eq 130 ]] && sig=INT || sig=TERM
+  echo "$PROG: $sig received by the slots; stopped; what was spoken is kept: run the same command again to finish" >&2
   exit "$INTERRUPTED"
 fi
 
