@@ -307,13 +307,22 @@ def test_a_batched_worker_speaks_its_first_rows_to_their_end_before_it_takes_mor
     )
     result = paced_run(source, out, log, 2, *more, env=env)
     assert result.returncode == 0, result.stderr
-    rows = assert_complete(out)
-    early = {}
-    for worker in ("slot0-w0", "slot0-w1"):
-        spans = spans_of(rows, worker)
-        assert len(spans) > 4, spans
-        early[worker] = [a for a, _ in spans[4:] if a < first_batch_end(spans, 4) - 0.05]
+    spans = both_workers_spans(assert_complete(out))
+    early = {worker: begun_beside_first_batch(each) for worker, each in spans.items()}
     assert (not any(early.values())) if hold else any(early.values()), early
+
+
+def both_workers_spans(rows: list[dict]) -> dict[str, list]:
+    """Each of the two workers' spans, more than its first batch of four in each."""
+    spans = {worker: spans_of(rows, worker) for worker in ("slot0-w0", "slot0-w1")}
+    for each in spans.values():
+        assert len(each) > 4, each
+    return spans
+
+
+def begun_beside_first_batch(spans: list) -> list[float]:
+    """When the rows after a worker's first four began, where that was before the first four all ended."""
+    return [a for a, _ in spans[4:] if a < first_batch_end(spans, 4) - 0.05]
 
 
 def test_a_first_batch_released_at_half_refills_once_half_of_it_is_back(tmp_path):
@@ -325,14 +334,11 @@ def test_a_first_batch_released_at_half_refills_once_half_of_it_is_back(tmp_path
     more = ("--set", "tts.backend=paced_backend:PacedBatchTone", "--set", "workers.hold_release=0.5")
     result = paced_run(source, out, log, 2, *more, env=env)
     assert result.returncode == 0, result.stderr
-    rows = assert_complete(out)
     early = {}
-    for worker in ("slot0-w0", "slot0-w1"):
-        spans = spans_of(rows, worker)
-        assert len(spans) > 4, spans
+    for worker, spans in both_workers_spans(assert_complete(out)).items():
         half_back = sorted(end for _, end in spans[:4])[1]
         assert all(a >= half_back - 0.01 for a, _ in spans[4:]), (worker, half_back, spans)
-        early[worker] = [a for a, _ in spans[4:] if a < first_batch_end(spans, 4) - 0.05]
+        early[worker] = begun_beside_first_batch(spans)
     assert any(early.values()), early  # the worker with the long row refilled beside it
 
 
