@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 
@@ -10,7 +11,15 @@ import pytest
 import torch
 
 from conftest import REPO, run_short_of_memory, speak_with_two_refused
-from convtts.config import Config, CosyVoiceConfig, FlowConfig, PrecisionConfig, SpeakerConfig, TTSConfig
+from convtts.config import (
+    Config,
+    CosyVoiceConfig,
+    FlowConfig,
+    PrecisionConfig,
+    SpeakerConfig,
+    TextConfig,
+    TTSConfig,
+)
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine
@@ -370,3 +379,27 @@ def test_a_text_the_frontend_breaks_on_is_spoken_as_written(model_dir, caplog):
     assert all(isinstance(audio, np.ndarray) and audio.size for audio in results.values()), results
     [warning] = [r.getMessage() for r in caplog.records if "text frontend failed" in r.getMessage()]
     assert "IndexError" in warning and "speaking it as written" in warning and "MARINERS" in warning, warning
+
+
+def test_a_chunk_over_the_text_tokens_a_row_was_sized_for_is_cut_and_the_cache_keeps_its_size(model_dir, caplog):
+    """An OCR-token list holds far more text tokens a word than the KV plan allows (2 a word): its chunk
+    is cut into pieces within the plan, spoken in turn, and no row's cache grows for it."""
+    text = (
+        "CALORIECOLA, ZERO, CALORIECOLA, COLA, oZ(222mL), OZ(222mL), 1.5FLOZ, 222mL), oca-Col, Coca, "
+        "FocaCol, caCo, zero, zera, REALLOSTE, REAL, ANDZERO, REALConK.TASTE, CALORE, ALConClTASTE, TASTE."
+    )
+    cfg = dataclasses.replace(config(model_dir, 4), text=TextConfig(max_words=12))  # 32 text tokens a chunk
+    backend = CosyVoiceBackend(cfg)
+    try:
+        count = backend.model.frontend.tokenizer.encode
+        chunks = backend._chunks(text, VOICES[0])
+        with caplog.at_level("INFO", logger="convtts.speak.cosyvoice.engine.runner"):
+            results = dict(backend.synthesize_many(items([text, TEXTS[0]])))
+    finally:
+        backend.close()
+    assert backend.text_budget == 32 and len(count(text, allowed_special="all")) > 2 * 32
+    assert len(chunks) >= 3 and all(chunk["text"].shape[1] <= 32 for chunk in chunks), [
+        chunk["text"].shape[1] for chunk in chunks
+    ]
+    assert all(isinstance(audio, np.ndarray) and audio.size for audio in results.values()), results
+    assert not [r for r in caplog.records if "cache grows" in r.getMessage()]

@@ -20,6 +20,7 @@ import numpy as np
 
 from convtts.config import Config, ConfigError
 from convtts.speak.base import FEED_WAIT, OutOfMemory, SynthesisError, is_out_of_memory
+from convtts.speak.cosyvoice.chunks import within_budget
 from convtts.speak.cosyvoice.loading import IMPORTS, CudaContext, LoadClock
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
@@ -196,7 +197,25 @@ def _with_cosyvoice(config: Config, **changes) -> Config:
     return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
 
 
-def normalized(frontend, text: str, text_frontend: bool) -> list[str]:
+def chunk_budget(config: Config) -> int:
+    """Text tokens a chunk of the batched path may hold: what the static KV cache was sized for; 0 (no
+    bound) where upstream's decode runs, whose cache grows with each row."""
+    from convtts.speak.cosyvoice.sizes import text_tokens
+
+    return text_tokens(config) if config.tts.cosyvoice.decode == "static" else 0
+
+
+def normalized(frontend, text: str, text_frontend: bool, budget: int = 0) -> list[str]:
+    """The runtime's text normalisation and split of `text`, each piece within `budget` text tokens
+    (chunks.within_budget; 0: as the runtime splits it)."""
+    parts = frontend_split(frontend, text, text_frontend)
+    if not budget:
+        return parts
+    special = getattr(frontend, "allowed_special", "all")
+    return within_budget(parts, lambda part: len(frontend.tokenizer.encode(part, allowed_special=special)), budget)
+
+
+def frontend_split(frontend, text: str, text_frontend: bool) -> list[str]:
     """The runtime's text normalisation and split of `text`; where it breaks on a text (some releases
     index an empty sentence, 'string index out of range' in split_paragraph, on OCR-token lists), the
     text as the planner cleaned it, in one piece, with a warning: spoken as written beats failing the
@@ -261,6 +280,7 @@ class CosyVoiceBackend:
         # or upstream's own one-at-a-time path.
         self.frontend_lock = threading.Lock()
         self.frontend = None  # the thread that runs the text frontend of the next utterances
+        self.text_budget = 0  # text tokens a chunk may hold (the batched engine's KV plan); 0: no bound
         with clock.phase("engine"):
             self.engine = self._engine()
         self.prompts = prompted_voices(config)
@@ -288,6 +308,7 @@ class CosyVoiceBackend:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self.frontend = ThreadPoolExecutor(1, thread_name_prefix="cosyvoice-frontend")
+                self.text_budget = chunk_budget(self.config)
                 return engine(self.model, rows, self.cosy.precision, decode_options(self.config), self.cosy)
         log.warning(
             "batch_size %d ignored: batching runs models in fp32, with the flow in PyTorch (not "
@@ -411,10 +432,11 @@ class CosyVoiceBackend:
             # The recording's path stands for the audio: a registered voice's features are used instead.
             return [
                 dict(frontend.frontend_zero_shot(part, prompt_text, prompt.audio, self.sample_rate, key))
-                for part in normalized(frontend, text, tf)
+                for part in normalized(frontend, text, tf, self.text_budget)
             ]
         if speaker in self.builtin:
-            return [dict(frontend.frontend_sft(part, speaker)) for part in normalized(frontend, text, tf)]
+            parts = normalized(frontend, text, tf, self.text_budget)
+            return [dict(frontend.frontend_sft(part, speaker)) for part in parts]
         raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
 
     @staticmethod

@@ -3,7 +3,8 @@
 The static KV cache gives every row a fixed number of positions: the longest prompt plus the
 most speech tokens upstream lets a chunk decode (20 per text token by default). Both follow from
 text.max_words and the zero-shot prompts, so the slot can size workers and rows before any
-worker loads a model (convtts.run.tuning); a chunk that needs more grows the cache.
+worker loads a model (convtts.run.tuning). The batched path cuts a chunk of more text tokens
+(chunks.py); a row that still needs more (one very long word) grows the cache.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def row_tokens(config: Config) -> int:
         return cosy.max_row_tokens
     text = TEXT_TOKENS_PER_WORD * config.text.max_words + TEXT_TOKENS_EXTRA
     return SPECIAL_POSITIONS + prompt_tokens(config) + text + text * MAX_TOKENS_PER_TEXT_TOKEN
+
+
+def text_tokens(config: Config) -> int:
+    """Text tokens one chunk may hold within row_tokens: the batched path cuts a longer chunk (chunks.py)."""
+    cosy = config.tts.cosyvoice
+    if not cosy.max_row_tokens:
+        return TEXT_TOKENS_PER_WORD * config.text.max_words + TEXT_TOKENS_EXTRA
+    room = cosy.max_row_tokens - SPECIAL_POSITIONS - prompt_tokens(config)
+    return max(1, room // (1 + MAX_TOKENS_PER_TEXT_TOKEN))
 
 
 def prompt_tokens(config: Config) -> int:
