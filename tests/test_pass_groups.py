@@ -94,3 +94,45 @@ def test_flush_share_is_checked():
     assert load_config(None, []).tts.cosyvoice.flow.flush_share == 0.5
     with pytest.raises(ConfigError, match="flush_share must be above 0 and at most 1"):
         load_config(None, ["tts.cosyvoice.flow.flush_share=0"])
+
+
+def test_a_bucket_is_padded_only_for_the_pass_that_captures_its_graph_or_replays_it():
+    """An eager pass on a GPU runs at its own size: padding it to its bucket (rows copied up to the
+    next of 1, 2, 4, 6, 8, 12, 16, 24, ..., frames to the next width) is work no graph ever uses."""
+    from convtts.speak.cosyvoice.engine.solver import GraphCache
+
+    cache = GraphCache(lambda *inputs: None, limit=1, capture_after=2)
+    assert not cache.wants((24, 512))  # a first pass of its bucket: eager
+    cache.skip((24, 512))
+    assert cache.wants((24, 512))  # the second is captured (capture_after=2), so it is padded
+    cache.graphs[(24, 512)] = object()  # held: every pass replays it
+    cache.seen[(24, 512)] = 5
+    cache.skip((8, 256))
+    assert cache.wants((24, 512)) and not cache.wants((8, 256))  # the one graph is kept: seen more often
+    assert cache.counts()[0] == 6  # eager passes count among the passes run
+
+
+def test_an_eager_pass_is_priced_at_its_own_size_and_a_held_graph_at_its_bucket():
+    from convtts.speak.cosyvoice.engine.flow import Flow
+
+    class Solver:  # the bucketed solver of a GPU with graphs, one graph held for (24, 512)
+        bucketed, compiled = True, False
+
+        def __init__(self):
+            from convtts.speak.cosyvoice.engine.solver import GraphCache
+
+            self.graphs = GraphCache(lambda *inputs: None, limit=4, capture_after=2)
+            self.graphs.graphs[(24, 512)] = object()
+
+        def key(self, rows, width):
+            from convtts.speak.cosyvoice.engine.solver import rows_bucket, width_bucket
+
+            return rows_bucket(rows), width_bucket(width)
+
+        def pads(self, rows, width):
+            return self.graphs.wants(self.key(rows, width))
+
+    flow = Flow.__new__(Flow)
+    flow.solver, flow.costs = Solver(), PassCosts(pass_ms=700.0, frame_us=18.0, replay_ms=60.0)
+    assert flow.pass_seconds(13, 700) == pytest.approx((700.0 + 18.0 * 13 * 700 / 1000) / 1000)  # not 16 x 704
+    assert flow.pass_seconds(20, 510) == pytest.approx((60.0 + 18.0 * 24 * 512 / 1000) / 1000)  # the graph's bucket

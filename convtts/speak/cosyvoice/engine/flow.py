@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from convtts.speak.cosyvoice.engine.precision import matmul_mode, part_module, storage_dtype
 from convtts.speak.cosyvoice.engine.requests import Row, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import estimator_widths, flow_bytes_per_frame, rows_within
-from convtts.speak.cosyvoice.engine.solver import Solver, rows_bucket, width_bucket
+from convtts.speak.cosyvoice.engine.solver import Solver, width_bucket
 
 SPREAD = 1.25  # longest over shortest row in one pass (flow.grouping spread): padding costs work, not accuracy
 
@@ -151,12 +151,14 @@ class Flow:
         return cheapest_groups(rows, self.frames, self.pass_seconds, cap)
 
     def pass_seconds(self, rows: int, frames: int) -> float:
-        """What a pass of `rows` rows padded to `frames` frames costs by flow.* (its bucket where passes are
-        bucketed): a replay of a graph held for its shape, or an eager solve, plus its padded work."""
-        if self.solver.bucketed:
-            rows, frames = rows_bucket(rows), width_bucket(frames, self.solver.frame_buckets)
-        held = self.solver.graphs.holds((rows, frames))
-        return self.costs.seconds(rows * frames, replayed=held)
+        """What a pass of `rows` rows padded to `frames` frames costs by flow.*: a replay of a graph held for
+        its bucket, at the bucket's size, or an eager solve at its own size (solver.Solver.pads)."""
+        key = self.solver.key(rows, frames)
+        if self.solver.bucketed and self.solver.graphs.holds(key):
+            return self.costs.seconds(key[0] * key[1], replayed=True)
+        if self.solver.pads(rows, frames):
+            rows, frames = key
+        return self.costs.seconds(rows * frames)
 
     def frames(self, row: Row) -> int:
         """Mel frames of the row's pass: its prompt's and its own."""

@@ -112,15 +112,25 @@ class GraphCache:
             self._capture(key, inputs)
         return out
 
+    def wants(self, key) -> bool:
+        """Whether the next pass of this bucket replays or captures a graph (padded to the bucket); else it
+        runs eagerly, and padding it would only add work."""
+        return key in self.graphs or self._may_capture(key, self.seen[key] + 1)
+
+    def skip(self, key) -> None:
+        """A pass of this bucket ran eagerly outside the cache: it counts towards the bucket's capture."""
+        self.seen[key] += 1
+
+    def _may_capture(self, key, seen: int) -> bool:
+        if self.broken or self.limit <= 0 or seen < self.capture_after:
+            return False
+        return len(self.graphs) < self.limit or min(self.seen[k] for k in self.graphs) < seen
+
     def _admit(self, key) -> bool:
-        if self.broken or self.limit <= 0 or self.seen[key] < self.capture_after:
+        if not self._may_capture(key, self.seen[key]):
             return False
-        if len(self.graphs) < self.limit:
-            return True
-        least = min(self.graphs, key=lambda k: self.seen[k])
-        if self.seen[least] >= self.seen[key]:
-            return False
-        del self.graphs[least]
+        if len(self.graphs) >= self.limit:
+            del self.graphs[min(self.graphs, key=lambda k: self.seen[k])]
         return True
 
     def clear(self) -> None:
@@ -183,13 +193,17 @@ class Solver:
             )
         on_gpu = torch.device(device).type == "cuda"
         self.bucketed = self.safe is not None and (on_gpu and (graphs or compile) if bucket is None else bucket)
-        if compile and self.safe is not None:
+        self.compiled = compile and self.safe is not None  # compiled per bucket shape: every pass is padded
+        if self.compiled:
             self.safe = compiled(self.safe)
         self.graphs = GraphCache(self._solve_safe, max_graphs if graphs and on_gpu else 0, capture_after)
 
     def solve(self, x, mask, mu, spks, cond, frames: list[int]) -> torch.Tensor:
         """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
         with matmul_mode(self.precision):
+            if self.bucketed and x.device.type == "cuda" and not self.pads(x.shape[0], x.shape[2]):
+                self.graphs.skip(self.key(x.shape[0], x.shape[2]))
+                return self._solve_safe(x, mask, mu, spks, cond)
             if self.bucketed:
                 try:
                     return self._bucketed(x, mask, mu, spks, cond)
@@ -210,11 +224,22 @@ class Solver:
 
     def _bucketed(self, x, mask, mu, spks, cond):
         rows, width = x.shape[0], x.shape[2]
-        key = (rows_bucket(rows), width_bucket(width, self.frame_buckets))
+        key = self.key(rows, width)
         inputs = pad_pass((x, mask, mu, cond), spks, *key)
         if x.device.type != "cuda":  # the bucketed shapes without a GPU to capture them (tests)
             return self._solve_safe(*inputs)[:rows, :, :width]
         return self.graphs.run(key, inputs)[:rows, :, :width]
+
+    def key(self, rows: int, width: int) -> tuple[int, int]:
+        """The bucket of a pass of `rows` rows padded to `width` frames."""
+        return rows_bucket(rows), width_bucket(width, self.frame_buckets)
+
+    def pads(self, rows: int, width: int) -> bool:
+        """Whether a pass of this size is padded to its bucket: where it may replay or capture a graph, or
+        on a CPU (tests of the bucketed shapes); an eager pass on a GPU runs at its own size."""
+        if not self.bucketed:
+            return False
+        return self.compiled or self.graphs.limit <= 0 or self.graphs.wants(self.key(rows, width))
 
 
 def pad_pass(frames_first: tuple, spks: torch.Tensor, rows: int, width: int) -> tuple:
