@@ -8,6 +8,7 @@ makes a text fail; the quality gate is the real one, without its recogniser.
 from __future__ import annotations
 
 import errno
+import logging
 import multiprocessing
 import os
 
@@ -22,6 +23,7 @@ from convtts.run.pieces import open_shard
 from convtts.run.worker import Worker, WorkerArgs
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures
+from scripted_backend import OOM_TEXT
 
 SEED = 1234  # workers.seed's default
 ZEBRA = "farm-001-00"  # the one segment whose text holds the script's word
@@ -232,6 +234,26 @@ def test_out_of_memory_in_a_batch_halves_the_rows_and_retries_what_was_in_flight
     # charged an attempt and spoken again in batches of two; the two after them were never touched.
     assert [rows[uid]["attempts"] for uid in IDS] == [2, 2, 2, 2, 1, 1]
     assert [c["path"] for c in calls(tally)] == ["many", "many"]
+
+
+def test_out_of_memory_in_a_batch_logs_one_warning_and_keeps_each_error(tmp_path, monkeypatch, tally, caplog):
+    """One warning line for the batch, the error cut to its first sentence; each utterance's own list
+    (its failure row, once its attempts run out) keeps the whole error, logged per id at debug level."""
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "4")
+    caplog.set_level(logging.DEBUG, logger="convtts")
+    worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone", "workers.max_attempts=1")
+    worker.speak()
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [
+        "out of memory with 4 utterances in flight (CUDA out of memory (scripted).); now 2 rows, each tried again"
+    ]
+    failures = worker.failures()
+    assert sorted(failures) == sorted(IDS[:4]) and sorted(worker.rows()) == IDS[4:]
+    assert all(f["errors"] == [f"OutOfMemory: {OOM_TEXT}"] for f in failures.values())
+    debug = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "attempt 1/1 failed" in r.getMessage()
+    ]
+    assert len(debug) == 4
 
 
 def test_utterances_keep_their_attempts_when_the_rows_fall_to_one(tmp_path, monkeypatch, tally):

@@ -30,6 +30,7 @@ from convtts.run.utterance import (
     Host,
     check_audio,
     failure_row,
+    first_sentence,
     note_error,
     respeak,
     settle_refused,
@@ -150,13 +151,17 @@ def first_batch(host: BatchHost, backend) -> FirstBatch | None:
 
 
 def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception, queue: deque) -> None:
-    """Out of memory: fewer rows, and what was in flight goes back in line; else each is spoken alone."""
+    """Out of memory: fewer rows, and what was in flight goes back in line; else each is spoken alone.
+    One warning for the batch either way: each utterance's error goes to its own list (and so to its
+    failure row, should its attempts run out), logged per id at debug level only."""
     if isinstance(exc, OutOfMemory):
         rows = ctx.backend.shrink_batch()
         flight, now = plural(len(in_flight), "utterance"), plural(rows, "row")
-        log.warning("CUDA out of memory with %s in flight; now %s", flight, now)
+        log.warning(
+            "out of memory with %s in flight (%s); now %s, each tried again", flight, first_sentence(str(exc)), now
+        )
         for item in in_flight.values():
-            retry_or_fail(host, ctx, item, exc, queue)
+            retry_or_fail(host, ctx, item, exc, queue, quiet=True)
         return
     # no single utterance is known to be at fault
     log.warning(
@@ -166,7 +171,7 @@ def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception
         plural(len(in_flight), "utterance"),
     )
     for item in in_flight.values():
-        note_error(item.segment["id"], item.attempt, ctx.settings.max_attempts, exc, item.errors)
+        note_error(item.segment["id"], item.attempt, ctx.settings.max_attempts, exc, item.errors, quiet=True)
         item.attempt += 1  # this attempt counts, as a crash would
         if item.attempt <= ctx.settings.max_attempts:
             host.speak(item)
@@ -255,11 +260,13 @@ def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> N
     host.record(shard, uid, row, failure)
 
 
-def retry_or_fail(host: Host, ctx: Context, item: Attempt, exc: BaseException, queue: deque) -> None:
-    """Another attempt in a later batch, or the failure row once attempts run out."""
+def retry_or_fail(
+    host: Host, ctx: Context, item: Attempt, exc: BaseException, queue: deque, quiet: bool = False
+) -> None:
+    """Another attempt in a later batch, or the failure row once attempts run out (`quiet`: see note_error)."""
     uid = item.segment["id"]
     limit = ctx.settings.max_attempts
-    note_error(uid, item.attempt, limit, exc, item.errors)
+    note_error(uid, item.attempt, limit, exc, item.errors, quiet)
     if item.attempt < limit:
         item.attempt += 1
         queue.append(item)

@@ -216,6 +216,13 @@ def normalized(frontend, text: str, text_frontend: bool) -> list[str]:
         return frontend.text_normalize(text, split=True, text_frontend=False)
 
 
+def out_of_memory(exc: BaseException) -> OutOfMemory:
+    """Ours for an out-of-memory error of torch or the runtime: its own text where that names it already,
+    so a log line's first sentence says it once."""
+    text = str(exc)
+    return OutOfMemory(text if "out of memory" in text.lower() else f"CUDA out of memory: {text}")
+
+
 def raised_at(error: BaseException) -> str:
     """' (at file.py:line in function)': the innermost frame that raised `error`, so that a failure
     in the runtime's text frontend or model names its place in the manifest and the log."""
@@ -392,7 +399,7 @@ class CosyVoiceBackend:
                 yield request.key, self._result(request)
         except Exception as exc:
             if is_out_of_memory(exc):
-                raise OutOfMemory(f"CUDA out of memory: {exc}") from exc
+                raise out_of_memory(exc) from exc
             raise
 
     def _chunks(self, text: str, speaker: str) -> list[dict]:
@@ -469,7 +476,7 @@ class CosyVoiceBackend:
         except Exception as exc:
             self._forget_calls()
             if is_out_of_memory(exc):
-                raise OutOfMemory(f"CUDA out of memory: {exc}") from exc
+                raise out_of_memory(exc) from exc
             raise SynthesisError(f"{type(exc).__name__}: {exc}") from exc
         if not chunks or sum(c.shape[-1] for c in chunks) == 0:
             raise SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
