@@ -103,7 +103,7 @@ class ScriptedBatchTone(ScriptedTone):
 
     def __init__(self, config):
         super().__init__(config)
-        self.batch_rows = self.rows(config)
+        self.batch_rows = self.built_rows = self.rows(config)
 
     @staticmethod
     def rows(config) -> int:
@@ -128,4 +128,8 @@ class ScriptedBatchTone(ScriptedTone):
 
     def shrink_batch(self) -> int:
         self.batch_rows = max(1, self.batch_rows // 2)
+        return self.batch_rows
+
+    def grow_batch(self) -> int:
+        self.batch_rows = min(self.built_rows, self.batch_rows * 2)
         return self.batch_rows

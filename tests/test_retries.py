@@ -18,6 +18,7 @@ from conftest import read_jsonl, write_input
 from convtts.config import load_config
 from convtts.gate.quality import take_seed
 from convtts.plan.planner import make_plan
+from convtts.run.batching import GROW_AFTER
 from convtts.run.messages import Built, Failed, SpeakPiece, Spoken, Started, Stop, Want
 from convtts.run.pieces import open_shard
 from convtts.run.worker import Worker, WorkerArgs
@@ -39,6 +40,7 @@ CONVERSATION = {
     ],
 }
 IDS = [f"farm-{turn:03d}-00" for turn in range(6)]
+ANIMALS = {0: "a zebra", 14: "a lion"}
 
 
 @pytest.fixture
@@ -52,7 +54,7 @@ def tally(tmp_path, monkeypatch):
 class Run:
     """A worker on a planned output, and what it told its slot."""
 
-    def __init__(self, root, backend: str, *overrides: str):
+    def __init__(self, root, backend: str, *overrides: str, conversation: dict = CONVERSATION):
         self.config = load_config(
             None,
             [
@@ -63,7 +65,7 @@ class Run:
             ],
         )
         self.layout = Layout(root / "out")
-        make_plan(write_input(root / "in.json", [CONVERSATION]), self.layout, self.config, workers=1)
+        make_plan(write_input(root / "in.json", [conversation]), self.layout, self.config, workers=1)
         self.shard = self.layout.shard_names()[0]
         self.layout.work_dir.mkdir()  # as the slot does before a worker speaks (its progress file is there)
         open_shard(self.layout, self.shard, "run1")
@@ -91,9 +93,9 @@ def calls(tally, text_word: str = "zebra") -> list[dict]:
     return [c for c in read_jsonl(tally / "calls.jsonl") if text_word in c["text"]]
 
 
-def run(tmp_path, monkeypatch, script: str, backend: str = "ScriptedTone", *overrides: str) -> Run:
+def run(tmp_path, monkeypatch, script: str, backend: str = "ScriptedTone", *overrides: str, **kwargs) -> Run:
     monkeypatch.setenv("CONVTTS_TEST_SCRIPT", script)
-    return Run(tmp_path, backend, *overrides)
+    return Run(tmp_path, backend, *overrides, **kwargs)
 
 
 # -- one at a time ----------------------------------------------------------------------------------
@@ -256,13 +258,56 @@ def test_out_of_memory_in_a_batch_logs_one_warning_and_keeps_each_error(tmp_path
     assert len(debug) == 4
 
 
-def test_utterances_keep_their_attempts_when_the_rows_fall_to_one(tmp_path, monkeypatch, tally):
+def test_utterances_keep_their_attempts_when_the_rows_fall_to_one_and_the_rows_grow_back(
+    tmp_path, monkeypatch, tally, caplog
+):
+    """Rows cut to one speak one at a time; once GROW_AFTER utterances are through without running out of
+    memory, the rows double again and the two ids that ran out are spoken in a batch."""
     monkeypatch.setenv("CONVTTS_TEST_ROWS", "2")
+    caplog.set_level(logging.INFO, logger="convtts")
     worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")
     worker.speak()
     rows = worker.rows()
-    assert sorted(rows) == IDS and worker.worker.backend.batch_rows == 1
-    assert rows[ZEBRA]["attempts"] == 2  # the out-of-memory cost it one, as with rows to spare
+    assert sorted(rows) == IDS and rows[ZEBRA]["attempts"] == 2  # the out-of-memory cost it one, as with rows to spare
+    assert GROW_AFTER == 4 and [paths(tally)[rows[uid]["text"]] for uid in IDS] == [
+        ["many", "many"],  # in the batch that ran out, then in the batch of two rows once they grew back
+        ["many", "many"],
+        ["one"],  # the four after them, one at a time: rows of one times GROW_AFTER
+        ["one"],
+        ["one"],
+        ["one"],
+    ]
+    assert "4 utterances finished without running out of memory; rows 1 -> 2 of 2" in caplog.messages
+    assert worker.worker.backend.batch_rows == 2
+
+
+# Forty short turns: a zebra runs the first batch out of memory, a lion the first batch after the rows grew
+SAFARI = {
+    "id": "safari",
+    "conversations": [
+        {"from": "human" if turn % 2 == 0 else "gpt", "value": f"Turn {turn} sees {ANIMALS.get(turn, 'a bird')}."}
+        for turn in range(40)
+    ],
+}
+
+
+def test_rows_grow_back_and_an_out_of_memory_after_a_growth_doubles_the_wait(tmp_path, monkeypatch, tally, caplog):
+    """Four rows: the zebra's batch runs out and the rows halve; eight utterances (two rows times
+    GROW_AFTER) later they are four again; the lion's batch runs out at four, so the rows halve and the
+    next growth waits twice as long, sixteen utterances. Nothing is lost on the way."""
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "4")
+    caplog.set_level(logging.INFO, logger="convtts")
+    worker = run(tmp_path, monkeypatch, "zebra=oom:1,lion=oom:1", "ScriptedBatchTone", conversation=SAFARI)
+    worker.speak([f"safari-{turn:03d}-00" for turn in range(40)])
+    assert len(worker.rows()) == 40 and worker.failures() == {}
+    changes = [m for m in caplog.messages if "rows" in m and ("out of memory with" in m or " -> " in m)]
+    assert changes == [
+        "out of memory with 4 utterances in flight (CUDA out of memory (scripted).); now 2 rows, each tried again",
+        "8 utterances finished without running out of memory; rows 2 -> 4 of 4",
+        "out of memory with 4 utterances in flight (CUDA out of memory (scripted).); now 2 rows, each tried again",
+        "16 utterances finished without running out of memory; rows 2 -> 4 of 4",
+    ]
+    assert worker.worker.backend.batch_rows == 4
 
 
 def test_a_first_batch_of_ids_a_worker_died_on_ends_the_hold_once_spoken(tmp_path, monkeypatch, tally):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
-from convtts.run.batching import can_batch, speak_batched
+from convtts.run.batching import Regrowth, can_batch, grow_rows, speak_batched
 from convtts.run.memory import gpu_mb, rss_mb
 from convtts.run.messages import (
     Built,
@@ -111,6 +111,7 @@ class Worker:
         self.holding = False  # a batched worker's first batch to come or under way: no refill (hold_first_batch)
         self.hold_release = self.config.workers.hold_release  # the share of it back before it takes more
         self.received = 0  # ids the slot has handed this worker
+        self.regrowth = Regrowth()  # rows an out-of-memory cut, and when they grow again (batching.GROW_AFTER)
 
     def send(self, message) -> None:
         self.conn.send(message)
@@ -144,6 +145,7 @@ class Worker:
 
     def speak_some(self) -> None:
         """The queue's utterances: batched until it runs dry, or the next one alone."""
+        grow_rows(self)  # rows cut to one speak one at a time, until they grow again
         if can_batch(self.backend):
             speak_batched(self)
             return
@@ -251,6 +253,7 @@ class Worker:
         self.release()
         self.context = Context(build_backend(self.config), self.gate, self.layout, self.settings)
         self.since_build = 0
+        self.regrowth = Regrowth()  # a new backend has all its rows
         seconds = time.time() - started
         phases = dict(getattr(self.backend, "load_phases", {}))
         phases["other"] = round(max(0.0, seconds - sum(phases.values())), 3)
@@ -330,6 +333,7 @@ class Worker:
             self.send(Failed(uid, error["reason"]))
         self.in_flight.discard(uid)
         self.since_build += 1
+        self.regrowth.finished += 1
 
 
 def weights_digest(backend) -> str:

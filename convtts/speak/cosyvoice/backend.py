@@ -270,6 +270,7 @@ class CosyVoiceBackend:
         self.frontend = None  # the thread that runs the text frontend of the next utterances
         with clock.phase("engine"):
             self.engine = self._engine()
+        self.built_rows = self.batch_rows  # grow_batch never goes past the rows it was built with
         self.prompts = prompted_voices(config)
         self.registered = PromptCache(self.model, self.prompts, self.cosy.prompt_cache)
         for voice in config.speakers.voices if not config.speakers.pool else ():
@@ -372,6 +373,12 @@ class CosyVoiceBackend:
             import torch
 
             torch.cuda.empty_cache()
+        return self.engine.max_rows
+
+    def grow_batch(self) -> int:
+        """Double the rows a shrink_batch cut, up to those it was built with; returns the new count. The next
+        call allocates the larger KV cache, as it allocated the smaller one after the cut."""
+        self.engine.resize(min(self.built_rows, self.engine.max_rows * 2))
         return self.engine.max_rows
 
     def synthesize_many(self, items):
