@@ -18,9 +18,10 @@ from conftest import read_jsonl, write_input
 from convtts.config import load_config
 from convtts.gate.quality import take_seed
 from convtts.plan.planner import make_plan
-from convtts.run.batching import GROW_AFTER
-from convtts.run.messages import Built, Failed, SpeakPiece, Spoken, Started, Stop, Want
-from convtts.run.pieces import open_shard
+from convtts.run.batching import GROW_AFTER, run_batch
+from convtts.run.messages import Built, Failed, Returned, SpeakPiece, Spoken, Started, Stop, Want
+from convtts.run.pieces import WorkQueue, open_shard
+from convtts.run.slot import Handle, Slot, SlotOptions
 from convtts.run.worker import Worker, WorkerArgs
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures
@@ -40,6 +41,8 @@ CONVERSATION = {
     ],
 }
 IDS = [f"farm-{turn:03d}-00" for turn in range(6)]
+# The order a shard's ids go out in: the longest first, ties in plan order (run/pieces.py)
+HANDED = ["farm-003-00", "farm-000-00", "farm-001-00", "farm-005-00", "farm-002-00", "farm-004-00"]
 ANIMALS = {0: "a zebra", 14: "a lion"}
 
 
@@ -357,3 +360,44 @@ def test_a_refused_take_in_a_batch_is_spoken_again_with_its_next_seed(tmp_path, 
 def _texts(run: Run, ids: list[str]) -> list[str]:
     segments = run.worker.segments(run.shard)
     return [segments[uid]["text"] for uid in ids]
+
+
+def test_ids_waiting_to_be_tried_again_are_handed_back_with_their_errors(tmp_path, monkeypatch, tally):
+    """After an out-of-memory the ids of its batch wait in the worker's queue: the worker tells its slot,
+    which counts them as not begun again, so a HandBack takes them like any queued id. They go with the
+    errors of the attempts they spent, and the worker that speaks them next counts on from there."""
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "4")
+    first = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")
+    host, layout, shard = first.worker, first.layout, first.shard
+    slot = Slot(layout, first.config, lambda: [shard], SlotOptions(0, 2, "run1"))
+    slot.work = WorkQueue(layout, [shard], "run1", workers=1)
+    pieces = [slot.work.next_piece(), slot.work.next_piece()]  # as a slot fills a batched worker's room
+    handle = Handle(0, None, None, ready=True, pieces=list(pieces))
+    assert [uid for piece in pieces for uid in piece.ids] == HANDED  # the zebra (farm-001-00) is in the first four
+
+    host.asking = False  # this test is its slot
+    for piece in pieces:
+        host.take(SpeakPiece(shard, piece.ids, {}))
+    run_batch(host, host.queue)  # the first four run out of memory and go back in line
+    for message in first.messages():
+        slot.on_message(handle, message)
+    assert handle.unstarted() == len(IDS)  # the four that wait count as not begun
+
+    host.hand_back(3)  # as the slot asks for an idle worker: from the end of the queue
+    said = first.messages()
+    back = set(HANDED[1:4])
+    assert [type(m) for m in said] == [Returned] and set(said[0].ids) == back
+    assert said[0].errors == dict.fromkeys(back, (f"OutOfMemory: {OOM_TEXT}",))
+    slot.on_message(handle, said[0])
+    again = slot.work.next_piece()
+    assert set(again.ids) == back and again.errors == said[0].errors  # first in line, errors and all
+
+    pipe, other_end = multiprocessing.Pipe()
+    second = Worker(WorkerArgs(1, 0, str(layout.root), first.config, "run1", os.getpid()), other_end)
+    second.build("start")
+    second.run_piece(SpeakPiece(shard, again.ids, again.crashes, again.errors))
+    while host.queue:
+        host.speak_some()
+    rows = first.rows()
+    assert sorted(rows) == IDS and {uid: rows[uid]["worker"] for uid in back} == dict.fromkeys(back, "slot0-w1")
+    assert {uid: rows[uid]["attempts"] for uid in IDS} == {**dict.fromkeys(IDS, 1), **dict.fromkeys(HANDED[:4], 2)}

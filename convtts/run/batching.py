@@ -54,6 +54,7 @@ class BatchHost(Host, Protocol):
     regrowth: Regrowth  # when rows an out-of-memory halved double again: new at each model build
 
     def refill(self) -> None: ...
+    def requeued(self, item: Attempt) -> None: ...
 
 
 # How long rows an out-of-memory halved wait before they double again: this many turnovers of the
@@ -271,7 +272,7 @@ def gate_full(ctx: Context, held: list[HeldTake]) -> bool:
     return ctx.gate.batch_full([len(take.audio) / ctx.backend.sample_rate for take in held])
 
 
-def took(host: Host, ctx: Context, item: Attempt, result, held: list, queue: deque) -> None:
+def took(host: BatchHost, ctx: Context, item: Attempt, result, held: list, queue: deque) -> None:
     """A result of the backend: an error is retried; audio that passes the sanity check waits for the gate."""
     if not isinstance(result, BaseException):
         try:
@@ -284,7 +285,7 @@ def took(host: Host, ctx: Context, item: Attempt, result, held: list, queue: deq
         held.append(HeldTake(item, result, time.time() - item.started))
 
 
-def judge_and_write(host: Host, ctx: Context, held: list[HeldTake], queue: deque) -> None:
+def judge_and_write(host: BatchHost, ctx: Context, held: list[HeldTake], queue: deque) -> None:
     """Judge the held takes together (one recogniser call), then write or re-speak each; empties `held`."""
     from convtts.gate.quality import Take
 
@@ -299,7 +300,7 @@ def judge_and_write(host: Host, ctx: Context, held: list[HeldTake], queue: deque
         finish(host, ctx, take, verdict, queue)
 
 
-def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> None:
+def finish(host: BatchHost, ctx: Context, take: HeldTake, verdict, queue: deque) -> None:
     """Write a take the gate passed (verdict: its scores, or None with the gate off); re-speak the
     others, or settle one whose re-speaks are spent by validate.on_fail (settle_refused)."""
     from convtts.gate.quality import QualityFailure
@@ -327,7 +328,7 @@ def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> N
 
 
 def retry_or_fail(
-    host: Host, ctx: Context, item: Attempt, exc: BaseException, queue: deque, quiet: bool = False
+    host: BatchHost, ctx: Context, item: Attempt, exc: BaseException, queue: deque, quiet: bool = False
 ) -> None:
     """Another attempt in a later batch, or the failure row once attempts run out (`quiet`: see note_error)."""
     uid = item.segment["id"]
@@ -336,5 +337,6 @@ def retry_or_fail(
     if item.attempt < limit:
         item.attempt += 1
         queue.append(item)
+        host.requeued(item)  # no longer under way: the slot may have it handed back, errors and all
         return
     host.record(item.shard, uid, None, failure_row(ctx, item.segment, item.errors, limit))

@@ -89,10 +89,11 @@ class Attempt:
     shard: str = ""  # the shard it belongs to: a batch may hold ids of several
 
     @classmethod
-    def after_crashes(cls, segment: dict, crashes: int, shard: str) -> Attempt:
-        """Its first attempt in this process; `crashes` earlier ones killed a worker during this run."""
+    def after_crashes(cls, segment: dict, crashes: int, shard: str, earlier: tuple = ()) -> Attempt:
+        """Its first attempt in this process; `crashes` earlier ones killed a worker during this run, and
+        each of `earlier` is the error of an attempt another worker spent on it before handing it back."""
         errors = [f"worker process died while speaking it ({crashes}x)"] if crashes else []
-        return cls(segment, crashes + 1, errors, shard=shard)
+        return cls(segment, crashes + len(earlier) + 1, errors + list(earlier), shard=shard)
 
 
 class Host(Protocol):

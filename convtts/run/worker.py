@@ -24,6 +24,7 @@ from convtts.run.messages import (
     HandBack,
     Nothing,
     Ready,
+    Requeued,
     Returned,
     SpeakPiece,
     Spoken,
@@ -223,15 +224,19 @@ class Worker:
         self.received += len(piece.ids)
         for uid in piece.ids:
             crashes = piece.crashes.get(uid, 0)
-            (self.alone if crashes else self.queue).append(Attempt.after_crashes(by_id[uid], crashes, piece.shard))
+            item = Attempt.after_crashes(by_id[uid], crashes, piece.shard, piece.errors.get(uid, ()))
+            (self.alone if crashes else self.queue).append(item)
         self.wanting = self.starved = False
 
     def hand_back(self, count: int) -> None:
-        """Give the slot up to `count` queued ids not begun yet, from the end of the queue."""
+        """Give the slot up to `count` queued ids not begun yet, from the end of the queue; those waiting
+        for another attempt go with the errors of the attempts they spent. A take the quality gate refused
+        stays: its scores and the seed of its next take are this worker's."""
         back = [item for item in reversed(self.queue) if not item.started][:count]
         for item in back:
             self.queue.remove(item)
-        self.send(Returned(tuple(item.segment["id"] for item in reversed(back))))
+        errors = {item.segment["id"]: tuple(item.errors) for item in back if item.errors}
+        self.send(Returned(tuple(item.segment["id"] for item in reversed(back)), errors))
 
     def segments(self, shard: str) -> dict[str, dict]:
         if shard not in self.shard_rows:
@@ -304,6 +309,15 @@ class Worker:
     def started(self, uid: str) -> None:
         self.in_flight.add(uid)  # a retry in a later batch begins the same id again
         self.send(Started(uid))
+
+    def requeued(self, item: Attempt) -> None:
+        """A begun id back in the queue for another attempt: not begun again until it leaves it, so the slot
+        may ask for it back; but one with a refused take stays here (see hand_back)."""
+        uid = item.segment["id"]
+        self.in_flight.discard(uid)  # counted in the queue now
+        if not item.refused:
+            item.started = 0.0
+            self.send(Requeued(uid))
 
     def speak(self, item: Attempt) -> None:
         uid = item.segment["id"]
