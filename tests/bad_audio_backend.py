@@ -67,3 +67,6 @@ class BatchedBadAudioPiper(BadAudioPiper):
 
     def shrink_batch(self):
         return self.batch_rows
+
+    def grow_batch(self):
+        return self.batch_rows

@@ -274,6 +274,18 @@ def run_short_of_memory(monkeypatch, engine_class, rows: int) -> None:
     monkeypatch.setattr(engine_class, "_step", short_of_memory)
 
 
+def peak_rows(monkeypatch, engine_class) -> list[int]:
+    """A list that engine_class's decode steps append their live rows to."""
+    step, live = engine_class._step, []
+
+    def counted(engine):
+        live.append(len(engine.rows))
+        return step(engine)
+
+    monkeypatch.setattr(engine_class, "_step", counted)
+    return live
+
+
 def lock_free(out: Path) -> bool:
     """Whether the output's lock could be taken now (no run holds it)."""
     with open(out / ".lock", "w") as fh:

@@ -60,7 +60,7 @@ class PacedBatchTone(PacedTone):
 
     def __init__(self, config):
         super().__init__(config)
-        self.batch_rows = self.rows(config)
+        self.batch_rows = self.built_rows = self.rows(config)
 
     @staticmethod
     def rows(config):
@@ -68,6 +68,10 @@ class PacedBatchTone(PacedTone):
 
     def shrink_batch(self):
         self.batch_rows = max(1, self.batch_rows // 2)
+        return self.batch_rows
+
+    def grow_batch(self):
+        self.batch_rows = min(self.built_rows, self.batch_rows * 2)
         return self.batch_rows
 
     def synthesize_many(self, items):

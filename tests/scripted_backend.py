@@ -26,6 +26,12 @@ import orjson
 from convtts.speak.base import OutOfMemory, SynthesisError
 
 RATE = 16000
+# As CUDA words it: a paragraph of allocator figures and advice
+OOM_TEXT = (
+    "CUDA out of memory (scripted). Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+    "1.06 GiB is free.\nOf the allocated memory 71.3 GiB is allocated by PyTorch. If reserved but unallocated "
+    "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+)
 
 
 def read_script(text: str) -> dict[str, tuple[str, int | None]]:
@@ -75,7 +81,7 @@ class ScriptedTone:
         if action == "error":
             raise SynthesisError(f"scripted error: {text[:40]}")
         if action == "oom":
-            raise OutOfMemory("CUDA out of memory (scripted)")
+            raise OutOfMemory(OOM_TEXT)
         if action == "full":
             raise OSError(errno.ENOSPC, "No space left on device (scripted)")
         return action
@@ -97,7 +103,7 @@ class ScriptedBatchTone(ScriptedTone):
 
     def __init__(self, config):
         super().__init__(config)
-        self.batch_rows = self.rows(config)
+        self.batch_rows = self.built_rows = self.rows(config)
 
     @staticmethod
     def rows(config) -> int:
@@ -122,4 +128,8 @@ class ScriptedBatchTone(ScriptedTone):
 
     def shrink_batch(self) -> int:
         self.batch_rows = max(1, self.batch_rows // 2)
+        return self.batch_rows
+
+    def grow_batch(self) -> int:
+        self.batch_rows = min(self.built_rows, self.batch_rows * 2)
         return self.batch_rows

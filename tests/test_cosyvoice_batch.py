@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, run_short_of_memory, speak_with_two_refused
+from conftest import REPO, peak_rows, run_short_of_memory, speak_with_two_refused
 from convtts.config import (
     Config,
     CosyVoiceConfig,
@@ -225,7 +225,12 @@ def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, monkeypatch)
     assert batched.shrink_batch() == 2
     finished = dict(batched.synthesize_many(items()))  # two rows fit
     assert sorted(finished) == list(range(len(TEXTS)))
-    batched.engine.max_rows = 4
+    assert batched.grow_batch() == 4 and batched.grow_batch() == 4  # back to the rows it was built with, no more
+    monkeypatch.undo()
+    live = peak_rows(monkeypatch, BatchEngine)
+    finished = dict(batched.synthesize_many(items()))
+    assert max(live) == 4  # the larger cache is allocated and every row decodes
+    assert sorted(finished) == list(range(len(TEXTS)))
 
 
 def test_batch_size_is_checked_up_front():

@@ -21,7 +21,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import run_short_of_memory, speak_with_two_refused
+from conftest import peak_rows, run_short_of_memory, speak_with_two_refused
 from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
@@ -156,7 +156,13 @@ def test_out_of_memory_leaves_the_unfinished_to_the_caller(batched, alone, monke
     finished = dict(batched.synthesize_many(items()))  # two rows fit
     for i in range(len(TEXTS)):
         assert np.abs(finished[i] - alone[i]).max() < TOLERANCE
-    batched.engine.max_rows = 4
+    assert batched.grow_batch() == 4 and batched.grow_batch() == 4  # back to the rows it was built with, no more
+    monkeypatch.undo()
+    live = peak_rows(monkeypatch, QwenBatchEngine)
+    finished = dict(batched.synthesize_many(items()))
+    assert max(live) == 4  # the larger cache is allocated and every row decodes
+    for i in range(len(TEXTS)):
+        assert np.abs(finished[i] - alone[i]).max() < TOLERANCE
 
 
 def decode(backend, engine) -> dict:

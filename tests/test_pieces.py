@@ -227,6 +227,25 @@ def test_every_id_of_a_batch_in_flight_is_charged(tmp_path):
     assert queue.next_piece().crashes == dict.fromkeys(piece.ids[:3], 1)
 
 
+def test_errors_handed_back_with_ids_go_out_with_them_until_the_id_is_reported(tmp_path):
+    """A worker hands back ids it tried (their batch ran out of memory) with each attempt's error: the
+    pieces they go out in carry them, a worker's death loses none, and a report of the id drops them."""
+    layout = plan(tmp_path, 6)
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
+    queue.rows = 3
+    piece = queue.next_piece()
+    tried = {piece.ids[1]: ("OutOfMemory: CUDA out of memory.",)}
+    queue.returned(piece, piece.ids[:2], tried)
+    again = queue.next_piece()
+    assert again.ids[:2] == piece.ids[:2] and again.errors == tried
+    queue.worker_died(again, -9, 4242)  # nothing begun: all back, the errors still theirs
+    third = queue.next_piece()
+    assert third.errors == tried
+    queue.reported(third, piece.ids[1], True, 1.0)
+    queue.worker_died(third, -9, 4242)
+    assert queue.next_piece().errors == {}  # spoken: nothing of it is carried any more
+
+
 def test_deaths_in_this_run_are_remembered_when_the_slot_starts_again(tmp_path):
     layout = plan(tmp_path, 4)
     append_line(layout.crashes("shard-00000"), {"id": "s0-001", "run": RUN, "exitcode": -9, "time": 1.0})

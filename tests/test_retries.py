@@ -8,6 +8,7 @@ makes a text fail; the quality gate is the real one, without its recogniser.
 from __future__ import annotations
 
 import errno
+import logging
 import multiprocessing
 import os
 
@@ -17,11 +18,14 @@ from conftest import read_jsonl, write_input
 from convtts.config import load_config
 from convtts.gate.quality import take_seed
 from convtts.plan.planner import make_plan
-from convtts.run.messages import Built, Failed, SpeakPiece, Spoken, Started, Stop, Want
-from convtts.run.pieces import open_shard
+from convtts.run.batching import GROW_AFTER, run_batch
+from convtts.run.messages import Built, Failed, Returned, SpeakPiece, Spoken, Started, Stop, Want
+from convtts.run.pieces import WorkQueue, open_shard
+from convtts.run.slot import Handle, Slot, SlotOptions
 from convtts.run.worker import Worker, WorkerArgs
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures
+from scripted_backend import OOM_TEXT
 
 SEED = 1234  # workers.seed's default
 ZEBRA = "farm-001-00"  # the one segment whose text holds the script's word
@@ -37,6 +41,9 @@ CONVERSATION = {
     ],
 }
 IDS = [f"farm-{turn:03d}-00" for turn in range(6)]
+# The order a shard's ids go out in: the longest first, ties in plan order (run/pieces.py)
+HANDED = ["farm-003-00", "farm-000-00", "farm-001-00", "farm-005-00", "farm-002-00", "farm-004-00"]
+ANIMALS = {0: "a zebra", 14: "a lion"}
 
 
 @pytest.fixture
@@ -50,7 +57,7 @@ def tally(tmp_path, monkeypatch):
 class Run:
     """A worker on a planned output, and what it told its slot."""
 
-    def __init__(self, root, backend: str, *overrides: str):
+    def __init__(self, root, backend: str, *overrides: str, conversation: dict = CONVERSATION):
         self.config = load_config(
             None,
             [
@@ -61,7 +68,7 @@ class Run:
             ],
         )
         self.layout = Layout(root / "out")
-        make_plan(write_input(root / "in.json", [CONVERSATION]), self.layout, self.config, workers=1)
+        make_plan(write_input(root / "in.json", [conversation]), self.layout, self.config, workers=1)
         self.shard = self.layout.shard_names()[0]
         self.layout.work_dir.mkdir()  # as the slot does before a worker speaks (its progress file is there)
         open_shard(self.layout, self.shard, "run1")
@@ -89,9 +96,9 @@ def calls(tally, text_word: str = "zebra") -> list[dict]:
     return [c for c in read_jsonl(tally / "calls.jsonl") if text_word in c["text"]]
 
 
-def run(tmp_path, monkeypatch, script: str, backend: str = "ScriptedTone", *overrides: str) -> Run:
+def run(tmp_path, monkeypatch, script: str, backend: str = "ScriptedTone", *overrides: str, **kwargs) -> Run:
     monkeypatch.setenv("CONVTTS_TEST_SCRIPT", script)
-    return Run(tmp_path, backend, *overrides)
+    return Run(tmp_path, backend, *overrides, **kwargs)
 
 
 # -- one at a time ----------------------------------------------------------------------------------
@@ -234,13 +241,76 @@ def test_out_of_memory_in_a_batch_halves_the_rows_and_retries_what_was_in_flight
     assert [c["path"] for c in calls(tally)] == ["many", "many"]
 
 
-def test_utterances_keep_their_attempts_when_the_rows_fall_to_one(tmp_path, monkeypatch, tally):
+def test_out_of_memory_in_a_batch_logs_one_warning_and_keeps_each_error(tmp_path, monkeypatch, tally, caplog):
+    """One warning line for the batch, the error cut to its first sentence; each utterance's own list
+    (its failure row, once its attempts run out) keeps the whole error, logged per id at debug level."""
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "4")
+    caplog.set_level(logging.DEBUG, logger="convtts")
+    worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone", "workers.max_attempts=1")
+    worker.speak()
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [
+        "out of memory with 4 utterances in flight (CUDA out of memory (scripted).); now 2 rows, each tried again"
+    ]
+    failures = worker.failures()
+    assert sorted(failures) == sorted(IDS[:4]) and sorted(worker.rows()) == IDS[4:]
+    assert all(f["errors"] == [f"OutOfMemory: {OOM_TEXT}"] for f in failures.values())
+    debug = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "attempt 1/1 failed" in r.getMessage()
+    ]
+    assert len(debug) == 4
+
+
+def test_utterances_keep_their_attempts_when_the_rows_fall_to_one_and_the_rows_grow_back(
+    tmp_path, monkeypatch, tally, caplog
+):
+    """Rows cut to one speak one at a time; once GROW_AFTER utterances are through without running out of
+    memory, the rows double again and the two ids that ran out are spoken in a batch."""
     monkeypatch.setenv("CONVTTS_TEST_ROWS", "2")
+    caplog.set_level(logging.INFO, logger="convtts")
     worker = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")
     worker.speak()
     rows = worker.rows()
-    assert sorted(rows) == IDS and worker.worker.backend.batch_rows == 1
-    assert rows[ZEBRA]["attempts"] == 2  # the out-of-memory cost it one, as with rows to spare
+    assert sorted(rows) == IDS and rows[ZEBRA]["attempts"] == 2  # the out-of-memory cost it one, as with rows to spare
+    assert GROW_AFTER == 4 and [paths(tally)[rows[uid]["text"]] for uid in IDS] == [
+        ["many", "many"],  # in the batch that ran out, then in the batch of two rows once they grew back
+        ["many", "many"],
+        ["one"],  # the four after them, one at a time: rows of one times GROW_AFTER
+        ["one"],
+        ["one"],
+        ["one"],
+    ]
+    assert "4 utterances finished without running out of memory; rows 1 -> 2 of 2" in caplog.messages
+    assert worker.worker.backend.batch_rows == 2
+
+
+# Forty short turns: a zebra runs the first batch out of memory, a lion the first batch after the rows grew
+SAFARI = {
+    "id": "safari",
+    "conversations": [
+        {"from": "human" if turn % 2 == 0 else "gpt", "value": f"Turn {turn} sees {ANIMALS.get(turn, 'a bird')}."}
+        for turn in range(40)
+    ],
+}
+
+
+def test_rows_grow_back_and_an_out_of_memory_after_a_growth_doubles_the_wait(tmp_path, monkeypatch, tally, caplog):
+    """Four rows: the zebra's batch runs out and the rows halve; eight utterances (two rows times
+    GROW_AFTER) later they are four again; the lion's batch runs out at four, so the rows halve and the
+    next growth waits twice as long, sixteen utterances. Nothing is lost on the way."""
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "4")
+    caplog.set_level(logging.INFO, logger="convtts")
+    worker = run(tmp_path, monkeypatch, "zebra=oom:1,lion=oom:1", "ScriptedBatchTone", conversation=SAFARI)
+    worker.speak([f"safari-{turn:03d}-00" for turn in range(40)])
+    assert len(worker.rows()) == 40 and worker.failures() == {}
+    changes = [m for m in caplog.messages if "rows" in m and ("out of memory with" in m or " -> " in m)]
+    assert changes == [
+        "out of memory with 4 utterances in flight (CUDA out of memory (scripted).); now 2 rows, each tried again",
+        "8 utterances finished without running out of memory; rows 2 -> 4 of 4",
+        "out of memory with 4 utterances in flight (CUDA out of memory (scripted).); now 2 rows, each tried again",
+        "16 utterances finished without running out of memory; rows 2 -> 4 of 4",
+    ]
+    assert worker.worker.backend.batch_rows == 4
 
 
 def test_a_first_batch_of_ids_a_worker_died_on_ends_the_hold_once_spoken(tmp_path, monkeypatch, tally):
@@ -290,3 +360,44 @@ def test_a_refused_take_in_a_batch_is_spoken_again_with_its_next_seed(tmp_path, 
 def _texts(run: Run, ids: list[str]) -> list[str]:
     segments = run.worker.segments(run.shard)
     return [segments[uid]["text"] for uid in ids]
+
+
+def test_ids_waiting_to_be_tried_again_are_handed_back_with_their_errors(tmp_path, monkeypatch, tally):
+    """After an out-of-memory the ids of its batch wait in the worker's queue: the worker tells its slot,
+    which counts them as not begun again, so a HandBack takes them like any queued id. They go with the
+    errors of the attempts they spent, and the worker that speaks them next counts on from there."""
+    monkeypatch.setenv("CONVTTS_TEST_ROWS", "4")
+    first = run(tmp_path, monkeypatch, "zebra=oom:1", "ScriptedBatchTone")
+    host, layout, shard = first.worker, first.layout, first.shard
+    slot = Slot(layout, first.config, lambda: [shard], SlotOptions(0, 2, "run1"))
+    slot.work = WorkQueue(layout, [shard], "run1", workers=1)
+    pieces = [slot.work.next_piece(), slot.work.next_piece()]  # as a slot fills a batched worker's room
+    handle = Handle(0, None, None, ready=True, pieces=list(pieces))
+    assert [uid for piece in pieces for uid in piece.ids] == HANDED  # the zebra (farm-001-00) is in the first four
+
+    host.asking = False  # this test is its slot
+    for piece in pieces:
+        host.take(SpeakPiece(shard, piece.ids, {}))
+    run_batch(host, host.queue)  # the first four run out of memory and go back in line
+    for message in first.messages():
+        slot.on_message(handle, message)
+    assert handle.unstarted() == len(IDS)  # the four that wait count as not begun
+
+    host.hand_back(3)  # as the slot asks for an idle worker: from the end of the queue
+    said = first.messages()
+    back = set(HANDED[1:4])
+    assert [type(m) for m in said] == [Returned] and set(said[0].ids) == back
+    assert said[0].errors == dict.fromkeys(back, (f"OutOfMemory: {OOM_TEXT}",))
+    slot.on_message(handle, said[0])
+    again = slot.work.next_piece()
+    assert set(again.ids) == back and again.errors == said[0].errors  # first in line, errors and all
+
+    pipe, other_end = multiprocessing.Pipe()
+    second = Worker(WorkerArgs(1, 0, str(layout.root), first.config, "run1", os.getpid()), other_end)
+    second.build("start")
+    second.run_piece(SpeakPiece(shard, again.ids, again.crashes, again.errors))
+    while host.queue:
+        host.speak_some()
+    rows = first.rows()
+    assert sorted(rows) == IDS and {uid: rows[uid]["worker"] for uid in back} == dict.fromkeys(back, "slot0-w1")
+    assert {uid: rows[uid]["attempts"] for uid in IDS} == {**dict.fromkeys(IDS, 1), **dict.fromkeys(HANDED[:4], 2)}

@@ -2,13 +2,14 @@
 
 The batch is fed from the worker's queue, which its slot tops up before it runs dry (the worker's
 refill), so rows stay full across pieces and shards; a batch ends when the queue is empty, a
-rebuild is due, or an utterance must be spoken alone. Each utterance keeps what the one-at-a-time
-path gives it: its own seed, manifest row, attempt count and failure record. A failed utterance is retried in a later
-batch up to workers.max_attempts;
+rebuild is due, its rows may grow again, or an utterance must be spoken alone. Each utterance keeps
+what the one-at-a-time path gives it: its own seed, manifest row, attempt count and failure record.
+A failed utterance is retried in a later batch up to workers.max_attempts;
 a take the quality gate refuses is spoken again with its next seed, up to validate.max_respeaks
 (finished takes are judged in groups that fill the recogniser's batch, validate.asr_batch takes or,
 packed, windows, before any is written);
-a CUDA out-of-memory halves the backend's rows and retries what was in flight; an utterance that
+a CUDA out-of-memory halves the backend's rows and retries what was in flight, and the rows double
+again after a stretch without one (GROW_AFTER); an utterance that
 killed a worker before is spoken alone, so it cannot take a batch down with it again.
 """
 
@@ -30,6 +31,7 @@ from convtts.run.utterance import (
     Host,
     check_audio,
     failure_row,
+    first_sentence,
     note_error,
     respeak,
     settle_refused,
@@ -49,12 +51,76 @@ class BatchHost(Host, Protocol):
     alone: deque  # Attempts that killed a worker before: spoken one at a time, between batches
     holding: bool  # its first batch is to come: it takes its rows' worth of ids, with no refill beside them
     hold_release: float  # the share of those ids whose results come back before it takes more (workers.hold_release)
+    regrowth: Regrowth  # when rows an out-of-memory halved double again: new at each model build
 
     def refill(self) -> None: ...
+    def requeued(self, item: Attempt) -> None: ...
+
+
+# How long rows an out-of-memory halved wait before they double again: this many turnovers of the
+# rows (their count of utterances finished), doubled at each out-of-memory that followed a growth.
+# The ids that ran out go back in line behind those queued, so the first turnover or so speaks them
+# at the halved rows, and the rest show that what follows fits: ids go out longest first, so the
+# texts after an out-of-memory are seldom longer. A growth ends the batch (a backend resizes its
+# rows between batches) and its rows drain for about a turnover: a wait of four keeps that near a
+# fifth of the time. Counted in the rows of the moment, not those the backend was built with, a
+# wait takes about as long at any count: a worker cut to one row is back to 128 in seven steps,
+# not after speaking 128 times four utterances one at a time.
+GROW_AFTER = 4
+
+
+@dataclass
+class Regrowth:
+    """A worker's rows since its backend's last out-of-memory: when they may double again (`due`)."""
+
+    full: int = 0  # the backend's rows before its first out-of-memory (0: none yet)
+    wait: int = 0  # utterances to finish without another before the rows double
+    finished: int = 0  # utterances finished since the rows last changed
+    backoff: int = 1  # doubled at each out-of-memory after a growth: the rows had grown too soon
+    grown: bool = False  # the rows grew since the last out-of-memory
+
+    def shrunk(self, before: int, after: int) -> None:
+        self.full = self.full or before
+        if self.grown:
+            self.backoff *= 2
+        self.grown = False
+        self.restart(after)
+
+    def grew(self, rows: int) -> None:
+        self.grown = True
+        self.restart(rows)
+
+    def restart(self, rows: int) -> None:
+        self.wait, self.finished = rows * GROW_AFTER * self.backoff, 0
+
+    def due(self, rows: int) -> bool:
+        return rows < self.full and self.finished >= self.wait
 
 
 def can_batch(backend) -> bool:
     return getattr(backend, "batch_rows", 1) > 1 and hasattr(backend, "synthesize_many")
+
+
+def growth_due(host: BatchHost) -> bool:
+    backend = host.context.backend
+    return hasattr(backend, "grow_batch") and host.regrowth.due(getattr(backend, "batch_rows", 1))
+
+
+def grow_rows(host: BatchHost) -> None:
+    """Double the rows an out-of-memory cut, once the worker has finished its wait without another;
+    between batches only: a backend resizes its rows (a KV cache) with none in flight."""
+    if not growth_due(host):
+        return
+    before, regrowth = host.context.backend.batch_rows, host.regrowth
+    rows = host.context.backend.grow_batch()
+    log.info(
+        "%s finished without running out of memory; rows %d -> %d of %d",
+        plural(regrowth.finished, "utterance"),
+        before,
+        rows,
+        regrowth.full,
+    )
+    regrowth.grew(rows)
 
 
 def speak_batched(host: BatchHost) -> None:
@@ -70,8 +136,9 @@ def speak_batched(host: BatchHost) -> None:
         reason = host.rebuild_reason()
         if reason:
             host.build(reason)
-        if not can_batch(host.context.backend):  # a rebuild can land on a backend without batching
-            while host.queue:
+        grow_rows(host)
+        if not can_batch(host.context.backend):  # a rebuild can land on a backend without batching, a cut on one row
+            while host.queue and not growth_due(host):
                 host.speak(host.queue.popleft())  # each keeps its attempts, errors and refused takes
             return
         run_batch(host, host.queue)
@@ -89,7 +156,7 @@ def run_batch(host: BatchHost, queue: deque) -> None:
 
     def feed():
         nonlocal first
-        while not host.rebuild_reason() and not host.alone:
+        while not host.rebuild_reason() and not host.alone and not growth_due(host):
             if first is not None and first.given >= first.rows:
                 if first.back < first.release:
                     yield FEED_WAIT  # the engine steps on and asks again
@@ -149,14 +216,19 @@ def first_batch(host: BatchHost, backend) -> FirstBatch | None:
     return FirstBatch(rows, max(1, math.ceil(rows * host.hold_release)))
 
 
-def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception, queue: deque) -> None:
-    """Out of memory: fewer rows, and what was in flight goes back in line; else each is spoken alone."""
+def after_broken_batch(host: BatchHost, ctx: Context, in_flight: dict, exc: Exception, queue: deque) -> None:
+    """Out of memory: fewer rows, and what was in flight goes back in line; else each is spoken alone.
+    One warning for the batch either way: each utterance's error goes to its own list (and so to its
+    failure row, should its attempts run out), logged per id at debug level only."""
     if isinstance(exc, OutOfMemory):
-        rows = ctx.backend.shrink_batch()
+        before, rows = ctx.backend.batch_rows, ctx.backend.shrink_batch()
         flight, now = plural(len(in_flight), "utterance"), plural(rows, "row")
-        log.warning("CUDA out of memory with %s in flight; now %s", flight, now)
+        log.warning(
+            "out of memory with %s in flight (%s); now %s, each tried again", flight, first_sentence(str(exc)), now
+        )
         for item in in_flight.values():
-            retry_or_fail(host, ctx, item, exc, queue)
+            retry_or_fail(host, ctx, item, exc, queue, quiet=True)
+        host.regrowth.shrunk(before, rows)  # after the failures its last attempts recorded: none counts
         return
     # no single utterance is known to be at fault
     log.warning(
@@ -166,7 +238,7 @@ def after_broken_batch(host: Host, ctx: Context, in_flight: dict, exc: Exception
         plural(len(in_flight), "utterance"),
     )
     for item in in_flight.values():
-        note_error(item.segment["id"], item.attempt, ctx.settings.max_attempts, exc, item.errors)
+        note_error(item.segment["id"], item.attempt, ctx.settings.max_attempts, exc, item.errors, quiet=True)
         item.attempt += 1  # this attempt counts, as a crash would
         if item.attempt <= ctx.settings.max_attempts:
             host.speak(item)
@@ -200,7 +272,7 @@ def gate_full(ctx: Context, held: list[HeldTake]) -> bool:
     return ctx.gate.batch_full([len(take.audio) / ctx.backend.sample_rate for take in held])
 
 
-def took(host: Host, ctx: Context, item: Attempt, result, held: list, queue: deque) -> None:
+def took(host: BatchHost, ctx: Context, item: Attempt, result, held: list, queue: deque) -> None:
     """A result of the backend: an error is retried; audio that passes the sanity check waits for the gate."""
     if not isinstance(result, BaseException):
         try:
@@ -213,7 +285,7 @@ def took(host: Host, ctx: Context, item: Attempt, result, held: list, queue: deq
         held.append(HeldTake(item, result, time.time() - item.started))
 
 
-def judge_and_write(host: Host, ctx: Context, held: list[HeldTake], queue: deque) -> None:
+def judge_and_write(host: BatchHost, ctx: Context, held: list[HeldTake], queue: deque) -> None:
     """Judge the held takes together (one recogniser call), then write or re-speak each; empties `held`."""
     from convtts.gate.quality import Take
 
@@ -228,7 +300,7 @@ def judge_and_write(host: Host, ctx: Context, held: list[HeldTake], queue: deque
         finish(host, ctx, take, verdict, queue)
 
 
-def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> None:
+def finish(host: BatchHost, ctx: Context, take: HeldTake, verdict, queue: deque) -> None:
     """Write a take the gate passed (verdict: its scores, or None with the gate off); re-speak the
     others, or settle one whose re-speaks are spent by validate.on_fail (settle_refused)."""
     from convtts.gate.quality import QualityFailure
@@ -255,13 +327,16 @@ def finish(host: Host, ctx: Context, take: HeldTake, verdict, queue: deque) -> N
     host.record(shard, uid, row, failure)
 
 
-def retry_or_fail(host: Host, ctx: Context, item: Attempt, exc: BaseException, queue: deque) -> None:
-    """Another attempt in a later batch, or the failure row once attempts run out."""
+def retry_or_fail(
+    host: BatchHost, ctx: Context, item: Attempt, exc: BaseException, queue: deque, quiet: bool = False
+) -> None:
+    """Another attempt in a later batch, or the failure row once attempts run out (`quiet`: see note_error)."""
     uid = item.segment["id"]
     limit = ctx.settings.max_attempts
-    note_error(uid, item.attempt, limit, exc, item.errors)
+    note_error(uid, item.attempt, limit, exc, item.errors, quiet)
     if item.attempt < limit:
         item.attempt += 1
         queue.append(item)
+        host.requeued(item)  # no longer under way: the slot may have it handed back, errors and all
         return
     host.record(item.shard, uid, None, failure_row(ctx, item.segment, item.errors, limit))

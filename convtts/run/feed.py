@@ -32,7 +32,16 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from convtts.run.pieces import Piece, cut_size, longest_next, open_shard, remove_temporaries_of, row_words
+from convtts.run.pieces import (
+    Piece,
+    cut_size,
+    keep_errors,
+    longest_next,
+    new_piece,
+    open_shard,
+    remove_temporaries_of,
+    row_words,
+)
 from convtts.state.layout import Layout
 from convtts.state.shardio import append_line, load_done, read_jsonl, shard_complete_and_whole, write_json_atomic
 
@@ -125,6 +134,7 @@ class FedShard:
     pending: deque = field(default_factory=deque)
     words: dict = field(default_factory=dict)
     crashes: Counter = field(default_factory=Counter)
+    errors: dict = field(default_factory=dict)  # ids a worker tried and handed back: the error of each attempt
 
 
 class FedWork:
@@ -158,7 +168,7 @@ class FedWork:
             return None
         size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows, room)
         ids = [work.pending.popleft() for _ in range(size)]
-        return Piece(work.name, ids, {uid: work.crashes[uid] for uid in ids if work.crashes[uid]})
+        return new_piece(work, ids)
 
     def ask_driver(self) -> FedShard | None:
         """Ask until the driver hands out ids (opening shards as it says), waits, or has nothing left."""
@@ -216,6 +226,7 @@ class FedWork:
 
     def reported(self, piece: Piece, uid: str, ok: bool, audio_seconds: float) -> None:
         piece.reported.add(uid)
+        self.shards[piece.shard].errors.pop(uid, None)
         self.done_words += self.shards[piece.shard].words.get(uid, 0)
         owner = self.owner.pop(uid, None)
         if owner is None:
@@ -227,9 +238,10 @@ class FedWork:
         if not owner.left:
             self.feed.done(owner.number, owner.new, owner.failed, owner.audio)
 
-    def returned(self, piece: Piece, ids: list[str]) -> None:
+    def returned(self, piece: Piece, ids: list[str], errors: dict | None = None) -> None:
         ids = [uid for uid in piece.unstarted() if uid in set(ids)]
         piece.returned.update(ids)
+        keep_errors(self.shards[piece.shard], ids, errors)
         self.shards[piece.shard].pending.extendleft(reversed(ids))
 
     def worker_died(self, piece: Piece, exitcode: int | None, pid: int, tag: str = "") -> list[str]:

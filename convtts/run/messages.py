@@ -2,8 +2,8 @@
 
 Worker to slot: Ready once its model is up (with where its start-up time went), Want when its
 queue of ids runs low (both with its room: how many ids it takes, 0 for no bound), per utterance
-Started and Spoken or Failed, Built at every model load, Returned in answer to HandBack, DiskFull
-when it had to stop.
+Started and Spoken or Failed (and Requeued when a begun one goes back in its queue to be tried
+again), Built at every model load, Returned in answer to HandBack, DiskFull when it had to stop.
 Slot to worker: SpeakPiece (a piece of a shard), Nothing (no ids now: ask again once idle),
 HandBack (give back ids not begun yet: an idle worker will speak them), or Stop.
 """
@@ -31,6 +31,11 @@ class Started:
 
 
 @dataclass(frozen=True)
+class Requeued:
+    uid: str  # begun, and back in the worker's queue for another attempt: it may be handed back again
+
+
+@dataclass(frozen=True)
 class Spoken:
     uid: str
     audio_seconds: float
@@ -55,6 +60,7 @@ class Built:
 @dataclass(frozen=True)
 class Returned:
     ids: tuple  # ids of the worker's queue it had not begun, now the slot's again
+    errors: dict = field(default_factory=dict)  # of those tried before, the error of each attempt spent
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class SpeakPiece:
     shard: str
     ids: list[str]
     crashes: dict[str, int] = field(default_factory=dict)  # deaths of a worker on an id in this run
+    errors: dict[str, tuple] = field(default_factory=dict)  # errors of attempts spent on an id a worker handed back
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ class Piece:
     started: set = field(default_factory=set)  # ids the worker said it began (a batch begins several)
     reported: set = field(default_factory=set)  # ids the worker said it spoke or gave up on
     returned: set = field(default_factory=set)  # ids handed back unspoken (asked for, or its worker died)
+    errors: dict = field(default_factory=dict)  # errors of the attempts spent on ids tried before, by id
 
     def unreported(self) -> list[str]:
         return [uid for uid in self.ids if uid not in self.reported and uid not in self.returned]
@@ -141,6 +142,7 @@ class ShardWork:
     audio_seconds: float
     crashes: Counter
     words: dict = field(default_factory=dict)  # words of each id to speak: the plan's estimate of its length
+    errors: dict = field(default_factory=dict)  # ids a worker tried and handed back: the error of each attempt
     out: int = 0  # pieces handed out and not yet finished
     front: int = 0  # ids at the head of `pending` that were handed back: they go out before any other
     pieces: int = 0
@@ -205,7 +207,7 @@ class WorkQueue:
         ids = self.take(work, size)
         work.out += 1
         work.pieces += 1
-        return Piece(work.name, ids, {uid: work.crashes[uid] for uid in ids if work.crashes[uid]})
+        return new_piece(work, ids)
 
     def open_window(self) -> None:
         """Open waiting shards until the open ones hold the window's ids to hand out (WINDOW_BATCHES),
@@ -249,6 +251,7 @@ class WorkQueue:
     def reported(self, piece: Piece, uid: str, ok: bool, audio_seconds: float) -> None:
         work = self.open[piece.shard]
         piece.reported.add(uid)
+        work.errors.pop(uid, None)
         work.new += ok
         work.failed += not ok
         work.audio_seconds += audio_seconds
@@ -256,10 +259,12 @@ class WorkQueue:
         if piece.complete():
             self.finish(piece)
 
-    def returned(self, piece: Piece, ids: list[str]) -> None:
-        """Ids a worker handed back unbegun: first in line again (an idle worker is waiting for them)."""
+    def returned(self, piece: Piece, ids: list[str], errors: dict | None = None) -> None:
+        """Ids a worker handed back unbegun: first in line again (an idle worker is waiting for them), with
+        the errors of the attempts spent on those it had tried."""
         ids = [uid for uid in piece.unstarted() if uid in set(ids)]
         piece.returned.update(ids)
+        keep_errors(self.open[piece.shard], ids, errors)
         self.put_back(piece.shard, ids)
         if piece.complete():
             self.finish(piece)
@@ -311,6 +316,19 @@ class WorkQueue:
             plural(work.pieces, "piece"),
             work.failed,
         )
+
+
+def new_piece(work, ids: list[str]) -> Piece:
+    """A piece of `work`'s ids (a ShardWork, or a fed slot's FedShard), with what earlier attempts left of each."""
+    crashes = {uid: work.crashes[uid] for uid in ids if work.crashes[uid]}
+    return Piece(work.name, ids, crashes, errors={uid: work.errors[uid] for uid in ids if uid in work.errors})
+
+
+def keep_errors(work, ids: list[str], errors: dict | None) -> None:
+    """The errors a worker handed back with `ids`: the next worker's attempts count on from them."""
+    for uid in ids:
+        if errors and uid in errors:
+            work.errors[uid] = tuple(errors[uid])
 
 
 def remove_temporaries_of(layout: Layout, shard: str, pid: int, tag: str = "") -> None:

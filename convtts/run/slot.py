@@ -25,6 +25,7 @@ from convtts.run.messages import (
     HandBack,
     Nothing,
     Ready,
+    Requeued,
     Returned,
     SpeakPiece,
     Spoken,
@@ -60,6 +61,7 @@ HANDLERS = {
     Ready: "on_ready",
     Want: "on_want",
     Started: "on_started",
+    Requeued: "on_requeued",
     Spoken: "on_spoken",
     Failed: "on_failed",
     Built: "on_built",
@@ -306,6 +308,11 @@ class Slot:
             piece.started.add(message.uid)
         self.timeline.began(handle.wid)
 
+    def on_requeued(self, handle: Handle, message: Requeued) -> None:
+        piece = handle.piece_of(message.uid)
+        if piece is not None:
+            piece.started.discard(message.uid)  # waiting in its queue: it may be asked for back
+
     def on_spoken(self, handle: Handle, message: Spoken) -> None:
         self.on_reported(handle, message.uid, True, message.audio_seconds)
 
@@ -329,7 +336,7 @@ class Slot:
         for piece in list(handle.pieces):
             ids = [uid for uid in message.ids if uid in set(piece.ids)]
             if ids:
-                self.work.returned(piece, ids)
+                self.work.returned(piece, ids, message.errors)
             if piece.complete():
                 handle.pieces.remove(piece)
         if message.ids:
@@ -377,7 +384,8 @@ class Slot:
             if pieces:
                 for piece in pieces:
                     handle.pieces.append(piece)
-                    handle.tell(SpeakPiece(piece.shard, piece.ids, piece.crashes))  # dead: on_death returns it
+                    # dead: on_death returns it
+                    handle.tell(SpeakPiece(piece.shard, piece.ids, piece.crashes, piece.errors))
             elif handle.pieces:
                 handle.tell(Nothing())  # it asks again once idle
             elif not self.halted and self.take_back_for(handle):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -88,10 +89,11 @@ class Attempt:
     shard: str = ""  # the shard it belongs to: a batch may hold ids of several
 
     @classmethod
-    def after_crashes(cls, segment: dict, crashes: int, shard: str) -> Attempt:
-        """Its first attempt in this process; `crashes` earlier ones killed a worker during this run."""
+    def after_crashes(cls, segment: dict, crashes: int, shard: str, earlier: tuple = ()) -> Attempt:
+        """Its first attempt in this process; `crashes` earlier ones killed a worker during this run, and
+        each of `earlier` is the error of an attempt another worker spent on it before handing it back."""
         errors = [f"worker process died while speaking it ({crashes}x)"] if crashes else []
-        return cls(segment, crashes + 1, errors, shard=shard)
+        return cls(segment, crashes + len(earlier) + 1, errors + list(earlier), shard=shard)
 
 
 class Host(Protocol):
@@ -211,10 +213,20 @@ def write_take(
     return row
 
 
-def note_error(uid: str, attempt: int, limit: int, exc: BaseException, errors: list[str]) -> None:
-    """Add a failed attempt's error to the utterance's list, and log it."""
+def note_error(uid: str, attempt: int, limit: int, exc: BaseException, errors: list[str], quiet: bool = False) -> None:
+    """Add a failed attempt's error to the utterance's list, and log it; `quiet`: at debug level, for an
+    error of a whole batch, which its caller logs once for all of its utterances."""
     errors.append(f"{type(exc).__name__}: {exc}")
-    log.warning("%s attempt %d/%d failed: %s", uid, attempt, limit, errors[-1])
+    log.log(logging.DEBUG if quiet else logging.WARNING, "%s attempt %d/%d failed: %s", uid, attempt, limit, errors[-1])
+
+
+def first_sentence(text: str, limit: int = 200) -> str:
+    """The first sentence of an error's text, for a log line: CUDA's out-of-memory message runs to a
+    paragraph of allocator figures and advice."""
+    line = text.strip().split("\n", 1)[0]
+    match = re.match(r".*?[.!?](?=\s|$)", line)
+    short = match.group(0) if match else line
+    return short if len(short) <= limit else short[:limit] + "..."
 
 
 def check_audio(audio: np.ndarray) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
-from convtts.run.batching import can_batch, speak_batched
+from convtts.run.batching import Regrowth, can_batch, grow_rows, speak_batched
 from convtts.run.memory import gpu_mb, rss_mb
 from convtts.run.messages import (
     Built,
@@ -24,6 +24,7 @@ from convtts.run.messages import (
     HandBack,
     Nothing,
     Ready,
+    Requeued,
     Returned,
     SpeakPiece,
     Spoken,
@@ -111,6 +112,7 @@ class Worker:
         self.holding = False  # a batched worker's first batch to come or under way: no refill (hold_first_batch)
         self.hold_release = self.config.workers.hold_release  # the share of it back before it takes more
         self.received = 0  # ids the slot has handed this worker
+        self.regrowth = Regrowth()  # rows an out-of-memory cut, and when they grow again (batching.GROW_AFTER)
 
     def send(self, message) -> None:
         self.conn.send(message)
@@ -144,6 +146,7 @@ class Worker:
 
     def speak_some(self) -> None:
         """The queue's utterances: batched until it runs dry, or the next one alone."""
+        grow_rows(self)  # rows cut to one speak one at a time, until they grow again
         if can_batch(self.backend):
             speak_batched(self)
             return
@@ -221,15 +224,19 @@ class Worker:
         self.received += len(piece.ids)
         for uid in piece.ids:
             crashes = piece.crashes.get(uid, 0)
-            (self.alone if crashes else self.queue).append(Attempt.after_crashes(by_id[uid], crashes, piece.shard))
+            item = Attempt.after_crashes(by_id[uid], crashes, piece.shard, piece.errors.get(uid, ()))
+            (self.alone if crashes else self.queue).append(item)
         self.wanting = self.starved = False
 
     def hand_back(self, count: int) -> None:
-        """Give the slot up to `count` queued ids not begun yet, from the end of the queue."""
+        """Give the slot up to `count` queued ids not begun yet, from the end of the queue; those waiting
+        for another attempt go with the errors of the attempts they spent. A take the quality gate refused
+        stays: its scores and the seed of its next take are this worker's."""
         back = [item for item in reversed(self.queue) if not item.started][:count]
         for item in back:
             self.queue.remove(item)
-        self.send(Returned(tuple(item.segment["id"] for item in reversed(back))))
+        errors = {item.segment["id"]: tuple(item.errors) for item in back if item.errors}
+        self.send(Returned(tuple(item.segment["id"] for item in reversed(back)), errors))
 
     def segments(self, shard: str) -> dict[str, dict]:
         if shard not in self.shard_rows:
@@ -251,6 +258,7 @@ class Worker:
         self.release()
         self.context = Context(build_backend(self.config), self.gate, self.layout, self.settings)
         self.since_build = 0
+        self.regrowth = Regrowth()  # a new backend has all its rows
         seconds = time.time() - started
         phases = dict(getattr(self.backend, "load_phases", {}))
         phases["other"] = round(max(0.0, seconds - sum(phases.values())), 3)
@@ -302,6 +310,15 @@ class Worker:
         self.in_flight.add(uid)  # a retry in a later batch begins the same id again
         self.send(Started(uid))
 
+    def requeued(self, item: Attempt) -> None:
+        """A begun id back in the queue for another attempt: not begun again until it leaves it, so the slot
+        may ask for it back; but one with a refused take stays here (see hand_back)."""
+        uid = item.segment["id"]
+        self.in_flight.discard(uid)  # counted in the queue now
+        if not item.refused:
+            item.started = 0.0
+            self.send(Requeued(uid))
+
     def speak(self, item: Attempt) -> None:
         uid = item.segment["id"]
         self.started(uid)
@@ -330,6 +347,7 @@ class Worker:
             self.send(Failed(uid, error["reason"]))
         self.in_flight.discard(uid)
         self.since_build += 1
+        self.regrowth.finished += 1
 
 
 def weights_digest(backend) -> str:

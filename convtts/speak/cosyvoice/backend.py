@@ -235,6 +235,13 @@ def frontend_split(frontend, text: str, text_frontend: bool) -> list[str]:
         return frontend.text_normalize(text, split=True, text_frontend=False)
 
 
+def out_of_memory(exc: BaseException) -> OutOfMemory:
+    """Ours for an out-of-memory error of torch or the runtime: its own text where that names it already,
+    so a log line's first sentence says it once."""
+    text = str(exc)
+    return OutOfMemory(text if "out of memory" in text.lower() else f"CUDA out of memory: {text}")
+
+
 def raised_at(error: BaseException) -> str:
     """' (at file.py:line in function)': the innermost frame that raised `error`, so that a failure
     in the runtime's text frontend or model names its place in the manifest and the log."""
@@ -283,6 +290,7 @@ class CosyVoiceBackend:
         self.text_budget = 0  # text tokens a chunk may hold (the batched engine's KV plan); 0: no bound
         with clock.phase("engine"):
             self.engine = self._engine()
+        self.built_rows = self.batch_rows  # grow_batch never goes past the rows it was built with
         self.prompts = prompted_voices(config)
         self.registered = PromptCache(self.model, self.prompts, self.cosy.prompt_cache)
         for voice in config.speakers.voices if not config.speakers.pool else ():
@@ -388,6 +396,12 @@ class CosyVoiceBackend:
             torch.cuda.empty_cache()
         return self.engine.max_rows
 
+    def grow_batch(self) -> int:
+        """Double the rows a shrink_batch cut, up to those it was built with; returns the new count. The next
+        call allocates the larger KV cache, as it allocated the smaller one after the cut."""
+        self.engine.resize(min(self.built_rows, self.engine.max_rows * 2))
+        return self.engine.max_rows
+
     def synthesize_many(self, items):
         """Speak (key, text, speaker, seed) items through the batched engine.
 
@@ -413,7 +427,7 @@ class CosyVoiceBackend:
                 yield request.key, self._result(request)
         except Exception as exc:
             if is_out_of_memory(exc):
-                raise OutOfMemory(f"CUDA out of memory: {exc}") from exc
+                raise out_of_memory(exc) from exc
             raise
 
     def _chunks(self, text: str, speaker: str) -> list[dict]:
@@ -491,7 +505,7 @@ class CosyVoiceBackend:
         except Exception as exc:
             self._forget_calls()
             if is_out_of_memory(exc):
-                raise OutOfMemory(f"CUDA out of memory: {exc}") from exc
+                raise out_of_memory(exc) from exc
             raise SynthesisError(f"{type(exc).__name__}: {exc}") from exc
         if not chunks or sum(c.shape[-1] for c in chunks) == 0:
             raise SynthesisError("CosyVoice produced no audio (nothing speakable in the text?)")
