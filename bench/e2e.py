@@ -248,7 +248,7 @@ def dump_stacks(root: int) -> list[int]:
 STACK_HEAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
 
 
-def stack_dumps(log: Path, frames: int = 4) -> dict:
+def stack_dumps(log: Path, frames: int = 12) -> dict:
     """The stacks dumped into the logs under `log`, by log file: each thread's innermost `frames` frames."""
     found = {}
     for path in sorted(log.rglob("*.log")):
@@ -638,13 +638,21 @@ def report(figures: dict) -> str:
     return "\n".join(lines)
 
 
+FRAME = re.compile(r'File "(?:[^"]*?/)?((?:convtts|cosyvoice)/[^"]*|[^/"]*)", line (\d+) in (.*)')
+
+
 def stopped_lines(figures: dict) -> list[str]:
-    """Where a command stopped at --job-limit was: each dumped thread's innermost frame, by log."""
+    """Where a command stopped at --job-limit was: by log, each thread that was in convtts or the runtime,
+    at its innermost frame there and its innermost frame of all (threads idle elsewhere are left out)."""
     if "stopped_after_seconds" not in figures:
         return []
-    lines = [f"  stopped after {figures['stopped_after_seconds']} s; innermost frames where it was:"]
+    lines = [f"  stopped after {figures['stopped_after_seconds']} s; where its threads were (stacks in the logs):"]
     for name, threads in figures["stopped_stacks"].items():
-        lines += [f"    {name}: {thread[0] if thread else '(no Python frame)'}" for thread in threads]
+        for thread in threads:
+            frames = [":".join(match.groups()) for line in thread if (match := FRAME.match(line))]
+            ours = [frame for frame in frames if frame.startswith(("convtts/", "cosyvoice/"))]
+            if ours:
+                lines.append(f"    {name}: {ours[0]} (innermost {frames[0]})")
     return lines
 
 
