@@ -25,13 +25,21 @@ new ids), and prints from the run's own outputs:
 
 --size tiny|full writes the random-weight CosyVoice-300M-SFT directory (convtts.testing) to
 --model-dir when it holds none. Figures go to --out as JSON after each engine.
+
+--version 2 or 3 speaks with CosyVoice2 or CosyVoice3 instead (configs/cosyvoice{2,3}.yaml, the runtime of
+--runtime-root, default $COSYVOICE_ROOT): the config's two zero-shot voices get a 4-s quiet-noise prompt
+written into --work (for random weights only a prompt's length matters). --job-limit S stops a command
+still running after S seconds: every process of it that dumps its stacks on SIGUSR1 writes them into its
+log first, the figures say where each was, and the run goes on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +49,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "bench" / "data" / "llava_gpt4_qa_30x3.jsonl"
 SHORT_TURNS = REPO / "bench" / "data" / "llava15_short_turns.json"
+CONFIGS = {version: REPO / "configs" / f"cosyvoice{'' if version == 1 else version}.yaml" for version in (1, 2, 3)}
+VOICES = ("anna", "ben")  # the zero-shot voices of configs/cosyvoice2.yaml and cosyvoice3.yaml
+PROMPT_TEXT = "This is a short prompt for a new voice, about ten words."
+INSTRUCTION = "You are a helpful assistant.<|endofprompt|>"  # CosyVoice3 wants it in every prompt text
 PHASES = ("process", "gate", "imports", "cuda", "modules", "frontend", "weights", "engine", "other")
 
 
@@ -72,27 +84,31 @@ def make_conversations(count: int, path: Path, text: str = "bench") -> None:
     path.write_text(json.dumps(records))
 
 
-def ensure_model(model_dir: Path, size: str | None) -> None:
-    if (model_dir / "cosyvoice.yaml").is_file() or size is None:
+def ensure_model(model_dir: Path, size: str | None, version: int = 1, runtime_root: str = "") -> None:
+    if (model_dir / CONFIGS[version].name).is_file() or size is None:  # a model's yaml is named as its config
         return
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "convtts.testing.cosyvoice_model",
-            "--out",
-            str(model_dir),
-            "--size",
-            size,
-            "--tokens-per-text-token",
-            "14",
-            "--speakers",
-            "英文女,英文男",
-        ],
-        cwd=REPO,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    cmd = [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--out", str(model_dir), "--size", size]
+    if version == 1:
+        cmd += ["--tokens-per-text-token", "14", "--speakers", "英文女,英文男"]
+    else:
+        cmd += ["--version", str(version), "--tokens-per-text-token", "7"]
+        cmd += ["--runtime-root", runtime_root] if runtime_root else []
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+
+
+def version_sets(version: int, work: Path, runtime_root: str) -> list[str]:
+    """The --set items a v2 or v3 model speaks with: the runtime's checkout, and the config's zero-shot
+    voices on a 4-s quiet-noise prompt written into `work` (v3's prompt texts carry its instruction)."""
+    if version == 1:
+        return []
+    import numpy as np
+    import soundfile as sf
+
+    prompt = work / "prompt.wav"
+    sf.write(prompt, (np.random.default_rng(0).standard_normal(4 * 24000) * 0.05).astype("float32"), 24000)
+    text = (INSTRUCTION if version == 3 else "") + PROMPT_TEXT
+    sets = [f"tts.cosyvoice.runtime_root={runtime_root}"] if runtime_root else []
+    return sets + [f'tts.cosyvoice.prompts.{name}={{audio: "{prompt}", text: "{text}"}}' for name in VOICES]
 
 
 def command(engine: str, args, source: Path, out: Path) -> list[str]:
@@ -124,16 +140,19 @@ def run(engine: str, args, source: Path) -> dict:
     cmd = command(engine, args, source, out) + ["--log-dir", str(log)]
     sampler = start_gpu_sampler()
     started = time.time()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    limit = getattr(args, "job_limit", None)
+    code, stderr, stopped = execute(cmd, limit) if limit else plain(cmd)
     wall = time.time() - started
     power = stop_gpu_sampler(sampler)
     figures = {
         "engine": engine,
         "command": " ".join(cmd),
-        "exit_code": done.returncode,
+        "exit_code": code,
         "wall_seconds": round(wall, 2),
-        "stderr_tail": done.stderr[-2000:],
+        "stderr_tail": stderr[-2000:],
     }
+    if stopped:
+        figures.update(stopped_after_seconds=limit, stopped_stacks=stack_dumps(log))
     figures.update(measure(out, started, wall))
     figures["gpu_power_w"] = power_by_bin(power, started, wall)
     worker_logs = [path.read_text(errors="replace") for path in log.rglob("slot-*-worker-*.log")]
@@ -142,6 +161,106 @@ def run(engine: str, args, source: Path) -> dict:
     slot_logs = [path for path in log.rglob("slot-*.log") if "-worker-" not in path.name]
     figures["forkserver_imports"] = forkserver_imports(slot_logs)
     return figures
+
+
+def plain(cmd: list[str]) -> tuple[int, str, bool]:
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    return done.returncode, done.stderr, False
+
+
+STACKS_WAIT = 3.0  # seconds the processes get to write their stacks before the stop
+STOP_WAIT = 60.0  # seconds the command gets to stop its slots (run_all.sh gives each 15) before it is killed
+
+
+def execute(cmd: list[str], limit: float) -> tuple[int, str, bool]:
+    """The command in a session of its own, stopped if it runs past `limit` seconds: its processes' stacks
+    dumped into their logs (SIGUSR1), then SIGTERM (the slots stop, the exit is 143), then SIGKILL to all of
+    it. Exit code, stderr, and whether it was stopped."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stderr = proc.communicate(timeout=limit)[1]
+        return proc.returncode, stderr, False
+    except subprocess.TimeoutExpired:
+        pass
+    dumped = dump_stacks(proc.pid)
+    print(f"job past {limit:.0f} s: stacks of {len(dumped)} processes dumped (pids {dumped}); stopping it", flush=True)
+    time.sleep(STACKS_WAIT)
+    proc.terminate()
+    try:
+        stderr = proc.communicate(timeout=STOP_WAIT)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            stderr = proc.communicate(timeout=10)[1]
+        except subprocess.TimeoutExpired:  # a process outside the group holds the pipe: give up on it
+            proc.kill()
+            stderr = "(stderr lost: the command's pipes stayed open after SIGKILL)"
+    return proc.returncode, stderr, True
+
+
+def descendants(root: int) -> list[int]:
+    """Every process under `root` (from /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def catches_usr1(pid: int) -> bool:
+    """Whether the process is a Python one with a handler for SIGUSR1 (convtts.cli.setup_logging's stack
+    dump): only these are sent it, since SIGUSR1 ends a process that has none, and bash (run_all.sh) runs
+    its EXIT trap and dies on it."""
+    try:
+        python = Path(f"/proc/{pid}/exe").resolve().name.startswith("python")
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    if not python:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def dump_stacks(root: int) -> list[int]:
+    """SIGUSR1 to each process under `root` that dumps its stacks on it; the pids signalled."""
+    dumped = []
+    for pid in descendants(root):
+        if catches_usr1(pid):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+                dumped.append(pid)
+            except OSError:
+                pass
+    return dumped
+
+
+STACK_HEAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+
+
+def stack_dumps(log: Path, frames: int = 12) -> dict:
+    """The stacks dumped into the logs under `log`, by log file: each thread's innermost `frames` frames."""
+    found = {}
+    for path in sorted(log.rglob("*.log")):
+        lines = path.read_text(errors="replace").splitlines()
+        threads = [
+            [line.strip() for line in lines[i + 1 : i + 1 + frames] if line.startswith("  ")]
+            for i, line in enumerate(lines)
+            if STACK_HEAD.match(line)
+        ]
+        if threads:
+            found[str(path.relative_to(log))] = threads
+    return found
 
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=timestamp,index,power.draw", "--format=csv,noheader,nounits", "-lms", "250"]
@@ -484,6 +603,7 @@ def report(figures: dict) -> str:
         if vocoder.get("passes"):
             graphs += f"; vocoder passes {vocoder['passes']}, {vocoder['one_row']} of one row"
         lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}{graphs}")
+    lines += stopped_lines(figures)
     imports = figures.get("forkserver_imports") or {}
     if imports:
         lines.append(
@@ -518,15 +638,54 @@ def report(figures: dict) -> str:
     return "\n".join(lines)
 
 
+FRAME = re.compile(r'File "(?:[^"]*?/)?((?:convtts|cosyvoice)/[^"]*|[^/"]*)", line (\d+) in (.*)')
+
+
+def stopped_lines(figures: dict) -> list[str]:
+    """Where a command stopped at --job-limit was: by log, each thread that was in convtts or the runtime,
+    at its innermost frame there and its innermost frame of all (threads idle elsewhere are left out)."""
+    if "stopped_after_seconds" not in figures:
+        return []
+    lines = [f"  stopped after {figures['stopped_after_seconds']} s; where its threads were (stacks in the logs):"]
+    for name, threads in figures["stopped_stacks"].items():
+        for thread in threads:
+            frames = [":".join(match.groups()) for line in thread if (match := FRAME.match(line))]
+            ours = [frame for frame in frames if frame.startswith(("convtts/", "cosyvoice/"))]
+            if ours:
+                lines.append(f"    {name}: {ours[0]} (innermost {frames[0]})")
+    return lines
+
+
 def fresh_work(parser: argparse.ArgumentParser, args) -> Path:
-    """--work made (it must be empty: every run starts from nothing) and the model written if asked for."""
+    """--work made (it must be empty: every run starts from nothing), the model written if asked for, and
+    for v2 or v3 the config, runtime and voices added to the command's settings."""
     work = Path(args.work)
     if work.exists() and any(work.iterdir()):
         parser.error(f"--work {work} is not empty: every run starts from nothing")
     work.mkdir(parents=True, exist_ok=True)
     args.model_dir = Path(args.model_dir).resolve()
-    ensure_model(args.model_dir, args.size)
+    if args.version == 3 and not args.runtime_root:
+        parser.error("--version 3 needs a CosyVoice checkout: --runtime-root or $COSYVOICE_ROOT")
+    args.config = args.config or str(CONFIGS[args.version])
+    ensure_model(args.model_dir, args.size, args.version, args.runtime_root)
+    args.set = version_sets(args.version, work.resolve(), args.runtime_root) + args.set
     return work
+
+
+def add_version_args(p: argparse.ArgumentParser) -> None:
+    """The options e2e.py and text_kinds.py share: which CosyVoice, its runtime, the per-job limit."""
+    p.add_argument("--version", type=int, choices=(1, 2, 3), default=1, help="CosyVoice generation of --model-dir")
+    p.add_argument(
+        "--runtime-root",
+        default=os.environ.get("COSYVOICE_ROOT", ""),
+        help="v2/v3: a CosyVoice checkout (default $COSYVOICE_ROOT; v2 also runs on the installed package)",
+    )
+    p.add_argument("--config", help="default: configs/cosyvoice.yaml, cosyvoice2.yaml or cosyvoice3.yaml by --version")
+    p.add_argument(
+        "--job-limit",
+        type=float,
+        help="seconds a command may run: past them its processes' stacks go into their logs and it is stopped",
+    )
 
 
 def main() -> int:
@@ -550,7 +709,7 @@ def main() -> int:
         help="the Ray engine's --address: local starts a cluster of this machine inside the timed command; "
         "auto joins one that is up (ray start --head), as on a cluster",
     )
-    p.add_argument("--config", default=str(REPO / "configs" / "cosyvoice.yaml"))
+    add_version_args(p)
     p.add_argument("--set", action="append", default=[], help="group.key=value added to the command")
     p.add_argument("--work", default="/tmp/convtts-e2e", help="a fresh folder: inputs, outputs, logs")
     p.add_argument("--out", help="write the figures here as JSON")

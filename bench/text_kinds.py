@@ -9,6 +9,11 @@ end-to-end figures and their ratio (short over long).
 
     python3 bench/text_kinds.py --model-dir /tmp/cv300m --conversations 1000 --out "$OUT/kinds.json"
     python3 bench/text_kinds.py --size tiny --model-dir /tmp/tiny --conversations 6 --gpus cpu:2 --work /tmp/k
+    python3 bench/text_kinds.py --version 3 --model-dir /tmp/cv-v3 --conversations 300 --job-limit 240
+
+--version 2 or 3 runs CosyVoice2 or CosyVoice3 (its config, the runtime of --runtime-root or $COSYVOICE_ROOT,
+the config's voices on a quiet-noise prompt); --job-limit stops a job that runs too long, its processes'
+stacks dumped into their logs, and goes on to the next (bench/e2e.py).
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ def main() -> int:
     p.add_argument("--engine", choices=("bash", "ray"), default="bash")
     p.add_argument("--gpus", help="run_all.sh --gpus (default: every GPU; cpu:N on a CPU machine)")
     p.add_argument("--ray-address", default="local")
-    p.add_argument("--config", default=str(e2e.REPO / "configs" / "cosyvoice.yaml"))
+    e2e.add_version_args(p)
     p.add_argument("--set", action="append", default=[], help="group.key=value added to both commands")
     p.add_argument("--work", default="/tmp/convtts-kinds", help="a fresh folder")
     p.add_argument("--out", help="write the figures here as JSON")

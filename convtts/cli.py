@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -77,3 +78,14 @@ def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    dump_stacks_on_usr1(handler.stream)
+
+
+def dump_stacks_on_usr1(stream) -> None:
+    """`kill -USR1 PID` writes every thread's Python stack into this process's log, and the process goes
+    on: where a stuck worker or slot is, even inside a call into C. Left alone where the stream has no
+    file descriptor (a test's captured stderr)."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+    except (AttributeError, OSError, ValueError):
+        pass
