@@ -122,6 +122,25 @@ def test_a_shards_ids_go_out_longest_first_ties_in_plan_order(tmp_path):
     assert handed == ["u1", "u5", "u4", "u0", "u2", "u7", "u6"]
 
 
+def test_a_row_of_long_tokens_goes_out_before_plain_rows_of_as_many_words(tmp_path):
+    """An OCR-token list of 30 words is spoken as two or three times the audio of 30 plain words: counted
+    by its characters, it goes out with the longest, not among rows of 30 words."""
+    layout = plan(tmp_path, 0)
+    plain = " ".join(["word"] * 30)
+    ocr = ", ".join(["CALORIECOLA", "oZ(222mL)", "REALConK.TASTE", "ZEROCALORIO", "LORIECOL"] * 6)
+    rows = [
+        {"id": "plain30", "text": plain, "speaker": "joe", "words": 30},
+        {"id": "plain45", "text": " ".join(["word"] * 45), "speaker": "joe", "words": 45},
+        {"id": "ocr30", "text": ocr, "speaker": "joe", "words": 30},
+    ]
+    layout.shard_file("shard-00000").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=1)
+    handed = []
+    while (piece := queue.next_piece()) is not None:
+        handed += piece.ids
+    assert handed == ["ocr30", "plain45", "plain30"]
+
+
 def spoken_before(layout: Layout, shard: str, uid: str, writer: str = "w0") -> None:
     """A row and its audio, as an earlier run's worker left them."""
     audio = layout.audio_dir(shard) / f"{uid}.wav"
