@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -40,6 +41,10 @@ TEXTS = [
     "Yes.",
     "The second sentence is here. And a third one follows it, a little longer than the others.",
 ]
+OCR_LIST = (
+    "CALORIECOLA, ZERO, CALORIECOLA, COLA, oZ(222mL), OZ(222mL), 1.5FLOZ, 222mL), oca-Col, Coca, "
+    "FocaCol, caCo, zero, zera, REALLOSTE, REAL, ANDZERO, REALConK.TASTE, CALORE, ALConClTASTE, TASTE."
+)
 # Rows of one flow pass are padded to the longest, and the flow estimator's group norms take
 # their statistics over the padded frames too: a row alone in its pass matches the solo
 # rendering to 1e-7, a padded one deviates up to 1.1e-2 of full scale on these tiny models.
@@ -389,10 +394,7 @@ def test_a_text_the_frontend_breaks_on_is_spoken_as_written(model_dir, caplog):
 def test_a_chunk_over_the_text_tokens_a_row_was_sized_for_is_cut_and_the_cache_keeps_its_size(model_dir, caplog):
     """An OCR-token list holds far more text tokens a word than the KV plan allows (2 a word): its chunk
     is cut into pieces within the plan, spoken in turn, and no row's cache grows for it."""
-    text = (
-        "CALORIECOLA, ZERO, CALORIECOLA, COLA, oZ(222mL), OZ(222mL), 1.5FLOZ, 222mL), oca-Col, Coca, "
-        "FocaCol, caCo, zero, zera, REALLOSTE, REAL, ANDZERO, REALConK.TASTE, CALORE, ALConClTASTE, TASTE."
-    )
+    text = OCR_LIST
     cfg = dataclasses.replace(config(model_dir, 4), text=TextConfig(max_words=12))  # 32 text tokens a chunk
     backend = CosyVoiceBackend(cfg)
     try:
@@ -408,3 +410,42 @@ def test_a_chunk_over_the_text_tokens_a_row_was_sized_for_is_cut_and_the_cache_k
     ]
     assert all(isinstance(audio, np.ndarray) and audio.size for audio in results.values()), results
     assert not [r for r in caplog.records if "cache grows" in r.getMessage()]
+
+
+def widest_text(engine) -> list[int]:
+    """Filled in as `engine` decodes: at each step, the most chunks of one text holding rows at once."""
+    widths, step = [], engine._step
+
+    def counted():
+        widths.append(max(Counter(seq.request.key for seq in engine.rows).values()))
+        return step()
+
+    engine._step = counted
+    return widths
+
+
+def test_the_chunks_of_a_text_decode_together_where_their_draws_are_keyed(model_dir):
+    """Tokens drawn on the GPU are keyed by utterance and chunk: a text's chunks take rows at once, each
+    with a random stream of its own, so a long text takes the time of its longest chunk, and speaks the
+    tokens and audio it speaks alone. The exact sampler draws every chunk from the utterance's one
+    stream, in upstream's order: its chunks decode one after the other."""
+    backend = CosyVoiceBackend(dataclasses.replace(config(model_dir, 4), text=TextConfig(max_words=12)))
+    gpu = DecodeOptions(sampler="gpu")
+    engines = {
+        "together": BatchEngine(backend.model, 4, options=gpu),
+        "alone": BatchEngine(backend.model, 1, options=gpu),
+        "exact": BatchEngine(backend.model, 4),
+    }
+    widths = {name: widest_text(engine) for name, engine in engines.items()}
+    try:
+        spoken = {name: decode(backend, engine, [OCR_LIST, TEXTS[0]]) for name, engine in engines.items()}
+    finally:
+        backend.close()
+    together, alone = spoken["together"], spoken["alone"]
+    assert len(together[0].tokens) >= 3 and max(widths["together"]) >= 3, widths["together"]
+    assert max(widths["exact"]) == 1 and max(widths["alone"]) == 1
+    for key in (0, 1):
+        assert together[key].error is None and together[key].tokens == alone[key].tokens
+        audio, solo = np.concatenate(together[key].audio), np.concatenate(alone[key].audio)
+        assert len(audio) == len(solo) and np.abs(audio - solo).max() < TOLERANCE
+    assert [len(t) for t in spoken["exact"][0].tokens] == [len(t) for t in together[0].tokens]  # as pinned

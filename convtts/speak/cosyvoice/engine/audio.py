@@ -9,7 +9,7 @@ import torch
 from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.flow import Flow
-from convtts.speak.cosyvoice.engine.requests import Sequence
+from convtts.speak.cosyvoice.engine.requests import Sequence, place
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder
 
 
@@ -38,14 +38,14 @@ class AudioStage:
         timer = timer or _untimed
         with timer("flow"):
             done = [pair for group in self.flow_pass.groups(seqs, tail) for pair in self._mels(group)]
-        requests, mels = [seq.request for seq, _ in done], [mel for _, mel in done]
+        streams, mels = [seq.stream for seq, _ in done], [mel for _, mel in done]
         with timer("vocoder"):
-            spoken = self.vocoder.speak(requests, mels, speed)
+            spoken = self.vocoder.speak(streams, mels, speed)
         for (seq, _), audio in zip(done, spoken):
             if isinstance(audio, BaseException):
                 seq.request.error = audio
             else:
-                seq.request.audio.append(audio)
+                place(seq.request.audio, seq.index, audio)
 
     def _mels(self, seqs: list[Sequence]) -> list[tuple[Sequence, torch.Tensor]]:
         """(sequence, mel) for the sequences whose flow pass worked."""

@@ -24,7 +24,7 @@ from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.audio import AudioStage
 from convtts.speak.cosyvoice.engine.readback import TokenReadback
-from convtts.speak.cosyvoice.engine.requests import RUNNING, Sequence
+from convtts.speak.cosyvoice.engine.requests import RUNNING, Sequence, place
 from convtts.speak.cosyvoice.engine.runner import DecodeOptions
 from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, supports_static
 from convtts.speak.cosyvoice.engine.sampler import GpuSampler, Sampler
@@ -172,7 +172,9 @@ class BatchEngine:
         that their text frontend runs while the GPU decodes), so a caller can stop feeding it (to
         rebuild the model) and get every request it did hand over back.
         """
-        self.scheduler = Scheduler(self.max_rows, self.ratios, ahead=max(1, self.max_rows // 4))
+        # keyed draws (GPU sampling) do not depend on their order: a request's chunks decode together
+        together = self.gpu_sampling
+        self.scheduler = Scheduler(self.max_rows, self.ratios, ahead=max(1, self.max_rows // 4), together=together)
         sampler = self._device_sampler if self.gpu_sampling else None
         started, before, spoken = time.perf_counter(), self.timer.snapshot(), 0
         graphs_before = self.flow_graphs()
@@ -375,7 +377,7 @@ class BatchEngine:
         for seq in seqs:
             if not seq.kept and seq.request.error is None:
                 seq.request.error = RuntimeError("the LLM produced no speech tokens")
-            seq.request.tokens.append(seq.kept)
+            place(seq.request.tokens, seq.index, seq.kept)
             request = self.scheduler.complete(seq)
             if request is not None:
                 yield request

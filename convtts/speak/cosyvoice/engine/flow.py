@@ -233,7 +233,7 @@ def solve(runner: Flow, rows, mels, feats, spks) -> list[torch.Tensor]:
         mask[i, :, :size] = 1
         if len1:
             cond[i, :, :len1] = feats[i][0].to(device).transpose(0, 1)
-        with own_random_stream(row.request):  # upstream: randn_like(mu), drawn after the decode
+        with own_random_stream(row.stream):  # upstream: randn_like(mu), drawn after the decode
             x[i, :, :size] = torch.randn(1, 80, size)[0].to(device)
     x = runner.solver.solve(x, mask, mu, spks, cond, [m.shape[0] for m, _, _ in mels])
     return [x[i : i + 1, :, len1 : len1 + len2].float() for i, (_, len1, len2) in enumerate(mels)]

@@ -28,6 +28,7 @@ class Request:
     tokens: list[list[int]] = field(default_factory=list)  # the speech tokens each chunk decoded, as the flow got them
     error: BaseException | None = None
     next_chunk: int = 0
+    open: int = 0  # chunks taken into the decode and not yet through the flow
     pending: object = None
 
     def __post_init__(self):
@@ -65,18 +66,58 @@ class Sequence:
     kept: list[int] = field(default_factory=list)  # what the flow gets (long silences trimmed)
     silent_run: int = 0
     started: bool = False  # its first token (drawn at the prefill) has been read
+    stream: Request | ChunkStream = None  # where its random numbers come from: the request's, or its own
+
+    def __post_init__(self):
+        self.stream = self.stream or self.request
 
 
 Row = Sequence  # the flow's name for a decoded sequence
 
 
+@dataclass(eq=False)
+class ChunkStream:
+    """The random stream of a chunk decoded beside its request's others (a seed and a CPU generator, as
+    a Request has): its draws do not depend on when its sibling chunks draw theirs."""
+
+    seed: int
+    generator: torch.Generator = None
+
+    def __post_init__(self):
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    @classmethod
+    def of(cls, request: Request, index: int) -> ChunkStream:
+        return cls(chunk_seed(request.seed, index))
+
+
+MASK64 = (1 << 64) - 1
+
+
+def chunk_seed(seed: int, index: int) -> int:
+    """A seed for chunk `index` of an utterance of `seed` (splitmix64's finaliser over both), 63 bits."""
+    x = (seed + 0x9E3779B97F4A7C15 * (index + 1)) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
+def place(parts: list, index: int, value) -> None:
+    """parts[index] = value, the list grown with None up to it: a request's chunks may finish in any order."""
+    parts.extend([None] * (index + 1 - len(parts)))
+    parts[index] = value
+
+
 @contextmanager
-def own_random_stream(request: Request):
-    """Run upstream code that draws from torch's global CPU generator on this request's stream."""
+def own_random_stream(stream: Request | ChunkStream):
+    """Run upstream code that draws from torch's global CPU generator on this request's (or chunk's) stream."""
     saved = torch.get_rng_state()
-    torch.set_rng_state(request.generator.get_state())
+    torch.set_rng_state(stream.generator.get_state())
     try:
         yield
     finally:
-        request.generator.set_state(torch.get_rng_state())
+        stream.generator.set_state(torch.get_rng_state())
         torch.set_rng_state(saved)
+
+
+Stream = Request | ChunkStream  # what draws random numbers: a seed and a CPU generator

@@ -53,7 +53,7 @@ class Sampler:
         kept = (before < top_p).sum(dim=-1).tolist()
         tokens = []
         for i, row in enumerate(rows):
-            g = row.request.generator
+            g = row.stream.generator
             token = int(index[i, torch.multinomial(values[i, : kept[i]], 1, replacement=True, generator=g)])
             recent = row.tokens[-self.options["win_size"] :]
             if recent.count(token) >= self.options["win_size"] * self.options["tau_r"]:

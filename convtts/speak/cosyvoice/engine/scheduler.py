@@ -7,7 +7,7 @@ import heapq
 from collections import deque
 
 from convtts.speak.base import FEED_WAIT
-from convtts.speak.cosyvoice.engine.requests import DECODED, DONE, FAILED, RUNNING, Request, Sequence
+from convtts.speak.cosyvoice.engine.requests import DECODED, DONE, FAILED, RUNNING, ChunkStream, Request, Sequence
 
 
 class Scheduler:
@@ -15,14 +15,18 @@ class Scheduler:
 
     A request's text frontend may still be at work when it arrives (Request.pending): up to
     `ahead` requests beyond the free rows are taken early so that their frontend runs while the
-    GPU decodes. A request's chunks decode one after the other: the next one waits until the
-    flow has rendered the previous (its audio is appended in order).
+    GPU decodes. A request's chunks decode one after the other, the next one once the flow has
+    rendered the previous, so that they draw from the request's one random stream in upstream's
+    order; with `together`, each chunk draws from a stream of its own (ChunkStream) and all of
+    them wait for rows at once: a text of four chunks takes the time of its longest, not of the four
+    and the flushes between them. The request is handed back once its last chunk is through the flow.
     """
 
-    def __init__(self, max_rows: int, ratios: tuple[float, float], ahead: int = 0):
+    def __init__(self, max_rows: int, ratios: tuple[float, float], ahead: int = 0, together: bool = False):
         self.max_rows = max_rows
         self.min_ratio, self.max_ratio = ratios
         self.ahead = ahead
+        self.together = together
         self.incoming: deque[Request] = deque()  # taken from the caller, frontend maybe under way
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -76,8 +80,9 @@ class Scheduler:
             request.error = request.error or RuntimeError("nothing to speak in the text")
             self.failed.append(request)
             return True
-        request.next_chunk = 1
-        self.waiting.append(self.sequence(request, 0))
+        request.next_chunk = len(request.chunks) if self.together else 1
+        request.open = request.next_chunk
+        self.waiting.extend(self.sequence(request, index) for index in range(request.next_chunk))
         return True
 
     def sequence(self, request: Request, index: int) -> Sequence:
@@ -85,7 +90,12 @@ class Scheduler:
         chunk = request.chunks[index]
         text_only = int(chunk["text"].shape[1])
         return Sequence(
-            request, chunk, index, min_len=int(text_only * self.min_ratio), max_len=int(text_only * self.max_ratio)
+            request,
+            chunk,
+            index,
+            min_len=int(text_only * self.min_ratio),
+            max_len=int(text_only * self.max_ratio),
+            stream=ChunkStream.of(request, index) if self.together and index else None,
         )
 
     def take_failed(self) -> list[Request]:
@@ -101,11 +111,17 @@ class Scheduler:
         self.decoded.append(seq)  # a failed one too: the flush hands its request back
 
     def abandon(self, seq: Sequence, error: BaseException) -> None:
-        """A sequence whose prefill failed: it never ran; its request fails."""
+        """A sequence whose prefill failed: it never ran; its request fails, handed back once no other
+        chunk of it is in the decode or the flow (its chunks still waiting for a row are dropped)."""
         self.running.remove(seq)
         heapq.heappush(self.free, seq.slot)
         seq.status, seq.request.error = FAILED, error
-        self.failed.append(seq.request)
+        dropped = [other for other in self.waiting if other.request is seq.request]
+        for other in dropped:
+            self.waiting.remove(other)
+        seq.request.open -= 1 + len(dropped)
+        if seq.request.open <= 0:
+            self.failed.append(seq.request)
 
     def flow_due(self, flow_rows: int) -> bool:
         """Enough decoded rows for one flow pass; or, once no new chunk is at hand to take a freed row,
@@ -129,15 +145,18 @@ class Scheduler:
         return decoded
 
     def complete(self, seq: Sequence) -> Request | None:
-        """After the flow: queue the request's next chunk first in line, or hand the request back."""
+        """After the flow: queue the request's next chunk first in line, or hand the request back once
+        its last chunk is through."""
         request = seq.request
+        request.open -= 1
         if request.error is None and request.next_chunk < len(request.chunks):
             self.waiting.appendleft(self.sequence(request, request.next_chunk))
             request.next_chunk += 1
+            request.open += 1
             seq.status = DONE
             return None
         seq.status = DONE if request.error is None else FAILED
-        return request
+        return request if request.open <= 0 else None
 
     def finished(self) -> bool:
         return self.exhausted and not (self.incoming or self.waiting or self.running or self.decoded or self.failed)

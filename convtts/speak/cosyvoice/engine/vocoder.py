@@ -22,7 +22,7 @@ from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.flow import SPREAD, PassCosts, cheapest_groups, length_groups
 from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
-from convtts.speak.cosyvoice.engine.requests import Request, own_random_stream
+from convtts.speak.cosyvoice.engine.requests import Stream, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import hift_widths, rows_within, vocoder_bytes_per_sample
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,12 @@ def stretch(mel: torch.Tensor, speed: float) -> torch.Tensor:
     return mel if speed == 1.0 else F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
 
 
-def vocode_one(hift, request: Request, mel: torch.Tensor, speed: float, takes_finalize: bool) -> np.ndarray:
+def vocode_one(hift, stream: Stream, mel: torch.Tensor, speed: float, takes_finalize: bool) -> np.ndarray:
     """Upstream's non-streaming vocoder call for one utterance, its noise drawn from the utterance's seed."""
     mel = stretch(mel, speed)
     if mel.device.type == "cuda":
-        torch.cuda.manual_seed(request.seed)  # the vocoder's noise, drawn on the GPU
-    with own_random_stream(request):
+        torch.cuda.manual_seed(stream.seed)  # the vocoder's noise, drawn on the GPU
+    with own_random_stream(stream):
         if takes_finalize:
             speech, _ = hift.inference(speech_feat=mel, finalize=True)
         else:
@@ -51,8 +51,9 @@ def vocode_one(hift, request: Request, mel: torch.Tensor, speed: float, takes_fi
     return speech.float().cpu().numpy().reshape(-1)
 
 
-def draw_noise(gen, request: Request, samples: int, device) -> dict:
-    """One row's noise as upstream draws it for `samples` samples, from the request's streams.
+def draw_noise(gen, stream: Stream, samples: int, device) -> dict:
+    """One row's noise as upstream draws it for `samples` samples, from its streams (its utterance's, or
+    its chunk's where the chunks of an utterance decode together).
 
     SineGen (v1): phases (CPU), harmonics' noise, then the unused noise branch; SineGen2 (v2):
     initial phases, noise, noise branch. The unused draws are made all the same: a CPU run
@@ -60,8 +61,8 @@ def draw_noise(gen, request: Request, samples: int, device) -> dict:
     """
     harmonics = gen.harmonic_num + 1
     if torch.device(device).type == "cuda":
-        torch.cuda.manual_seed(request.seed)
-    with own_random_stream(request):
+        torch.cuda.manual_seed(stream.seed)
+    with own_random_stream(stream):
         if type(gen).__name__ == "SineGen":
             phase = Uniform(low=-np.pi, high=np.pi).sample(sample_shape=(1, harmonics, 1)).to(device)
             phase[:, 0, :] = 0
@@ -117,7 +118,7 @@ class Vocoder:
         """The vocoder as tts.cosyvoice configures it (flow.vocoder_rows, flow.max_mb)."""
         return cls(hift, precision, cosy.flow.vocoder_rows, cosy.flow.max_mb, PassCosts.vocoder(cosy.flow))
 
-    def speak(self, requests: list[Request], mels: list[torch.Tensor], speed: float) -> list:
+    def speak(self, streams: list[Stream], mels: list[torch.Tensor], speed: float) -> list:
         """Each row's samples (1-D float32 numpy), or the exception that row's vocoding raised."""
         out: list = [None] * len(mels)
         passes = self._passes([stretch(m, speed).shape[2] for m in mels])
@@ -126,9 +127,9 @@ class Vocoder:
         self.alone += sum(len(index) == 1 for index in passes)
         for index in passes:
             if len(index) == 1:
-                out[index[0]] = self._one(requests[index[0]], mels[index[0]], speed)
+                out[index[0]] = self._one(streams[index[0]], mels[index[0]], speed)
                 continue
-            chosen = [requests[i] for i in index]
+            chosen = [streams[i] for i in index]
             states = [r.generator.get_state() for r in chosen]
             try:
                 audio = self._batch(chosen, [stretch(mels[i], speed) for i in index])
@@ -141,9 +142,9 @@ class Vocoder:
                     type(exc).__name__,
                     exc,
                 )
-                for request, state in zip(chosen, states):
-                    request.generator.set_state(state)
-                audio = [self._one(requests[i], mels[i], speed) for i in index]
+                for stream, state in zip(chosen, states):
+                    stream.generator.set_state(state)
+                audio = [self._one(streams[i], mels[i], speed) for i in index]
             for i, samples in zip(index, audio):
                 out[i] = samples
         return out
@@ -161,22 +162,22 @@ class Vocoder:
             return length_groups(rows, frames.__getitem__, cap, SPREAD)
         return cheapest_groups(rows, frames.__getitem__, lambda n, longest: self.costs.seconds(n * longest), cap)
 
-    def _one(self, request: Request, mel: torch.Tensor, speed: float):
+    def _one(self, stream: Stream, mel: torch.Tensor, speed: float):
         try:
-            return vocode_one(self.hift, request, mel, speed, self.takes_finalize)
+            return vocode_one(self.hift, stream, mel, speed, self.takes_finalize)
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise
             return exc
 
-    def _batch(self, requests: list[Request], mels: list[torch.Tensor]) -> list[np.ndarray]:
+    def _batch(self, streams: list[Stream], mels: list[torch.Tensor]) -> list[np.ndarray]:
         device = mels[0].device
         gen = self.twin.m_source.l_sin_gen
         samples = [m.shape[2] * samples_per_frame(self.twin) for m in mels]
         if getattr(gen, "causal", False):
             noise = fixed_noise(gen, max(samples), device)
         else:
-            noise = batch_noise(gen, [draw_noise(gen, r, n, device) for r, n in zip(requests, samples)], max(samples))
+            noise = batch_noise(gen, [draw_noise(gen, r, n, device) for r, n in zip(streams, samples)], max(samples))
         with matmul_mode(self.precision):
             audio, lengths = vocode_rows(self.twin, mels, noise)
         audio = audio.float().cpu().numpy()  # one copy off the GPU for the pass
