@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from conftest import assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
+from convtts.state.verify import check_complete
 
 pytestmark = pytest.mark.e2e
 
@@ -141,3 +142,17 @@ def test_damaged_merged_outputs_are_rebuilt_the_same(copy, tmp_path):
     assert redone(before, after) == set()
     assert manifest.read_bytes() == whole
     assert orjson.loads(summary.read_bytes())["complete"] is True
+
+
+def test_the_check_of_a_finished_output_finds_the_same_damage_in_several_processes(copy):
+    _, out, rows = copy
+    first, second = sorted(rows)[:2]
+    audio = out / rows[first]["audio"]
+    audio.write_bytes(audio.read_bytes()[: audio.stat().st_size // 2])
+    manifest = out / "manifest.jsonl"
+    manifest.write_bytes(manifest.read_bytes() + orjson.dumps(rows[second]) + b"\n")
+
+    alone = check_complete(out)
+    assert any(first in line and "frames on disk" in line for line in alone), alone
+    assert f"{second} appears 2 times in the manifest" in alone
+    assert check_complete(out, processes=3) == alone
