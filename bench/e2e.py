@@ -355,9 +355,13 @@ def engine_stages(worker_logs: list[str]) -> dict:
     }
 
 
+OUT_OF_MEMORY = re.compile(r"out of memory with \d+ utterances? in flight")
+
+
 def out_of_memory(worker_logs: list[str]) -> int:
-    """Batches a worker lost to a CUDA out-of-memory (each restarts what it had in flight at half its rows)."""
-    return sum(text.count("CUDA out of memory with") for text in worker_logs)
+    """Batches a worker lost to a CUDA out-of-memory (each restarts what it had in flight at half its rows):
+    the worker's one warning a batch, "out of memory with N utterances in flight (...)"."""
+    return sum(len(OUT_OF_MEMORY.findall(text)) for text in worker_logs)
 
 
 def measure(out: Path, started: float, wall: float) -> dict:

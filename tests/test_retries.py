@@ -11,6 +11,8 @@ import errno
 import logging
 import multiprocessing
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,9 @@ from convtts.run.worker import Worker, WorkerArgs
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures
 from scripted_backend import OOM_TEXT
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from e2e import out_of_memory  # bench/ is not a package
 
 SEED = 1234  # workers.seed's default
 ZEBRA = "farm-001-00"  # the one segment whose text holds the script's word
@@ -252,6 +257,7 @@ def test_out_of_memory_in_a_batch_logs_one_warning_and_keeps_each_error(tmp_path
     assert warned == [
         "out of memory with 4 utterances in flight (CUDA out of memory (scripted).); now 2 rows, each tried again"
     ]
+    assert out_of_memory(["\n".join(warned)]) == 1  # what bench/e2e.py counts in a worker's log
     failures = worker.failures()
     assert sorted(failures) == sorted(IDS[:4]) and sorted(worker.rows()) == IDS[4:]
     assert all(f["errors"] == [f"OutOfMemory: {OOM_TEXT}"] for f in failures.values())
