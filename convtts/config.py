@@ -313,6 +313,9 @@ class WorkerConfig:
     max_rss_mb: int = 0  # rebuild when the worker's resident memory passes this (0: off)
     max_gpu_mb: int = 0  # rebuild when the worker's GPU memory passes this (0: off)
     gpu_memory: str = "reserved"  # which torch.cuda figure max_gpu_mb is compared with
+    # MiB of its GPU a worker's allocations may take (0: no cap): a GPU shared with another job. Past it
+    # torch raises a CUDA out-of-memory, recovered like any other (a rebuild, fewer rows, the ids retried).
+    gpu_mb_cap: int = 0
     max_attempts: int = 3  # tries per utterance, a worker crash counting as one
     progress_interval: float = 30.0  # seconds between plain progress lines when not on a terminal
     seed: int = 1234  # base of the per-utterance seed
@@ -336,7 +339,10 @@ class WorkerConfig:
             raise ConfigError(f"workers.cuda_sync must be one of {CUDA_SYNCS}, got {self.cuda_sync!r}")
         if self.start_method not in START_METHODS:
             raise ConfigError(f"workers.start_method must be one of {START_METHODS}, got {self.start_method!r}")
-        if min(self.per_slot, self.rows_per_gpu, self.rebuild_every, self.max_rss_mb, self.max_gpu_mb) < 0:
+        if (
+            min(self.per_slot, self.rows_per_gpu, self.rebuild_every, self.max_rss_mb, self.max_gpu_mb, self.gpu_mb_cap)
+            < 0
+        ):
             raise ConfigError("workers.* counts and limits must not be negative")
         if self.gpu_mb_per_worker < 1 or self.gpu_mb_per_row < 0:
             raise ConfigError("workers.gpu_mb_per_worker must be at least 1 and workers.gpu_mb_per_row not negative")

@@ -7,6 +7,7 @@ import ctypes.util
 import pytest
 
 from convtts.config import ConfigError, WorkerConfig
+from convtts.run.memory import cap_gpu_memory
 from convtts.run.worker import set_cuda_sync
 
 
@@ -17,6 +18,7 @@ from convtts.run.worker import set_cuda_sync
         ("cuda_sync", "busy", "workers.cuda_sync must be one of"),
         ("hold_release", 0.0, "workers.hold_release must be above 0 and at most 1"),
         ("hold_release", 1.5, "workers.hold_release must be above 0 and at most 1"),
+        ("gpu_mb_cap", -1, "must not be negative"),
     ],
 )
 def test_worker_settings_are_checked_up_front(key, value, message):
@@ -29,3 +31,10 @@ def test_cuda_sync_leaves_the_driver_alone_on_auto_and_without_a_driver():
     assert set_cuda_sync("auto") is False
     if ctypes.util.find_library("cuda") is None:  # a CPU machine: nothing to set, nothing raised
         assert set_cuda_sync("block") is False
+
+
+def test_a_gpu_memory_cap_of_0_or_without_a_gpu_sets_nothing():
+    torch = pytest.importorskip("torch")
+    assert cap_gpu_memory(0) is None
+    if not torch.cuda.is_available():
+        assert cap_gpu_memory(4000) is None

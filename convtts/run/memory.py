@@ -19,3 +19,19 @@ def gpu_mb(backend, kind: str) -> float:
     """The backend's GPU memory in MiB (`allocated` or `reserved`); 0 for a backend without a GPU."""
     probe = getattr(backend, "gpu_memory_mb", None)
     return probe(kind) if probe else 0.0
+
+
+def cap_gpu_memory(mb: int) -> float | None:
+    """Hold this process's CUDA allocations to `mb` MiB of its GPU (workers.gpu_mb_cap): past it torch
+    raises an out-of-memory, which a worker recovers from as from any other. Returns the share of the
+    GPU set, or None where there is nothing to cap (0, or no GPU)."""
+    if mb <= 0:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    share = min(1.0, mb * 2**20 / total)
+    torch.cuda.set_per_process_memory_fraction(share, 0)
+    return share

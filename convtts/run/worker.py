@@ -16,7 +16,7 @@ from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
 from convtts.run.batching import Regrowth, can_batch, grow_rows, speak_batched
-from convtts.run.memory import gpu_mb, rss_mb
+from convtts.run.memory import cap_gpu_memory, gpu_mb, rss_mb
 from convtts.run.messages import (
     Built,
     DiskFull,
@@ -256,6 +256,8 @@ class Worker:
 
         started = time.time()
         self.release()
+        if reason == "start":
+            self.cap_gpu_memory()
         self.context = Context(build_backend(self.config), self.gate, self.layout, self.settings)
         self.since_build = 0
         self.regrowth = Regrowth()  # a new backend has all its rows
@@ -275,6 +277,16 @@ class Worker:
         if reason == "start":
             self.startup.update(phases)
         self.send(Built(reason, round(seconds, 3), round(rss_mb(), 1), round(self.gpu_mb(), 1), phases, digest))
+
+    def cap_gpu_memory(self) -> None:
+        cap = self.config.workers.gpu_mb_cap
+        share = cap_gpu_memory(cap)
+        if share is not None:
+            log.info(
+                "workers.gpu_mb_cap: this worker's allocations held to %d MiB (%.1f%% of its GPU)", cap, 100 * share
+            )
+        elif cap:
+            log.warning("workers.gpu_mb_cap=%d: no GPU here, nothing to cap", cap)
 
     def release(self) -> None:
         if self.context is not None:
