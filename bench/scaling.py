@@ -36,9 +36,11 @@ from convtts.state.verify import check_complete
 TEXTS = ("short", "bench")
 
 
-def counts_per_gpu(per_gpu: int, work: Path) -> dict[str, int]:
-    """Conversations a GPU for each text: --per-gpu short-turn ones, and as many bench-text ones as hold
-    the same words (about the same audio)."""
+def counts_per_gpu(per_gpu: int, work: Path, bench: int = 0) -> dict[str, int]:
+    """Conversations a GPU for each text: `per_gpu` short-turn ones, and `bench` bench-text ones (0: as
+    many as hold the same words as the short-turn ones)."""
+    if bench:
+        return {"short": per_gpu, "bench": bench}
     probe = work / "short-probe.json"
     e2e.make_conversations(per_gpu, probe, "short")
     target = text_kinds.words(probe)
@@ -131,6 +133,9 @@ def main() -> int:
     p.add_argument("--size", choices=("tiny", "full"), help="write a random-weight model when --model-dir has none")
     p.add_argument("--gpu-counts", default="1,2,4", help="comma-separated GPU counts, each from GPU 0 up")
     p.add_argument("--per-gpu", type=int, default=2000, help="short-turn conversations a GPU (the bench text matches)")
+    p.add_argument(
+        "--bench-per-gpu", type=int, default=0, help="bench-text conversations a GPU (0: the short-turn text's words)"
+    )
     p.add_argument("--texts", default="short,bench", help="short, bench or both, in that order of runs")
     p.add_argument("--engines", choices=("bash", "ray", "both"), default="both")
     p.add_argument("--ray-from", type=int, default=2, help="run the Ray engine only at this many GPUs and more")
@@ -145,7 +150,7 @@ def main() -> int:
     texts = [t for t in args.texts.split(",") if t]
     if not texts or set(texts) - set(TEXTS):
         p.error(f"--texts: short, bench or both, not {args.texts}")
-    counts = counts_per_gpu(args.per_gpu, work)
+    counts = counts_per_gpu(args.per_gpu, work, args.bench_per_gpu)
     engines = ("bash", "ray") if args.engines == "both" else (args.engines,)
     runs: list[dict] = []
     for text in texts:
