@@ -123,3 +123,26 @@ def test_the_marginal_steady_state_is_the_slope_of_wall_time_over_audio(tmp_path
     assert fit(found["ray"]) is None  # one size
     flat = [dict(r, wall=50.0) for r in found["bash"]]
     assert fit(flat) is None  # more audio took no longer
+
+
+def test_the_scaling_bench_sets_each_gpu_against_one_gpu_and_ray_against_run_all():
+    from scaling import table
+
+    def run(gpus, engine, rate, problems=0):
+        return {
+            "text": "short",
+            "gpus": gpus,
+            "engine": engine,
+            "exit_code": 0,
+            "wall_seconds": 100.0,
+            "end_to_end_audio_s_per_s": rate,
+            "problems": problems,
+        }
+
+    lines = table([run(1, "bash", 100.0), run(4, "bash", 360.0), run(4, "ray", 342.0, problems=2)])
+    assert [(x["per_gpu"], x["per_gpu_of_one"], x["of_run_all"]) for x in lines] == [
+        (100.0, 1.0, None),
+        (90.0, 0.9, None),
+        (85.5, 0.855, 0.95),  # Ray's one-GPU run left out: each GPU set against run_all.sh's one GPU
+    ]
+    assert lines[2]["problems"] == 2
