@@ -24,7 +24,7 @@ usage() {
   PAD="$(printf "%*s" $((${#PROG} + 8)) "")"  # under the first option, whatever the command's name
   cat <<EOF
 usage: $PROG --input FILE [--output-dir DIR] [--config configs/X.yaml]
-${PAD}[--gpus 0,1,... | --gpus cpu:N] [--workers K] [--mps auto|on|off]
+${PAD}[--gpus 0,1,... | --gpus cpu:N] [--workers K] [--mps auto|on|off|per-gpu]
 ${PAD}[--fraction F | --count N] [--seed S] [--set group.key=value ...]
 ${PAD}[--log-dir DIR] [--force-replan]
 ${PAD}[--engine ray [--address auto|HOST:PORT|local] [--slot-resource GPU|NAME]]
@@ -64,7 +64,7 @@ while [[ $# -gt 0 ]]; do
     --config) needs a file; CONFIG="$val"; shift 2 ;;
     --gpus) needs "a list of GPU ids (0,1,2) or cpu:N"; GPUS="$val"; shift 2 ;;
     --workers) needs a number; WORKERS="$val"; shift 2 ;;
-    --mps) needs "auto, on or off"; MPS="$val"; shift 2 ;;
+    --mps) needs "auto, on, off or per-gpu"; MPS="$val"; shift 2 ;;
     --fraction|--count|--seed) needs a value; PRE_ARGS+=("$1" "$val"); shift 2 ;;
     --set) needs group.key=value; SETS+=(--set "$val"); shift 2 ;;
     --log-dir) needs a folder; LOG_ROOT="$val"; shift 2 ;;
@@ -81,9 +81,10 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$INPUT" ]] || bad_usage "--input FILE is required"
 [[ -z "$WORKERS" || "$WORKERS" =~ ^[1-9][0-9]*$ ]] || bad_usage "--workers must be a positive integer"
-[[ "$MPS" =~ ^(auto|on|off)$ ]] || bad_usage "--mps takes auto, on or off"
+[[ "$MPS" =~ ^(auto|on|off|per-gpu)$ ]] || bad_usage "--mps takes auto, on, off or per-gpu"
 [[ "$ENGINE" =~ ^(bash|ray)$ ]] || bad_usage "--engine takes bash or ray"
 if [[ "$ENGINE" != ray && ( -n "$ADDRESS" || -n "$SLOT_RESOURCE" ) ]]; then bad_usage "--address and --slot-resource go with --engine ray"; fi
+if [[ "$ENGINE" == ray && "$MPS" == per-gpu ]]; then bad_usage "--mps per-gpu is for run_all.sh's own slots; --engine ray starts one MPS daemon a node"; fi
 if [[ "$ENGINE" == ray && -n "$GPUS" ]]; then bad_usage "--gpus is for one machine; --engine ray runs a slot per GPU of the cluster (or per --slot-resource)"; fi
 if [[ -n "$SLURM" ]]; then
   [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_NNODES:-}" ]] || bad_usage "--slurm needs SLURM_NODEID and SLURM_NNODES (run it under srun)"
@@ -220,14 +221,18 @@ if [[ "$ENGINE" == ray ]]; then
   DRIVER_PID=$!
   SLOT_PIDS+=("$DRIVER_PID")
 else
-  if [[ "${SLOT_DEVICES[0]}" != cpu ]]; then mps_start "$MPS" "$LOG_DIR/mps"; export CONVTTS_MPS_READY="$(date +%s.%N)"; fi
+  if [[ "${SLOT_DEVICES[0]}" != cpu ]]; then
+    mps_start "$MPS" "$LOG_DIR/mps" "${SLOT_DEVICES[@]}"
+    export CONVTTS_MPS_READY="$(date +%s.%N)"
+  fi
   NODE_ARGS=()
   [[ -n "$NODES" ]] && NODE_ARGS=(--node-rank "$NODE_RANK" --nodes "$NODES")
   for ((rank = 0; rank < WORLD; rank++)); do
     device="${SLOT_DEVICES[$rank]}"
     if [[ "$device" == cpu ]]; then visible="" kind=cpu; else visible="$device" kind=cuda; fi
     log_header "$LOG_DIR/slot-$rank.log"
-    CUDA_VISIBLE_DEVICES="$visible" "${SLOT[@]}" --output-dir "$OUT" --plan-ready "$PLAN_EXIT" "${SETS[@]}" \
+    mps_slot_env "$device"
+    env ${MPS_SLOT_ENV[@]+"${MPS_SLOT_ENV[@]}"} CUDA_VISIBLE_DEVICES="$visible" "${SLOT[@]}" --output-dir "$OUT" --plan-ready "$PLAN_EXIT" "${SETS[@]}" \
       --rank "$rank" --world "$WORLD" --device "$kind" --run-id "$RUN_ID" --log-dir "$LOG_DIR" "${NODE_ARGS[@]}" \
       --parent-pid $$ >>"$LOG_DIR/slot-$rank.log" 2>&1 &
     SLOT_PIDS+=($!)

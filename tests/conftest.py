@@ -219,14 +219,15 @@ def alive(pid: int) -> bool:
 
 
 # A stand-in nvidia-cuda-mps-control (no GPU here): records each request in $MPS_TEST_LOG. -d starts
-# the daemon (exit code $MPS_TEST_START_EXIT); other requests come on stdin (get_server_list, quit).
+# the daemon (exit code $MPS_TEST_START_EXIT); other requests come on stdin (get_server_list, quit). Each line
+# names the daemon's pipe folder (and, at the start, the GPUs it sees).
 FAKE_MPS = """#!/bin/sh
 if [ "$1" = "-d" ]; then
-  echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "$MPS_TEST_LOG"
+  echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY visible=$CUDA_VISIBLE_DEVICES" >>"$MPS_TEST_LOG"
   exit "${MPS_TEST_START_EXIT:-0}"
 fi
 read request
-echo "$request" >> "$MPS_TEST_LOG"
+echo "$request pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$MPS_TEST_LOG"
 """
 
 

@@ -95,6 +95,46 @@ def test_mps_starts_before_the_slots_and_stops_after_success(tmp_path, small_inp
     assert_complete(tmp_path / "out")
 
 
+def test_mps_per_gpu_starts_a_daemon_for_each_gpu_and_each_slot_reaches_its_own(tmp_path, small_input, mps_env):
+    env, record = mps_env
+    log = tmp_path / "log"
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "0,1",
+        "--workers",
+        "1",
+        "--mps",
+        "per-gpu",
+        "--log-dir",
+        log,
+        env=dict(env, MPS_TEST_GPUS="0 1"),
+    )
+    assert result.returncode == 0, result.stderr
+    run_dir = next(log.rglob("slot-0.log")).parent
+    lines = record.read_text().splitlines()
+    starts = [dict(field.split("=", 1) for field in line.split()[1:]) for line in lines if line.startswith("start ")]
+    assert [(start["log"], start["visible"]) for start in starts] == [
+        (f"{run_dir}/mps/log-{gpu}", str(gpu)) for gpu in (0, 1)
+    ]
+    pipes = [start["pipe"] for start in starts]  # under this deep tmp_path: short folders in /tmp, one a GPU
+    assert len(set(pipes)) == 2 and all(pipe.startswith("/tmp/convtts-mps.") for pipe in pipes), pipes
+    assert sorted(line for line in lines if line.startswith("quit ")) == sorted(f"quit pipe={pipe}" for pipe in pipes)
+    assert not any(Path(pipe).exists() for pipe in pipes)
+    for rank in (0, 1):
+        slot_log = (run_dir / f"slot-{rank}.log").read_text()
+        assert f"slot {rank}: GPU {rank}, the MPS daemon of {pipes[rank]}" in slot_log, slot_log
+    assert_complete(tmp_path / "out")
+
+
+def test_mps_per_gpu_is_refused_with_the_ray_engine(tmp_path, small_input):
+    refused = run_all("--input", small_input, "--output-dir", tmp_path / "out", "--engine", "ray", "--mps", "per-gpu")
+    assert refused.returncode == 2 and "--mps per-gpu is for run_all.sh's own slots" in refused.stderr
+
+
 def test_a_long_log_path_gets_a_short_mps_pipe_folder_removed_after_the_run(tmp_path, small_input, mps_env):
     """A unix socket's path must be short: under a deep log folder MPS gets a folder of its own in
     /tmp, and the run takes it away when it stops MPS."""

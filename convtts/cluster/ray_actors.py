@@ -76,8 +76,8 @@ class NodeMPS:
         what mps.sh said."""
         script = (
             'source "$0"; mps_start "$1" "$2"; '
-            'if [[ -n "$MPS_STARTED" ]]; then '
-            'echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY $MPS_TEMP_PIPE"; fi'
+            "if ((${#MPS_PIPES[@]})); then "
+            'echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY ${MPS_TEMP_PIPES[0]:-}"; fi'
         )
         done = subprocess.run(
             ["bash", "-c", script, str(MPS_SCRIPT), mode, folder], capture_output=True, text=True, timeout=120
@@ -91,7 +91,7 @@ class NodeMPS:
     def stop(self) -> None:
         """mps.sh's own mps_stop, as run_all.sh's: the daemon told to quit, the short pipe folder removed."""
         if self.env:
-            script = 'source "$0"; MPS_STARTED=1 MPS_TEMP_PIPE="$1"; mps_stop'
+            script = 'source "$0"; MPS_PIPES=("$CUDA_MPS_PIPE_DIRECTORY"); MPS_TEMP_PIPES=($1); mps_stop'
             subprocess.run(
                 ["bash", "-c", script, str(MPS_SCRIPT), self.temporary],
                 env={**os.environ, **self.env},

@@ -80,6 +80,7 @@ def main(argv=None) -> int:
         fail(f"--node-rank must be in 0..{args.nodes - 1} (--nodes {args.nodes}), got {args.node_rank}")
     feed = open_feed() if args.feed else None
     prepare_environment(args.device)
+    say_mps(args)
 
     from convtts.run.slot import SlotStopped, install_stop_handlers
 
@@ -194,6 +195,19 @@ def open_feed():
     os.dup2(2, 1)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     return ShardFeed(0, requests)
+
+
+def say_mps(args: argparse.Namespace) -> None:
+    """Which MPS daemon this slot's workers reach (its pipe folder), or that there is none: one a node,
+    or one a GPU with run_all.sh --mps per-gpu."""
+    if args.device != "cuda":
+        return
+    import logging
+
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    where = f"the MPS daemon of {pipe}" if pipe else "no MPS daemon"
+    logging.getLogger("slot").info("slot %d: GPU %s, %s", args.rank, visible or "(all)", where)
 
 
 def prepare_environment(device: str) -> None:
