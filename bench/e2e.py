@@ -124,6 +124,8 @@ def command(engine: str, args, source: Path, out: Path) -> list[str]:
         "--set",
         f"tts.cosyvoice.model_dir={args.model_dir}",
     ]
+    if getattr(args, "mps", None):
+        cmd += ["--mps", args.mps]
     if engine == "ray":
         cmd += ["--engine", "ray", "--address", args.ray_address]
         if args.gpus and args.gpus.startswith("cpu:"):
@@ -677,7 +679,7 @@ def fresh_work(parser: argparse.ArgumentParser, args) -> Path:
 
 
 def add_version_args(p: argparse.ArgumentParser) -> None:
-    """The options e2e.py and text_kinds.py share: which CosyVoice, its runtime, the per-job limit."""
+    """The options the whole-job benches share: which CosyVoice, its runtime, the per-job limit, MPS."""
     p.add_argument("--version", type=int, choices=(1, 2, 3), default=1, help="CosyVoice generation of --model-dir")
     p.add_argument(
         "--runtime-root",
@@ -685,6 +687,7 @@ def add_version_args(p: argparse.ArgumentParser) -> None:
         help="v2/v3: a CosyVoice checkout (default $COSYVOICE_ROOT; v2 also runs on the installed package)",
     )
     p.add_argument("--config", help="default: configs/cosyvoice.yaml, cosyvoice2.yaml or cosyvoice3.yaml by --version")
+    p.add_argument("--mps", choices=("auto", "on", "off", "per-gpu"), help="run_all.sh --mps (default: its own)")
     p.add_argument(
         "--job-limit",
         type=float,

@@ -123,6 +123,7 @@ class Scenario:
 
     def command(self, engine_args: list[str], sets: list[str] = ()) -> list[str]:
         cmd = ["./run_all.sh", "--config", str(self.args.config), "--input", str(self.args.source)]
+        cmd += ["--mps", self.args.mps] if self.args.mps else []  # before engine_args: theirs win
         cmd += ["--output-dir", str(self.out), "--log-dir", str(self.log), *engine_args]
         for item in [f"tts.cosyvoice.model_dir={self.args.model_dir}", *self.args.set, *sets]:
             cmd += ["--set", item]
