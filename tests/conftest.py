@@ -219,15 +219,18 @@ def alive(pid: int) -> bool:
 
 
 # A stand-in nvidia-cuda-mps-control (no GPU here): records each request in $MPS_TEST_LOG. -d starts
-# the daemon (exit code $MPS_TEST_START_EXIT); other requests come on stdin (get_server_list, quit). Each line
-# names the daemon's pipe folder (and, at the start, the GPUs it sees).
+# the daemon (exit code $MPS_TEST_START_EXIT, or 1 for the GPU $MPS_TEST_FAIL_VISIBLE); other requests come on
+# stdin (get_server_list, quit). Each line names the daemon's pipe folder (at the start, the GPUs it sees; after,
+# whether the folder was still there).
 FAKE_MPS = """#!/bin/sh
 if [ "$1" = "-d" ]; then
   echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY visible=$CUDA_VISIBLE_DEVICES" >>"$MPS_TEST_LOG"
+  [ -n "$MPS_TEST_FAIL_VISIBLE" ] && [ "$CUDA_VISIBLE_DEVICES" = "$MPS_TEST_FAIL_VISIBLE" ] && exit 1
   exit "${MPS_TEST_START_EXIT:-0}"
 fi
 read request
-echo "$request pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$MPS_TEST_LOG"
+[ -d "$CUDA_MPS_PIPE_DIRECTORY" ] && there=yes || there=no
+echo "$request pipe=$CUDA_MPS_PIPE_DIRECTORY there=$there" >> "$MPS_TEST_LOG"
 """
 
 

@@ -122,11 +122,45 @@ def test_mps_per_gpu_starts_a_daemon_for_each_gpu_and_each_slot_reaches_its_own(
     ]
     pipes = [start["pipe"] for start in starts]  # under this deep tmp_path: short folders in /tmp, one a GPU
     assert len(set(pipes)) == 2 and all(pipe.startswith("/tmp/convtts-mps.") for pipe in pipes), pipes
-    assert sorted(line for line in lines if line.startswith("quit ")) == sorted(f"quit pipe={pipe}" for pipe in pipes)
+    quits = sorted(line for line in lines if line.startswith("quit "))
+    assert quits == sorted(f"quit pipe={pipe} there=yes" for pipe in pipes)
     assert not any(Path(pipe).exists() for pipe in pipes)
     for rank in (0, 1):
         slot_log = (run_dir / f"slot-{rank}.log").read_text()
         assert f"slot {rank}: GPU {rank}, the MPS daemon of {pipes[rank]}" in slot_log, slot_log
+    assert_complete(tmp_path / "out")
+
+
+def test_mps_per_gpu_that_fails_on_one_gpu_stops_the_others_and_runs_without_mps(tmp_path, small_input, mps_env):
+    """GPU 1's daemon does not start: GPU 0's, already up, is told to quit through its pipe folder (a short
+    one in /tmp under this deep tmp_path) before that folder is removed, and every slot runs without MPS."""
+    env, record = mps_env
+    log = tmp_path / "log"
+    result = run_all(
+        "--input",
+        small_input,
+        "--output-dir",
+        tmp_path / "out",
+        "--gpus",
+        "0,1",
+        "--workers",
+        "1",
+        "--mps",
+        "per-gpu",
+        "--log-dir",
+        log,
+        env=dict(env, MPS_TEST_GPUS="0 1", MPS_TEST_FAIL_VISIBLE="1"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--mps per-gpu was asked for; continuing without it" in result.stderr
+    lines = record.read_text().splitlines()
+    first = dict(field.split("=", 1) for field in lines[0].split()[1:])
+    assert first["visible"] == "0"
+    assert [line for line in lines if line.startswith("quit ")] == [f"quit pipe={first['pipe']} there=yes"]
+    assert not any(Path(line.split()[1].removeprefix("pipe=")).exists() for line in lines)
+    run_dir = next(log.rglob("slot-0.log")).parent
+    for rank in (0, 1):
+        assert f"slot {rank}: GPU {rank}, no MPS daemon" in (run_dir / f"slot-{rank}.log").read_text()
     assert_complete(tmp_path / "out")
 
 

@@ -28,8 +28,7 @@ mps_start() {
   fi
   for gpu in "$@"; do
     if ! mps_daemon "$dir/pipe-$gpu" "$dir/log-$gpu" "$gpu"; then
-      mps_not_started "$mode" "$dir/log-$gpu"
-      mps_stop  # all of them or none: a slot without its daemon would share none
+      mps_not_started "$mode" "$dir/log-$gpu"  # and the GPUs' daemons started so far stopped: all or none
       return 0
     fi
     MPS_GPU_PIPE[$gpu]="${MPS_PIPES[-1]}" MPS_GPU_LOG[$gpu]="$dir/log-$gpu"
@@ -56,10 +55,12 @@ mps_daemon() {
   return 1
 }
 
+# A daemon that did not start: said, and every daemon this run started stopped (each told to quit
+# through its pipe folder before the short ones in /tmp are removed).
 mps_not_started() {
   echo "run_all.sh: MPS control daemon did not start (see $2); running without MPS" >&2
   [[ "$1" == on || "$1" == per-gpu ]] && echo "run_all.sh: --mps $1 was asked for; continuing without it" >&2
-  mps_forget_pipes
+  mps_stop
 }
 
 mps_answers() {  # the daemon takes requests: asked every 0.05 s for up to 5 s (it is up in a fraction of one)
