@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import e2e  # bench/ is on sys.path when run as a script
+from soak import Proc, processes
 
 sys.path.insert(0, str(e2e.REPO))  # this checkout's convtts, run as python3 bench/...
 from convtts.state.layout import Layout
@@ -83,34 +84,26 @@ def whole_rows(out: Path) -> dict[str, list[dict]]:
     return rows
 
 
-def cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
+def args_of(proc: Proc) -> list[str]:
+    return proc.cmdline.decode(errors="replace").split("\0")
 
 
-def all_pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def slot_pid(rank: int) -> int | None:
+def slot_process(rank: int) -> Proc | None:
     """The slot process of `rank` (run_all.sh's parallel_cosyvoice.py, or a Ray actor's python -m convtts.run)."""
-    for pid in all_pids():
-        args = cmdline(pid)
+    for proc in processes():
+        args = args_of(proc)
         slot = any(a.endswith("parallel_cosyvoice.py") for a in args) or "convtts.run" in args
         if slot and "--rank" in args and args[args.index("--rank") + 1 : args.index("--rank") + 2] == [str(rank)]:
-            return pid
+            return proc
     return None
 
 
-def actor_pid(slot: int) -> int | None:
+def actor_process(slot: Proc) -> Proc | None:
     """The Ray worker process whose child is this slot process (the SlotProcess actor)."""
-    try:
-        parent = int(Path(f"/proc/{slot}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return parent if any("SlotProcess" in a or a.startswith("ray::") for a in cmdline(parent)) else None
+    parent = next((proc for proc in processes() if proc.pid == slot.ppid), None)
+    if parent and any("SlotProcess" in a or a.startswith("ray::") for a in args_of(parent)):
+        return parent
+    return None
 
 
 class Scenario:
@@ -181,12 +174,11 @@ class Scenario:
         return self.figures
 
 
-def kill(pid: int | None, what: str, figures: dict) -> None:
-    if pid is None:
+def kill(proc: Proc | None, what: str, figures: dict) -> None:
+    if proc is None:
         raise SystemExit(f"gpu_faults: no {what} to kill")
-    line = " ".join(cmdline(pid))[:200]
-    os.kill(pid, signal.SIGKILL)
-    figures.setdefault("killed", []).append({"what": what, "pid": pid, "cmdline": line})
+    os.kill(proc.pid, signal.SIGKILL)
+    figures.setdefault("killed", []).append({"what": what, "pid": proc.pid, "cmdline": " ".join(args_of(proc))[:200]})
 
 
 def slot_scenario(args) -> dict:
@@ -194,7 +186,7 @@ def slot_scenario(args) -> dict:
     cmd = s.command(["--gpus", args.gpus])
     run = s.start(cmd)
     if s.wait_share(run):
-        kill(slot_pid(0), "slot 0", s.figures)
+        kill(slot_process(0), "slot 0", s.figures)
     s.finish(run, "kill -9 slot 0")
     s.figures["first_run_exit_1"] = s.figures["runs"][0]["exit_code"] == 1
     return s.rerun_and_check(cmd)
@@ -208,8 +200,8 @@ def ray_engine_args(args, address: str) -> list[str]:
 def kill_an_actor(s: Scenario, run: subprocess.Popen, *_) -> None:
     """Once a quarter is spoken: kill -9 the Ray worker process holding slot 0's actor."""
     if s.wait_share(run):
-        slot = slot_pid(0)
-        kill(actor_pid(slot) if slot else None, "the Ray worker process of slot 0's actor", s.figures)
+        slot = slot_process(0)
+        kill(actor_process(slot) if slot else None, "the Ray worker process of slot 0's actor", s.figures)
 
 
 def remove_a_node(s: Scenario, run: subprocess.Popen, head, nodes: list) -> None:
