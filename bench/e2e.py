@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -54,6 +55,21 @@ VOICES = ("anna", "ben")  # the zero-shot voices of configs/cosyvoice2.yaml and 
 PROMPT_TEXT = "This is a short prompt for a new voice, about ten words."
 INSTRUCTION = "You are a helpful assistant.<|endofprompt|>"  # CosyVoice3 wants it in every prompt text
 PHASES = ("process", "gate", "imports", "cuda", "modules", "frontend", "weights", "engine", "other")
+
+
+@contextmanager
+def cuda_visible(devices: str | None):
+    """CUDA_VISIBLE_DEVICES set to `devices` for what starts inside (None: left as it is), restored after."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def make_conversations(count: int, path: Path, text: str = "bench") -> None:

@@ -255,16 +255,8 @@ def ray_cluster_run(args, s: Scenario, nodes: list[dict], fault) -> dict:
 def add_node(head, node: dict):
     """A raylet on this host; `_gpus`: the GPU ids it offers (its GPU ids are read as it starts)."""
     gpus = node.pop("_gpus", None)
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if gpus is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    try:
+    with e2e.cuda_visible(",".join(gpus) if gpus is not None else None):
         return head.add_node(**node)
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def slots_started(log: Path) -> list[str]:

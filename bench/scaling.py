@@ -57,16 +57,9 @@ def one_run(args, text: str, gpus: int, engine: str, source: Path) -> dict:
     work = Path(args.work) / f"{text}-{gpus}-{engine}"
     work.mkdir(parents=True)
     run_args = argparse.Namespace(**{**vars(args), "work": str(work), "gpus": visible(gpus, args.cpu)})
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if engine == "ray" and not args.cpu:
-        os.environ["CUDA_VISIBLE_DEVICES"] = run_args.gpus  # the local cluster sees these GPUs alone
-    try:
+    ray_gpus = run_args.gpus if engine == "ray" and not args.cpu else None  # the local cluster sees these alone
+    with e2e.cuda_visible(ray_gpus):
         figures = e2e.run(engine, run_args, source)
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
     started = time.time()
     problems = check_complete(work / f"out-{engine}", processes=os.cpu_count() or 1)
     figures.update(

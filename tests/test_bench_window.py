@@ -3,6 +3,7 @@ has written, so a worker that holds its takes for the gate's batch is not charge
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -146,3 +147,21 @@ def test_the_scaling_bench_sets_each_gpu_against_one_gpu_and_ray_against_run_all
         (85.5, 0.855, 0.95),  # Ray's one-GPU run left out: each GPU set against run_all.sh's one GPU
     ]
     assert lines[2]["problems"] == 2
+
+
+def test_the_benches_set_the_visible_gpus_for_what_they_start_and_put_them_back(monkeypatch):
+    from e2e import cuda_visible
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with cuda_visible("2,3"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with cuda_visible(None):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    try:
+        with cuda_visible("1"):
+            raise RuntimeError("a run that failed")
+    except RuntimeError:
+        pass
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
