@@ -187,7 +187,7 @@ class FlowConfig:
     vocoder_pass_ms: float = 12.0
     vocoder_frame_us: float = 7.5
     frame_buckets: int = 8  # widths a doubling of frames is cut into (a pass is padded up to the next)
-    capture_after: int = 2  # passes of one shape before its graph is captured
+    capture_after: int = 2  # the pass of one shape that captures its graph (1: the first), replayed from then on
 
     def check(self) -> None:
         if not 0 <= self.max_graphs <= 256:

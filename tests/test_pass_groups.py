@@ -6,6 +6,7 @@ import itertools
 import random
 
 import pytest
+import torch
 
 from convtts.config import ConfigError, load_config
 from convtts.speak.cosyvoice.engine.flow import PassCosts, cheapest_groups, length_groups
@@ -136,3 +137,81 @@ def test_an_eager_pass_is_priced_at_its_own_size_and_a_held_graph_at_its_bucket(
     flow.solver, flow.costs = Solver(), PassCosts(pass_ms=700.0, frame_us=18.0, replay_ms=60.0)
     assert flow.pass_seconds(13, 700) == pytest.approx((700.0 + 18.0 * 13 * 700 / 1000) / 1000)  # not 16 x 704
     assert flow.pass_seconds(20, 510) == pytest.approx((60.0 + 18.0 * 24 * 512 / 1000) / 1000)  # the graph's bucket
+
+
+class RecordedGraphs:
+    """GraphCache's capture recorded instead of a CUDA graph (no GPU here): a 'graph' replays the
+    function on its static inputs, so what each pass returns and what ran can be checked."""
+
+    def __init__(self, fails: int = 0):
+        from convtts.speak.cosyvoice.engine.solver import Captured, GraphCache
+
+        self.calls: list[str] = []
+        self.fails = fails
+
+        def fn(x):
+            self.calls.append("run")
+            return x * 2
+
+        recorder = self
+
+        class Recording(GraphCache):
+            def _capture(self, key, inputs):
+                recorder.calls.append("capture")
+                if recorder.fails:
+                    recorder.fails -= 1
+                    self._capture_failed(RuntimeError("operation not permitted when stream is capturing"))
+                    return None
+                static = tuple(t.clone() for t in inputs)
+                output = torch.empty_like(static[0])
+
+                class Graph:
+                    def replay(self):
+                        recorder.calls.append("replay")
+                        output.copy_(static[0] * 2)
+
+                entry = self.graphs[key] = Captured(Graph(), static, output)
+                self.captures += 1
+                return entry
+
+        self.cache = Recording(fn, limit=8, capture_after=1)
+
+
+def test_a_graph_is_captured_and_replayed_by_the_pass_that_admits_it_once_the_function_has_run_eagerly():
+    """Recording a pass's launches costs about what running them does: the pass that captures a
+    shape replays the graph for its result instead of also running eagerly (only the process's first
+    run is eager, for the lazy set-up a capture must not record)."""
+    graphs = RecordedGraphs()
+    first = graphs.cache.run((4, 256), (torch.ones(2),))
+    assert graphs.calls == ["run", "capture"] and torch.equal(first, torch.full((2,), 2.0))
+    graphs.calls.clear()
+    second = graphs.cache.run((8, 512), (torch.full((3,), 5.0),))
+    assert graphs.calls == ["capture", "replay"]  # no eager run of the new shape
+    assert torch.equal(second, torch.full((3,), 10.0))
+    graphs.calls.clear()
+    again = graphs.cache.run((8, 512), (torch.full((3,), 7.0),))
+    assert graphs.calls == ["replay"] and torch.equal(again, torch.full((3,), 14.0))
+    assert graphs.cache.counts() == (3, 2, 2)  # passes, replays, captures
+
+
+def test_an_eager_pass_outside_the_cache_warms_it_for_direct_captures():
+    graphs = RecordedGraphs()
+    graphs.cache.skip((2, 128))  # the solver ran this pass eagerly at its own size
+    out = graphs.cache.run((4, 256), (torch.ones(2),))
+    assert graphs.calls == ["capture", "replay"] and torch.equal(out, torch.full((2,), 2.0))
+
+
+def test_a_direct_capture_that_fails_runs_the_pass_eagerly_and_later_shapes_run_eagerly_before_their_capture():
+    graphs = RecordedGraphs(fails=1)
+    graphs.cache.run((4, 256), (torch.ones(2),))  # eager (the warm-up), then its capture fails
+    assert graphs.calls == ["run", "capture"] and not graphs.cache.direct and not graphs.cache.broken
+    graphs.calls.clear()
+    out = graphs.cache.run((8, 512), (torch.full((3,), 5.0),))
+    assert graphs.calls == ["run", "capture"] and torch.equal(out, torch.full((3,), 10.0))
+    graphs.calls.clear()
+    graphs.fails = 1
+    graphs.cache.run((16, 512), (torch.ones(2),))  # fails again in the eager-first order: eager for good
+    assert graphs.cache.broken
+    graphs.calls.clear()
+    graphs.cache.run((32, 512), (torch.ones(2),))
+    assert graphs.calls == ["run"]
