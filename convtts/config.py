@@ -239,6 +239,9 @@ class CosyVoiceConfig:
     cuda_graphs: bool = True
     compile: bool = False
     sampler: str = "auto"
+    # The static step's attention: triton (one kernel reading each row's own cache positions), torch (every
+    # row read up to the longest: the reference) or auto (triton on a GPU where Triton imports, else torch).
+    attention: str = "auto"
     max_row_tokens: int = 0
     flow: FlowConfig = field(default_factory=FlowConfig)  # the flow's and vocoder's passes
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
@@ -261,6 +264,8 @@ class CosyVoiceConfig:
             raise ConfigError(f"tts.cosyvoice.decode must be one of {DECODES}, got {self.decode!r}")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"tts.cosyvoice.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"tts.cosyvoice.attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.sampler == "gpu" and self.decode != "static":
             raise ConfigError("tts.cosyvoice.sampler=gpu needs tts.cosyvoice.decode=static")
         if self.compile and self.decode != "static":
@@ -273,6 +278,7 @@ class CosyVoiceConfig:
 
 DECODES = ("static", "upstream")
 SAMPLERS = ("auto", "cpu", "gpu")
+ATTENTIONS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)

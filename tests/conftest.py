@@ -312,3 +312,87 @@ def assert_complete(out: Path) -> list[dict]:
 def small_input(tmp_path) -> Path:
     """Four sample conversations: fifty segments at 30 words."""
     return write_input(tmp_path / "convs.json", llava_conversations(4))
+
+
+# -- small LLMs of the released layouts, for the decode steps' tests ---------------------------------
+
+
+def v1_llm(blocks: int = 3, heads: int = 4):
+    """A TransformerLM of the released layout (tiny widths, several layers and heads), random weights."""
+    import torch
+    from hyperpyyaml import load_hyperpyyaml
+
+    from convtts.testing import cosyvoice_v1 as v1
+
+    sizes = dict(v1.SIZES["tiny"], llm_blocks=blocks, llm_heads=heads)
+    text = v1.YAML.format(
+        seed=7,
+        sample_rate=v1.SAMPLE_RATE,
+        cfm=v1.CFM.format(cfm_class="ConditionalCFM"),
+        text_vocab=v1.TEXT_VOCAB,
+        speech_vocab=v1.SPEECH_VOCAB,
+        token_rate=v1.TOKEN_RATE,
+        hop=v1.HOP,
+        pin="",
+        **sizes,
+    )
+    torch.manual_seed(7)
+    return load_hyperpyyaml(text)["llm"].eval()
+
+
+def qwen_checkpoint(path: Path) -> Path:
+    """A Qwen2 checkpoint with three layers and grouped-query attention (4 query heads on 2 key heads)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(11)
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_dir(tmp_path_factory):
+    """A Qwen2 checkpoint with three layers and grouped-query attention (4 query heads on 2 key heads)."""
+    return qwen_checkpoint(tmp_path_factory.mktemp("qwen") / "backbone")
+
+
+def qwen_llm(path):
+    """A Qwen2LM (v2's LLM class) over the checkpoint, as upstream's yaml builds it."""
+    import functools
+
+    import torch
+    from cosyvoice.llm.llm import Qwen2Encoder, Qwen2LM
+    from cosyvoice.utils.common import ras_sampling
+
+    from convtts.speak.cosyvoice.runtime import _decode_steps_see_the_whole_cache
+
+    _decode_steps_see_the_whole_cache()  # as every model load does (transformers 5 masks)
+    torch.manual_seed(12)
+    sampling = functools.partial(ras_sampling, top_p=0.8, top_k=25, win_size=10, tau_r=0.1)
+    return Qwen2LM(32, 32, 120, Qwen2Encoder(str(path)), sampling).float().eval()
+
+
+def sequence(slot: int, text_tokens: int, seed: int, max_len: int = 200, v1: bool = True):
+    """A decode Sequence of random text tokens (and v1's speaker embedding or v2's prompt tokens) in `slot`."""
+    import torch
+
+    from convtts.speak.cosyvoice.engine.requests import Request, Sequence
+
+    generator = torch.Generator().manual_seed(seed)
+    chunk = {"text": torch.randint(0, 250, (1, text_tokens), generator=generator, dtype=torch.int32)}
+    if v1:
+        chunk["llm_embedding"] = torch.randn(1, 192, generator=generator)
+    else:
+        chunk["llm_prompt_speech_token"] = torch.randint(0, 100, (1, 4), generator=generator, dtype=torch.int32)
+    seq = Sequence(Request(seed, [chunk], seed), chunk, 0, min_len=0, max_len=max_len)
+    seq.slot = slot
+    return seq

@@ -15,8 +15,9 @@ import functools
 import pytest
 import torch
 
+from conftest import qwen_llm, sequence, v1_llm
 from convtts.speak.cosyvoice.engine.graphs import length_bucket, row_bucket, row_buckets
-from convtts.speak.cosyvoice.engine.requests import Request, Sequence
+from convtts.speak.cosyvoice.engine.requests import Sequence
 from convtts.speak.cosyvoice.engine.runner import DTYPES, DecodeOptions
 
 STEPS = 130  # past the first length bucket (128 positions)
@@ -25,73 +26,6 @@ FP32 = dict(rtol=1e-5, atol=1e-5)
 # of 30 random-weight steps stay this close to fp32's (measured at most: bf16 0.019 for v1, 0.011 for Qwen2;
 # fp16 0.0024 and 0.0014).
 HALF = {"bf16": dict(rtol=0, atol=0.06), "fp16": dict(rtol=0, atol=0.008)}
-
-
-def v1_llm(blocks: int = 3, heads: int = 4):
-    """A TransformerLM of the released layout (tiny widths, several layers and heads), random weights."""
-    from hyperpyyaml import load_hyperpyyaml
-
-    from convtts.testing import cosyvoice_v1 as v1
-
-    sizes = dict(v1.SIZES["tiny"], llm_blocks=blocks, llm_heads=heads)
-    text = v1.YAML.format(
-        seed=7,
-        sample_rate=v1.SAMPLE_RATE,
-        cfm=v1.CFM.format(cfm_class="ConditionalCFM"),
-        text_vocab=v1.TEXT_VOCAB,
-        speech_vocab=v1.SPEECH_VOCAB,
-        token_rate=v1.TOKEN_RATE,
-        hop=v1.HOP,
-        pin="",
-        **sizes,
-    )
-    torch.manual_seed(7)
-    return load_hyperpyyaml(text)["llm"].eval()
-
-
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory):
-    """A Qwen2 checkpoint with three layers and grouped-query attention (4 query heads on 2 key heads)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(11)
-    config = Qwen2Config(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
-    path = tmp_path_factory.mktemp("qwen") / "backbone"
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
-
-
-def qwen_llm(path):
-    """A Qwen2LM (v2's LLM class) over the checkpoint, as upstream's yaml builds it."""
-    from cosyvoice.llm.llm import Qwen2Encoder, Qwen2LM
-    from cosyvoice.utils.common import ras_sampling
-
-    from convtts.speak.cosyvoice.runtime import _decode_steps_see_the_whole_cache
-
-    _decode_steps_see_the_whole_cache()  # as every model load does (transformers 5 masks)
-    torch.manual_seed(12)
-    sampling = functools.partial(ras_sampling, top_p=0.8, top_k=25, win_size=10, tau_r=0.1)
-    return Qwen2LM(32, 32, 120, Qwen2Encoder(str(path)), sampling).float().eval()
-
-
-def sequence(slot: int, text_tokens: int, seed: int, max_len: int = 200, v1: bool = True) -> Sequence:
-    generator = torch.Generator().manual_seed(seed)
-    chunk = {"text": torch.randint(0, 250, (1, text_tokens), generator=generator, dtype=torch.int32)}
-    if v1:
-        chunk["llm_embedding"] = torch.randn(1, 192, generator=generator)
-    else:
-        chunk["llm_prompt_speech_token"] = torch.randint(0, 100, (1, 4), generator=generator, dtype=torch.int32)
-    seq = Sequence(Request(seed, [chunk], seed), chunk, 0, min_len=0, max_len=max_len)
-    seq.slot = slot
-    return seq
 
 
 class V1Reference:

@@ -136,6 +136,7 @@ def decode_options(config: Config):
         cuda_graphs=cosy.cuda_graphs,
         compile=cosy.compile,
         sampler=cosy.sampler,
+        attention=cosy.attention,
         row_tokens=row_tokens(config),
     )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from convtts.speak.cosyvoice.engine import attention
 from convtts.speak.cosyvoice.engine.graphs import StepGraphs, length_bucket, row_bucket
 from convtts.speak.cosyvoice.engine.kvcache import PaddedCache, StaticCache, round_capacity
 
@@ -42,6 +43,7 @@ class DecodeOptions:
     cuda_graphs: bool = True  # static decode on CUDA: one graph per bucket
     compile: bool = False  # static decode: torch.compile the step (inside the graphs)
     sampler: str = "auto"  # cpu: upstream's exact rule per row; gpu: the same rule on the GPU; auto: gpu on CUDA
+    attention: str = "auto"  # static step: triton (each row's own positions), torch, auto (triton where it runs)
     row_tokens: int = 1024  # static cache positions per row to start with (it grows when a chunk needs more)
 
 
@@ -148,6 +150,14 @@ class StaticRunner(Runner):
         self.cache: StaticCache | None = None
         self.sampler = None  # a GpuSampler when the step draws the tokens
         self.graphs: StepGraphs | None = None
+        self.kernel = self._kernel(options.attention)
+
+    def _kernel(self, choice: str) -> bool:
+        """Whether the step's attention runs as attention.py's kernel (each row's own positions)."""
+        runs = attention.available(torch.device(self.device))
+        if choice == "triton" and not runs:
+            log.warning("tts.cosyvoice.attention=triton needs a GPU with Triton: the step's attention runs in torch")
+        return runs and choice != "torch"
 
     def prepare(self, rows: int, sampler=None) -> None:
         """Allocate the cache for `rows` rows (again only if that changed); `sampler` builds a GpuSampler or is None."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from convtts.speak.cosyvoice.engine.attention import decode_attention
 from convtts.speak.cosyvoice.engine.runner import StaticRunner, UpstreamRunner
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
@@ -158,7 +159,7 @@ class QwenRunner(StaticRunner):
         lengths = self.cache.lengths[:rows]  # the new token's position in each slot
         x = self.llm.speech_embedding.weight[self.cache.tokens[:rows]]
         cos, sin = self.cos[lengths].unsqueeze(1), self.sin[lengths].unsqueeze(1)
-        beyond = (self.positions[:length][None, :] > lengths[:, None])[:, None, None, :]
+        beyond = None if self.kernel else (self.positions[:length][None, :] > lengths[:, None])[:, None, None, :]
         for i, layer in enumerate(self.layers):
             x = x + self.attend(i, layer.self_attn, layer.input_layernorm(x), lengths, cos, sin, beyond, length)
             h = layer.post_attention_layernorm(x)
@@ -173,6 +174,10 @@ class QwenRunner(StaticRunner):
         q = rotate(q.view(rows, self.heads, dim), cos, sin)
         k = rotate(k.view(rows, groups, dim), cos, sin)
         self.cache.write(i, rows, lengths, k, v.view(rows, groups, dim))
+        if self.kernel:  # each row's own positions (attention.py); query heads of a key head read it in turn
+            keys, values = self.cache.k[i, :rows], self.cache.v[i, :rows]
+            context = decode_attention(q, keys, values, lengths, length, attention.scaling)
+            return attention.o_proj(context.reshape(rows, self.heads * dim))
         keys, values = self.cache.k[i, :rows, :, :length], self.cache.v[i, :rows, :, :length]
         q = q.view(rows, groups, self.heads // groups, dim)  # the query heads sharing each key head
         scores = torch.matmul(q, keys.transpose(-1, -2)) * attention.scaling

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
+from convtts.speak.cosyvoice.engine.attention import decode_attention
 from convtts.speak.cosyvoice.engine.runner import StaticRunner, UpstreamRunner
 
 
@@ -240,11 +241,13 @@ class TransformerRunner(StaticRunner):
         ]
 
     def tables(self, capacity: int) -> None:
-        """Per layer, linear_pos of relative positions 0..capacity-1, as [heads, head size, positions]."""
+        """Per layer, linear_pos of relative positions 0..capacity-1, as [heads, head size, positions] (a matrix
+        product's operand), or [heads, positions, head size] for the kernel (a position's entries read together)."""
         encoding = relative_encoding(self.encoder.embed.pos_enc, capacity).to(device=self.device, dtype=self.dtype)
         _, heads, dim = self.shape
+        order = (1, 0, 2) if self.kernel else (1, 2, 0)
         self.rel = [
-            layer.self_attn.linear_pos(encoding).view(capacity, heads, dim).permute(1, 2, 0).contiguous()
+            layer.self_attn.linear_pos(encoding).view(capacity, heads, dim).permute(*order).contiguous()
             for layer in self.encoder.encoders
         ]
         self.positions = torch.arange(capacity, device=self.device)
@@ -253,9 +256,11 @@ class TransformerRunner(StaticRunner):
         lengths = self.cache.lengths[:rows]  # the new token's position in each slot
         x = self.llm.speech_embedding.weight[self.cache.tokens[:rows]]
         x = self.encoder.embed.out(x) * self.encoder.embed.pos_enc.xscale
-        keys = self.positions[:length]
-        beyond = keys[None, :] > lengths[:, None]  # [rows, length]: positions past each row's own
-        distance = (lengths[:, None] - keys[None, :]).clamp(0, length - 1)
+        beyond = distance = None  # the kernel walks each row's own positions
+        if not self.kernel:
+            keys = self.positions[:length]
+            beyond = keys[None, :] > lengths[:, None]  # [rows, length]: positions past each row's own
+            distance = (lengths[:, None] - keys[None, :]).clamp(0, length - 1)
         for i, layer in enumerate(self.encoder.encoders):
             x = x + self.attend(i, layer.self_attn, layer.norm1(x), lengths, beyond, distance, length)
             x = x + layer.feed_forward(layer.norm2(x))
@@ -266,6 +271,11 @@ class TransformerRunner(StaticRunner):
         _, heads, dim = self.shape
         q, k, v = F.linear(x, *self.qkv[i]).view(rows, 3, heads, dim).unbind(1)
         self.cache.write(i, rows, lengths, k, v)
+        if self.kernel:
+            relative = (self.rel[i], attention.pos_bias_u, attention.pos_bias_v)
+            keys, values = self.cache.k[i, :rows], self.cache.v[i, :rows]
+            context = decode_attention(q, keys, values, lengths, length, 1 / math.sqrt(dim), relative)
+            return attention.linear_out(context.reshape(rows, heads * dim))
         keys, values = self.cache.k[i, :rows, :, :length], self.cache.v[i, :rows, :, :length]
         content = torch.matmul((q + attention.pos_bias_u).unsqueeze(2), keys.transpose(-1, -2)).squeeze(2)
         position = torch.matmul((q + attention.pos_bias_v).transpose(0, 1), self.rel[i][:, :, :length]).transpose(0, 1)
