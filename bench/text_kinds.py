@@ -8,6 +8,7 @@ job's figures (end to end, steady state, by row length, where the workers' time 
 end-to-end figures and their ratio (short over long).
 
     python3 bench/text_kinds.py --model-dir /tmp/cv300m --conversations 1000 --out "$OUT/kinds.json"
+    python3 bench/text_kinds.py --model-dir /tmp/cv300m --bench-conversations 1000 --out "$OUT/kinds.json"
     python3 bench/text_kinds.py --size tiny --model-dir /tmp/tiny --conversations 6 --gpus cpu:2 --work /tmp/k
     python3 bench/text_kinds.py --version 3 --model-dir /tmp/cv-v3 --conversations 300 --job-limit 240
 
@@ -36,14 +37,14 @@ def words(path: Path) -> int:
     )
 
 
-def matching_count(target: int, work: Path, largest: int = 100_000) -> int:
-    """The fewest bench-text conversations whose words reach `target` (the text repeats, so words grow
+def matching_count(target: int, work: Path, text: str = "bench", largest: int = 100_000) -> int:
+    """The fewest conversations of `text` whose words reach `target` (the text repeats, so words grow
     evenly: a bisection over the count)."""
     low, high = 1, largest
     probe = work / "probe.json"
     while low < high:
         middle = (low + high) // 2
-        e2e.make_conversations(middle, probe, "bench")
+        e2e.make_conversations(middle, probe, text)
         if words(probe) >= target:
             high = middle
         else:
@@ -66,11 +67,27 @@ def job(args, text: str, count: int) -> dict:
     return figures
 
 
+def counts(args, work: Path) -> tuple[int, int]:
+    """Conversations of each text for jobs of the same words: one side as asked, the other matched."""
+    sized, other = ("bench", "short") if args.bench_conversations else ("short", "bench")
+    count = args.bench_conversations or args.conversations
+    source = work / f"{sized}-words.json"
+    e2e.make_conversations(count, source, sized)
+    matched = matching_count(words(source), work, other)
+    source.unlink()
+    return (matched, count) if args.bench_conversations else (count, matched)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", default="/tmp/cv300m")
     p.add_argument("--size", choices=("tiny", "full"), help="write a random-weight model when --model-dir has none")
     p.add_argument("--conversations", type=int, default=1000, help="short-turn conversations (the long text matches)")
+    p.add_argument(
+        "--bench-conversations",
+        type=int,
+        help="size the long-answer job instead (1000: the Q&A job of docs/PERFORMANCE.md); the short one matches",
+    )
     p.add_argument("--engine", choices=("bash", "ray"), default="bash")
     p.add_argument("--gpus", help="run_all.sh --gpus (default: every GPU; cpu:N on a CPU machine)")
     p.add_argument("--ray-address", default="local")
@@ -80,11 +97,8 @@ def main() -> int:
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args()
     work = e2e.fresh_work(p, args)
-    short_source = work / "short-words.json"
-    e2e.make_conversations(args.conversations, short_source, "short")
-    long_count = matching_count(words(short_source), work)
-    short_source.unlink()
-    results = [job(args, "short", args.conversations), job(args, "bench", long_count)]
+    short_count, long_count = counts(args, work)
+    results = [job(args, "short", short_count), job(args, "bench", long_count)]
     short, long = (r["end_to_end_audio_s_per_s"] for r in results)
     ratio = round(short / long, 3) if short and long else None
     print(
