@@ -339,6 +339,10 @@ class WorkerConfig:
     # batch). A first batch of mixed lengths (a short-turn job's holds rows of 5 to 36 s) held to its end
     # leaves most rows empty while its longest decode; released at half, freed rows refill beside them.
     hold_release: float = 0.5
+    # Deal the workers' first batches from the longest ids (every k-th to each) instead of handing each the
+    # next run of them: the first worker to ask then no longer holds all of a job's longest rows, which end
+    # last. Not measured on a GPU yet; off keeps the order measured in docs/PERFORMANCE.md.
+    deal_first_batch: bool = False
 
     def check(self) -> None:
         if self.cuda_sync not in CUDA_SYNCS:

@@ -342,6 +342,26 @@ def test_a_first_batch_released_at_half_refills_once_half_of_it_is_back(tmp_path
     assert any(early.values()), early  # the worker with the long row refilled beside it
 
 
+@pytest.mark.parametrize("deal", [True, False])
+def test_dealt_first_batches_give_the_longest_rows_to_different_workers(tmp_path, deal):
+    """workers.deal_first_batch: the job's two long rows begin in the two workers' first batches, one
+    each; without it the first worker to ask takes both (its first piece is the four longest ids)."""
+    conversations = one_long_turn(12)
+    conversations[1]["conversations"][0]["value"] = conversations[0]["conversations"][0]["value"]
+    source = write_input(tmp_path / "convs.json", conversations)
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = script_env(CONVTTS_TEST_UTTERANCE_SECONDS=0.3, CONVTTS_TEST_ROWS=4)
+    dealing = f"workers.deal_first_batch={str(deal).lower()}"
+    more = ("--set", "tts.backend=paced_backend:PacedBatchTone", "--set", dealing)
+    result = paced_run(source, out, log, 2, *more, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(out)
+    longest = sorted(rows, key=lambda row: -len(row["text"].split()))[:2]
+    assert all(len(row["text"].split()) > 20 for row in longest)
+    workers = {row["worker"] for row in longest}
+    assert len(workers) == (2 if deal else 1), [(row["id"], row["worker"]) for row in longest]
+
+
 def test_a_batched_worker_holds_few_ids_it_cannot_begin(tmp_path, hundred_segments):
     """A batched worker asks for its free rows and one id more: the rest wait in the slot, longest
     first, so a slow worker never sits on long ids while a fast one begins shorter ones (one shard:

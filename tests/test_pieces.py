@@ -493,3 +493,48 @@ def test_a_shard_is_not_finished_while_a_piece_of_it_is_set_aside(tmp_path, monk
     assert [words[u] for u in _piece_ids(kept)] == [2, 1]
     book.done(int(kept.split()[1]), 2, 0, 1.0)
     assert book.finished == {"shard-00000"} and not book.open
+
+
+def test_first_batches_are_dealt_from_the_longest_ids_when_asked(tmp_path):
+    """workers.deal_first_batch: each of the four workers' first batches takes every fourth of the longest
+    ids, so none holds all of them; the pieces after go out longest first as before, each id once."""
+    lengths = list(range(64, 0, -1))
+    layout = plan_words(tmp_path, lengths)
+    words = {f"s0-{i}": k for i, k in enumerate(lengths)}
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=4)
+    queue.rows, queue.deal = 4, True
+    firsts = [queue.next_piece(room=4) for _ in range(4)]
+    assert [[words[uid] for uid in p.ids] for p in firsts] == [
+        [64, 60, 56, 52],
+        [63, 59, 55, 51],
+        [62, 58, 54, 50],
+        [61, 57, 53, 49],
+    ]
+    rest = []
+    while (piece := queue.next_piece(room=4)) is not None:
+        rest += piece.ids
+    assert [words[uid] for uid in rest] == list(range(48, 0, -1))
+    handed = [uid for p in firsts for uid in p.ids] + rest
+    assert len(handed) == len(set(handed)) == 64
+
+
+def test_without_dealing_the_first_worker_takes_the_longest_ids(tmp_path):
+    lengths = list(range(64, 0, -1))
+    layout = plan_words(tmp_path, lengths)
+    words = {f"s0-{i}": k for i, k in enumerate(lengths)}
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=4)
+    queue.rows = 4
+    assert [words[uid] for uid in queue.next_piece(room=4).ids] == [64, 63, 62, 61]
+
+
+def test_a_shard_smaller_than_the_dealt_batches_deals_at_a_smaller_stride(tmp_path):
+    lengths = list(range(10, 0, -1))
+    layout = plan_words(tmp_path, lengths)
+    words = {f"s0-{i}": k for i, k in enumerate(lengths)}
+    queue = WorkQueue(layout, ["shard-00000"], RUN, workers=4)
+    queue.rows, queue.deal = 4, True
+    handed = []
+    while (piece := queue.next_piece(room=4)) is not None:
+        handed.append([words[uid] for uid in piece.ids])
+    assert sorted(k for p in handed for k in p) == lengths[::-1]  # each id once
+    assert handed[0][0] == 10 and 9 not in handed[0]  # the two longest go to two workers

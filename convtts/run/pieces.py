@@ -17,6 +17,11 @@ death, or asked back for an idle one) go first. At the very end an idle worker t
 busy one holds and has not begun (the slot asks for them back), so the workers finish within about
 one utterance (one batch, batched) of each other.
 
+With workers.deal_first_batch, the workers' first batches are dealt instead: each takes every
+k-th of the longest ids, so every worker begins with its share of the job's longest rows and none
+holds all of them (their rows would end last, in one process, their flow passes and prefills in
+turn with their decode).
+
 Only the slot opens a shard (the resume bookkeeping, before any worker of this run is on it) and
 writes its stats file, once every id of every piece of it has been reported or handed back.
 """
@@ -187,6 +192,8 @@ class WorkQueue:
         self.todo_words = self.total * self.mean_words  # words of those utterances: exact once all are open
         self.done_words = 0.0  # words of the utterances reported so far
         self.open: dict[str, ShardWork] = {}
+        self.deal = False  # workers.deal_first_batch: the first batches dealt from the longest ids
+        self.dealt = 0  # first batches cut so far
 
     def remaining(self) -> int:
         return sum(len(w.pending) for w in self.open.values()) + self.waiting_ids
@@ -204,7 +211,7 @@ class WorkQueue:
         if work is None:
             return None
         size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows, room)
-        ids = self.take(work, size)
+        ids = self.deal_ids(work, size) if self.dealing(work) else self.take(work, size)
         work.out += 1
         work.pieces += 1
         return new_piece(work, ids)
@@ -228,6 +235,25 @@ class WorkQueue:
         the next id of any other open shard (so the window goes out longest first); no runt left."""
         ids = take_longest(self.open.values(), work, size, self.words_of, work.front)
         work.front = max(0, work.front - len(ids))
+        return ids
+
+    def dealing(self, work: ShardWork) -> bool:
+        """Whether the next piece is a batched worker's first batch, dealt (workers.deal_first_batch)."""
+        return self.deal and self.rows > 1 and self.dealt < self.workers and work.front == 0
+
+    def deal_ids(self, work: ShardWork, size: int) -> list[str]:
+        """`size` of the shard's ids, every k-th from its longest (k the workers still without a first
+        batch), so the first batches share the longest rows out among the workers, as cards are dealt,
+        instead of the first worker to ask taking them all (its rows would end last). A shard of fewer
+        ids than that deals them at a smaller stride."""
+        stride = max(1, min(self.workers - self.dealt, len(work.pending) // max(size, 1)))
+        self.dealt += 1
+        pending = list(work.pending)
+        picked = set(range(0, min(len(pending), stride * size), stride))
+        work.pending = deque(uid for i, uid in enumerate(pending) if i not in picked)
+        ids = [pending[i] for i in sorted(picked)]
+        if len(work.pending) < MIN_PIECE:  # no runt left behind
+            ids += [work.pending.popleft() for _ in range(len(work.pending))]
         return ids
 
     def words_of(self, work: ShardWork, uid: str) -> float:

@@ -200,6 +200,8 @@ class Slot:
         count = self.options.workers if self.feed is not None else min(self.options.workers, self.work.total)
         self.work.workers = max(count, 1)
         self.work.rows = backend_rows(self.config)
+        if isinstance(self.work, WorkQueue):
+            self.work.deal = self.config.workers.deal_first_batch
         log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
         self.retire(count)
         self.progress.begin(self.work)
