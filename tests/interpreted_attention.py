@@ -59,6 +59,7 @@ def reference(q, keys, values, lengths, length, scale, relative=None):
 
 
 def check_kernel() -> None:
+    from convtts.speak.cosyvoice.engine import attention
     from convtts.speak.cosyvoice.engine.attention import decode_attention
 
     torch.manual_seed(5)
@@ -77,6 +78,8 @@ def check_kernel() -> None:
     torch.testing.assert_close(
         decode_attention(q, cache_k[1], cache_v[1], lengths, length, 1 / math.sqrt(dim), rows_first), got
     )
+    probe = attention.reference(q, cache_k[1], cache_v[1], lengths, length, 1 / math.sqrt(dim), rows_first)
+    torch.testing.assert_close(probe, want, rtol=1e-5, atol=1e-5)  # the reference the runners' check uses
     groups = torch.randn(rows, 2, capacity, dim), torch.randn(rows, 2, capacity, dim)
     q6 = torch.randn(rows, 6, dim)
     torch.testing.assert_close(
@@ -85,6 +88,21 @@ def check_kernel() -> None:
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+def check_probe() -> None:
+    """The check a runner makes before it takes the kernel: it passes here, and refuses a head size the
+    kernel cannot compile (not a power of two) and a kernel that raises, leaving torch's attention."""
+    from convtts.speak.cosyvoice.engine import attention
+
+    assert attention.works("cpu", 64, torch.float32)
+    assert not attention.works("cpu", 48, torch.float32)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    attention.decode_attention = broken
+    assert not attention.works("cpu", 32, torch.float32)
 
 
 def check_runner(family: str, qwen_dir: str | None) -> None:
@@ -134,6 +152,7 @@ def main(argv: list[str]) -> int:
     numpy_scalars()
     if argv[0] == "kernel":
         check_kernel()
+        check_probe()
     else:
         check_runner(argv[0], argv[1] if len(argv) > 1 else None)
     print("ok")

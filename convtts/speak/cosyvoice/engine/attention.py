@@ -20,7 +20,9 @@ path stays the reference, and tests run the kernels in Triton's interpreter on a
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 
 import torch
@@ -222,3 +224,63 @@ def decode_attention(
         SPLITS=triton.next_power_of_2(splits),
     )
     return out
+
+
+def reference(q, keys, values, lengths, length: int, scale: float, relative=None) -> torch.Tensor:
+    """The same attention in torch, in fp32, reading every row up to `length` and masking (the runners'
+    torch path, written plainly): what the kernel is checked against. The relative table is in the
+    kernel's layout, [heads, capacity, dim]."""
+    rows, heads, dim = q.shape
+    q, keys, values = q.float(), keys[:, :, :length].float(), values[:, :, :length].float()
+    group = heads // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    positions = torch.arange(length, device=q.device)
+    beyond = positions[None, :] > lengths[:, None]  # [rows, length]
+    if relative is None:
+        scores = torch.einsum("rhd,rhtd->rht", q, keys)
+    else:
+        table, bias_u, bias_v = (t.float() for t in relative)
+        distance = (lengths[:, None] - positions[None, :]).clamp(0, length - 1)  # [rows, length]
+        content = torch.einsum("rhd,rhtd->rht", q + bias_u, keys)
+        position = torch.einsum("rhd,hrtd->rht", q + bias_v, table[:, distance])
+        scores = content + position
+    weights = torch.softmax((scores * scale).masked_fill(beyond[:, None, :], -float("inf")), dim=-1)
+    return torch.einsum("rht,rhtd->rhd", weights, values)
+
+
+@functools.cache
+def works(device: str, dim: int, dtype: torch.dtype) -> bool:
+    """Whether the kernels compile and agree with `reference` here, on a small case of both kinds (v1's
+    relative term; grouped heads) with this head size and format, rows past a split included. A GPU
+    the kernels cannot compile for, or compute wrongly on, leaves the step's attention to torch
+    instead of failing every batch. Asked once per process for each (device, head size, format)."""
+    try:
+        generator = torch.Generator(device=device).manual_seed(0)
+
+        def random(*shape):
+            return torch.randn(*shape, generator=generator, device=device).to(dtype)
+
+        capacity, length = 2 * SPLIT, SPLIT + BLOCK
+        lengths = torch.tensor([0, BLOCK, length - 1], device=device)
+        keys, values, q = random(3, 2, capacity, dim), random(3, 2, capacity, dim), random(3, 2, dim)
+        relative = (random(2, capacity, dim), random(2, dim), random(2, dim))
+        worst = 0.0
+        for case in ((q, keys, values, relative), (random(3, 4, dim), keys, values, None)):
+            got = decode_attention(case[0], case[1], case[2], lengths, length, 1 / math.sqrt(dim), case[3])
+            want = reference(case[0], case[1], case[2], lengths, length, 1 / math.sqrt(dim), case[3])
+            worst = max(worst, float((got.float() - want).abs().max()))
+    except Exception as exc:  # a compiler or a driver refusing it: the torch path still runs
+        log.warning(
+            "the decode attention kernel does not run here (%s: %s): the step's attention runs in torch",
+            type(exc).__name__,
+            exc,
+        )
+        return False
+    if not worst <= TOLERANCE[dtype]:
+        log.warning("the decode attention kernel is %.3g from torch here: the step's attention runs in torch", worst)
+        return False
+    return True
+
+
+# Outputs of fp32 arithmetic over inputs of each format, stored in that format: its rounding and more.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}

@@ -153,11 +153,12 @@ class StaticRunner(Runner):
         self.kernel = self._kernel(options.attention)
 
     def _kernel(self, choice: str) -> bool:
-        """Whether the step's attention runs as attention.py's kernel (each row's own positions)."""
+        """Whether the step's attention runs as attention.py's kernel (each row's own positions): asked for or
+        auto, where Triton runs and the kernel passes its check for this head size and format."""
         runs = attention.available(torch.device(self.device))
         if choice == "triton" and not runs:
             log.warning("tts.cosyvoice.attention=triton needs a GPU with Triton: the step's attention runs in torch")
-        return runs and choice != "torch"
+        return runs and choice != "torch" and attention.works(str(self.device), self.shape[2], self.dtype)
 
     def prepare(self, rows: int, sampler=None) -> None:
         """Allocate the cache for `rows` rows (again only if that changed); `sampler` builds a GpuSampler or is None."""
