@@ -95,7 +95,7 @@ def check_probe() -> None:
     kernel cannot compile (not a power of two) and a kernel that raises, leaving torch's attention."""
     from convtts.speak.cosyvoice.engine import attention
 
-    assert attention.works("cpu", 64, torch.float32)
+    assert attention.works("cpu", 64, torch.float32, relative=True) and attention.works("cpu", 64, torch.float32, 3)
     assert not attention.works("cpu", 48, torch.float32)
 
     def broken(*args, **kwargs):

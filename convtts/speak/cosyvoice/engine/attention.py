@@ -249,11 +249,12 @@ def reference(q, keys, values, lengths, length: int, scale: float, relative=None
 
 
 @functools.cache
-def works(device: str, dim: int, dtype: torch.dtype) -> bool:
-    """Whether the kernels compile and agree with `reference` here, on a small case of both kinds (v1's
-    relative term; grouped heads) with this head size and format, rows past a split included. A GPU
-    the kernels cannot compile for, or compute wrongly on, leaves the step's attention to torch
-    instead of failing every batch. Asked once per process for each (device, head size, format)."""
+def works(device: str, dim: int, dtype: torch.dtype, group: int = 1, relative: bool = False) -> bool:
+    """Whether the kernels compile and agree with `reference` here, on a small case of the runner's kind
+    (query heads a key head, v1's relative term) with its head size and format, rows past a split
+    included: the compilation is the one the runner's first step needs. A GPU the kernels cannot
+    compile for, or compute wrongly on, leaves the step's attention to torch instead of failing every
+    batch. Asked once per process for each kind."""
     try:
         generator = torch.Generator(device=device).manual_seed(0)
 
@@ -262,13 +263,12 @@ def works(device: str, dim: int, dtype: torch.dtype) -> bool:
 
         capacity, length = 2 * SPLIT, SPLIT + BLOCK
         lengths = torch.tensor([0, BLOCK, length - 1], device=device)
-        keys, values, q = random(3, 2, capacity, dim), random(3, 2, capacity, dim), random(3, 2, dim)
-        relative = (random(2, capacity, dim), random(2, dim), random(2, dim))
-        worst = 0.0
-        for case in ((q, keys, values, relative), (random(3, 4, dim), keys, values, None)):
-            got = decode_attention(case[0], case[1], case[2], lengths, length, 1 / math.sqrt(dim), case[3])
-            want = reference(case[0], case[1], case[2], lengths, length, 1 / math.sqrt(dim), case[3])
-            worst = max(worst, float((got.float() - want).abs().max()))
+        keys, values, q = random(3, 2, capacity, dim), random(3, 2, capacity, dim), random(3, 2 * group, dim)
+        table = (random(2, capacity, dim), random(2, dim), random(2, dim)) if relative else None
+        got = decode_attention(q, keys, values, lengths, length, 1 / math.sqrt(dim), table)
+        worst = float(
+            (got.float() - reference(q, keys, values, lengths, length, 1 / math.sqrt(dim), table)).abs().max()
+        )
     except Exception as exc:  # a compiler or a driver refusing it: the torch path still runs
         log.warning(
             "the decode attention kernel does not run here (%s: %s): the step's attention runs in torch",

@@ -140,6 +140,8 @@ class StaticRunner(Runner):
     """
 
     static = True
+    query_group = 1  # query heads a key head serves (grouped-query attention)
+    relative = False  # v1's relative-position term in the step's attention
 
     def __init__(
         self, llm, device, precision: str, options: DecodeOptions, layers: int, heads: int, dim: int, vocab: int
@@ -158,7 +160,9 @@ class StaticRunner(Runner):
         runs = attention.available(torch.device(self.device))
         if choice == "triton" and not runs:
             log.warning("tts.cosyvoice.attention=triton needs a GPU with Triton: the step's attention runs in torch")
-        return runs and choice != "torch" and attention.works(str(self.device), self.shape[2], self.dtype)
+        if not runs or choice == "torch":
+            return False
+        return attention.works(str(self.device), self.shape[2], self.dtype, self.query_group, self.relative)
 
     def prepare(self, rows: int, sampler=None) -> None:
         """Allocate the cache for `rows` rows (again only if that changed); `sampler` builds a GpuSampler or is None."""

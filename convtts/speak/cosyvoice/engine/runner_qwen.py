@@ -122,6 +122,7 @@ class QwenRunner(StaticRunner):
         backbone = self.prompts.backbone
         config = backbone.config
         self.heads = config.num_attention_heads
+        self.query_group = self.heads // config.num_key_value_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         super().__init__(
             llm,

@@ -201,6 +201,7 @@ class TransformerRunner(StaticRunner):
     """v1 decode steps of our own over the static cache, from the encoder's own weights."""
 
     batched = True  # prompts(): chunks admitted together prefill in one forward
+    relative = True
 
     def __init__(self, llm, device, precision, options):
         encoder = llm.llm
