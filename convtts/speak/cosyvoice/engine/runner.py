@@ -162,7 +162,10 @@ class StaticRunner(Runner):
             log.warning("tts.cosyvoice.attention=triton needs a GPU with Triton: the step's attention runs in torch")
         if not runs or choice == "torch":
             return False
-        return attention.works(str(self.device), self.shape[2], self.dtype, self.query_group, self.relative)
+        if not attention.works(str(self.device), self.shape[2], self.dtype, self.query_group, self.relative):
+            return False
+        log.info("the decode step's attention: the kernel, over each row's own positions")
+        return True
 
     def prepare(self, rows: int, sampler=None) -> None:
         """Allocate the cache for `rows` rows (again only if that changed); `sampler` builds a GpuSampler or is None."""
