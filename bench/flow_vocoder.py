@@ -48,7 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--graphs", default="off,on", help="CUDA graphs for the flow: off, on or both")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the estimator (with graphs on)")
     p.add_argument(
-        "--bucket", action="store_true", help="pad flow passes to the graphs' buckets even without a GPU (CPU checks)"
+        "--bucket",
+        action="store_true",
+        help="pad flow passes to the graphs' buckets even without a GPU, through the graphs' path (CPU checks)",
     )
     p.add_argument("--vocoder", default=VOCODER_SETTINGS, help="precision:rows per pass, for the vocoder")
     p.add_argument("--max-mb", type=int, default=4096, help="tts.cosyvoice.flow.max_mb for every setting")
@@ -59,8 +61,11 @@ def parse_args(argv=None):
 
 def settings(args):
     """(part, Setting) for every flow and vocoder setting asked for."""
+    import torch
+
     from convtts.testing.flow_vocoder import Setting
 
+    cpu_graphs = args.bucket and not torch.cuda.is_available()  # the graphs' path, each step re-run (CPU checks)
     out = []
     for graphs in args.graphs.split(","):
         for precision in args.flow.split(","):
@@ -75,6 +80,7 @@ def settings(args):
                         vocoder_rows=1,
                         max_mb=args.max_mb,
                         bucket=True if on and args.bucket else None,
+                        graph_stand_in=on and cpu_graphs,
                     ),
                 )
             )

@@ -163,11 +163,12 @@ class FlowConfig:
     """How the batched engines run the flow and the vocoder passes (tts.cosyvoice.flow)."""
 
     compile: bool = False  # torch.compile the flow's estimator (GPU; each new pass shape compiles first)
-    max_graphs: int = 16  # CUDA graphs a worker keeps for the flow's Euler loop, one per (rows, frames) bucket
+    max_graphs: int = 32  # CUDA graphs of the flow's Euler step a worker keeps, one per (rows, frames) bucket
     max_mb: int = 4096  # GPU memory one flow or vocoder pass may take beyond the weights: caps its rows
     vocoder_rows: int = 16  # rows per vocoder pass (1: each utterance alone, upstream's call)
     # The shapes of the flow's passes. An eager v1 pass is some 121,000 torch calls (counted on a CPU), a
-    # replayed graph one: fewer shapes replay more often, at the price of padding (GPU work).
+    # replayed graph of its step ten launches, and a capture records one step's calls: fewer shapes replay
+    # more often, at the price of padding (GPU work).
     # How a flush's rows are cut into passes: cost (the cut of least total cost by the figures below: a pass's
     # own price beside its padded work) or spread (close lengths together, within `spread`).
     grouping: str = "cost"
@@ -179,15 +180,17 @@ class FlowConfig:
     # the same once a worker has no more input in hand: its last rows wait on each pass, and the GPU has room
     tail_spread: float = 100.0
     # A pass's costs (grouping cost), measured on an H200 with bf16 CosyVoice-300M (bench/pass_cost.py): an
-    # eager flow solve 0.6-1.2 s whatever its size (launch-bound), a replayed graph 60 ms, then about 18 us a
-    # padded row-frame (2 x rows x frames x 10 steps of work); a vocoder pass 11-16 ms, then about 7.5 us.
+    # eager flow solve 0.4-1.3 s whatever its size (launch-bound), a replayed graph 60 ms, one that captures
+    # its step's graph first 130-190 ms more, then about 18 us a padded row-frame (2 x rows x frames x 10 steps
+    # of work); a vocoder pass 11-16 ms, then about 7.5 us.
     pass_ms: float = 700.0
+    capture_ms: float = 220.0
     replay_ms: float = 60.0
     frame_us: float = 18.0
     vocoder_pass_ms: float = 12.0
     vocoder_frame_us: float = 7.5
     frame_buckets: int = 8  # widths a doubling of frames is cut into (a pass is padded up to the next)
-    capture_after: int = 2  # the pass of one shape that captures its graph (1: the first), replayed from then on
+    capture_after: int = 1  # the pass of one shape that captures its graph (1: the first), replayed from then on
 
     def check(self) -> None:
         if not 0 <= self.max_graphs <= 256:
@@ -196,7 +199,7 @@ class FlowConfig:
             raise ConfigError(f"tts.cosyvoice.flow.flush_share must be above 0 and at most 1, got {self.flush_share}")
         if self.grouping not in ("cost", "spread"):
             raise ConfigError(f"tts.cosyvoice.flow.grouping must be cost or spread, got {self.grouping!r}")
-        for name in ("pass_ms", "replay_ms", "frame_us", "vocoder_pass_ms", "vocoder_frame_us"):
+        for name in ("pass_ms", "capture_ms", "replay_ms", "frame_us", "vocoder_pass_ms", "vocoder_frame_us"):
             if not 0.0 <= getattr(self, name) <= 1e6:
                 raise ConfigError(f"tts.cosyvoice.flow.{name} must be between 0 and 1e6, got {getattr(self, name)}")
         for name in ("spread", "tail_spread"):

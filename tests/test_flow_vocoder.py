@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,7 +28,16 @@ from convtts.speak.cosyvoice.engine.sizing import RELEASED_FLOW, estimator_width
 from convtts.speak.cosyvoice.engine.solver import width_bucket
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder
 from convtts.testing.cosyvoice_model import build_model_dir
-from convtts.testing.flow_vocoder import Setting, deviation, flow_inputs, make_rows, reference, render, token_lists
+from convtts.testing.flow_vocoder import (
+    Setting,
+    build,
+    deviation,
+    flow_inputs,
+    make_rows,
+    reference,
+    render,
+    token_lists,
+)
 
 FP32 = 1e-5  # float rounding of differently shaped kernels
 FLOW_BF16, FLOW_FP16 = 2e-3, 5e-4
@@ -36,6 +46,8 @@ SECONDS = [0.3, 0.6, 0.65, 0.7, 0.75]  # one row alone, four sharing flow and vo
 SETTINGS = [
     (Setting("eager"), FP32),  # padded flow pass at its own width, HiFT in one pass of four rows
     (Setting("bucketed", bucket=True), FP32),  # rows and frames padded to the CUDA graphs' buckets
+    # ...and through the graph cache: one step captured per bucket, replayed for each step
+    (Setting("graph-steps", bucket=True, graph_stand_in=True), FP32),
     # every row in one pass, padded to a coarse width: far more padding than any row's own
     (Setting("one-wide-pass", bucket=True, spread=100.0, frame_buckets=1), FP32),
     (Setting("flow-bf16", flow="bf16", bucket=True, vocoder_rows=1), FLOW_BF16),
@@ -93,6 +105,24 @@ def test_each_path_renders_a_row_as_it_would_alone(models, rows, version, settin
     audio = render(models(version), chunk, tokens, setting).audio
     assert [len(a) for a in audio] == [len(r) for r in ref]
     assert deviation(audio, ref) <= tolerance, setting.name
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_replayed_step_gives_the_padded_solve_bit_for_bit(models, rows, version):
+    """The graph of one guided step, replayed ten times on shared buffers (a stand-in re-runs the step
+    where a GPU would replay it), renders what the bucketed eager solve does, to the bit: only the
+    CUDA graph itself differs on a GPU."""
+    chunk, tokens, _ = rows(version)
+    model = models(version)
+    wide = dict(bucket=True, spread=100.0, frame_buckets=1)
+    solo = render(model, chunk, tokens, Setting("bucketed", **wide)).audio
+    parts = build(model, Setting("graph-steps", graph_stand_in=True, **wide))
+    first = render(model, chunk, tokens, Setting("graph-steps"), parts).audio
+    again = render(model, chunk, tokens, Setting("graph-steps"), parts).audio  # replays only
+    graphs = parts[0].solver.graphs
+    assert graphs.captures >= 1 and graphs.replays == graphs.counts()[0]
+    for a, b, c in zip(solo, first, again):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -225,7 +255,7 @@ def test_the_released_widths_are_the_architectures():
 
 def test_flow_settings_are_checked_up_front():
     cosy = load_config(None, ["tts.cosyvoice.flow.vocoder_rows=4", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
-    assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 16
+    assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 32
     for bad, key in (
         ("tts.cosyvoice.flow.vocoder_rows=0", "vocoder_rows"),
         ("tts.cosyvoice.flow.max_mb=10", "max_mb"),

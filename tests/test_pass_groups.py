@@ -78,6 +78,9 @@ def test_pass_costs_in_seconds_replay_below_eager():
     assert costs.seconds(0) == pytest.approx(0.7)
     assert costs.seconds(1000, replayed=True) == pytest.approx(0.06 + 0.018)
     assert PassCosts(12.0, 7.5).seconds(1000, replayed=True) == pytest.approx(0.012 + 0.0075)
+    capturing = PassCosts(pass_ms=700.0, frame_us=18.0, replay_ms=60.0, capture_ms=150.0)
+    assert capturing.seconds(1000, captured=True) == pytest.approx(0.15 + 0.018)
+    assert costs.seconds(1000, captured=True) == pytest.approx(0.7 + 0.018)  # no capture price: as eager
 
 
 def test_grouping_is_cost_by_default_and_checked():
@@ -106,14 +109,13 @@ def test_a_bucket_is_padded_only_for_the_pass_that_captures_its_graph_or_replays
     assert not cache.wants((24, 512))  # a first pass of its bucket: eager
     cache.skip((24, 512))
     assert cache.wants((24, 512))  # the second is captured (capture_after=2), so it is padded
-    cache.graphs[(24, 512)] = object()  # held: every pass replays it
-    cache.seen[(24, 512)] = 5
+    assert GraphCache(lambda *inputs: None, limit=1).wants((8, 256))  # by default the first pass captures
+    assert not GraphCache(lambda *inputs: None, limit=0).wants((8, 256))  # no graphs: eager
     cache.skip((8, 256))
-    assert cache.wants((24, 512)) and not cache.wants((8, 256))  # the one graph is kept: seen more often
-    assert cache.counts()[0] == 6  # eager passes count among the passes run
+    assert cache.counts()[0] == 2  # eager passes count among the passes run
 
 
-def test_an_eager_pass_is_priced_at_its_own_size_and_a_held_graph_at_its_bucket():
+def test_an_eager_pass_is_priced_at_its_own_size_and_a_held_graph_or_a_capture_at_its_bucket():
     from convtts.speak.cosyvoice.engine.flow import Flow
 
     class Solver:  # the bucketed solver of a GPU with graphs, one graph held for (24, 512)
@@ -134,84 +136,119 @@ def test_an_eager_pass_is_priced_at_its_own_size_and_a_held_graph_at_its_bucket(
             return self.graphs.wants(self.key(rows, width))
 
     flow = Flow.__new__(Flow)
-    flow.solver, flow.costs = Solver(), PassCosts(pass_ms=700.0, frame_us=18.0, replay_ms=60.0)
+    flow.solver, flow.costs = Solver(), PassCosts(pass_ms=700.0, frame_us=18.0, replay_ms=60.0, capture_ms=150.0)
     assert flow.pass_seconds(13, 700) == pytest.approx((700.0 + 18.0 * 13 * 700 / 1000) / 1000)  # not 16 x 704
     assert flow.pass_seconds(20, 510) == pytest.approx((60.0 + 18.0 * 24 * 512 / 1000) / 1000)  # the graph's bucket
+    flow.solver.graphs.skip((16, 704))  # the next pass of (16, 704) captures (capture_after=2)
+    assert flow.pass_seconds(13, 700) == pytest.approx((150.0 + 18.0 * 16 * 704 / 1000) / 1000)
 
 
 class RecordedGraphs:
     """GraphCache's capture recorded instead of a CUDA graph (no GPU here): a 'graph' replays the
-    function on its static inputs, so what each pass returns and what ran can be checked."""
+    step on the static buffers it was captured with, so what each pass returns and what ran can be
+    checked. The step: x = x * 2 + t."""
 
-    def __init__(self, fails: int = 0):
+    def __init__(self, fails: int = 0, limit: int = 8):
         from convtts.speak.cosyvoice.engine.solver import Captured, GraphCache
 
         self.calls: list[str] = []
         self.fails = fails
 
-        def fn(x):
+        def step(x, t):
             self.calls.append("run")
-            return x * 2
+            x.copy_(x * 2 + t)
 
         recorder = self
 
         class Recording(GraphCache):
-            def _capture(self, key, inputs):
+            def _capture(self, key, inputs, step_inputs):
                 recorder.calls.append("capture")
                 if recorder.fails:
                     recorder.fails -= 1
                     self._capture_failed(RuntimeError("operation not permitted when stream is capturing"))
                     return None
-                static = tuple(t.clone() for t in inputs)
-                output = torch.empty_like(static[0])
 
                 class Graph:
                     def replay(self):
                         recorder.calls.append("replay")
-                        output.copy_(static[0] * 2)
+                        inputs[0].copy_(inputs[0] * 2 + step_inputs[0])
 
-                entry = self.graphs[key] = Captured(Graph(), static, output)
+                entry = self.graphs[key] = Captured(Graph(), inputs, step_inputs)
                 self.captures += 1
                 return entry
 
-        self.cache = Recording(fn, limit=8, capture_after=1)
+        self.cache = Recording(step, limit=limit)
+
+    def run(self, key, x: torch.Tensor, steps: int = 3) -> torch.Tensor:
+        return self.cache.run(key, (x,), [(torch.tensor(float(t)),) for t in range(steps)])
 
 
-def test_a_graph_is_captured_and_replayed_by_the_pass_that_admits_it_once_the_function_has_run_eagerly():
-    """Recording a pass's launches costs about what running them does: the pass that captures a
-    shape replays the graph for its result instead of also running eagerly (only the process's first
-    run is eager, for the lazy set-up a capture must not record)."""
+def expected(x: torch.Tensor, steps: int = 3) -> torch.Tensor:
+    for t in range(steps):
+        x = x * 2 + t
+    return x
+
+
+def test_the_pass_that_captures_a_step_replays_it_for_every_step_and_later_passes_only_replay():
+    """Recording a step's launches costs about what running it does: the pass that captures a shape
+    replays the graph for all its steps (only the process's first run is eager, for the lazy set-up a
+    capture must not record: that pass runs its first step eagerly and replays the rest)."""
     graphs = RecordedGraphs()
-    first = graphs.cache.run((4, 256), (torch.ones(2),))
-    assert graphs.calls == ["run", "capture"] and torch.equal(first, torch.full((2,), 2.0))
+    first = graphs.run((4, 256), torch.ones(2))
+    assert graphs.calls == ["run", "capture", "replay", "replay"] and torch.equal(first, expected(torch.ones(2)))
     graphs.calls.clear()
-    second = graphs.cache.run((8, 512), (torch.full((3,), 5.0),))
-    assert graphs.calls == ["capture", "replay"]  # no eager run of the new shape
-    assert torch.equal(second, torch.full((3,), 10.0))
+    second = graphs.run((8, 512), torch.full((3,), 5.0))
+    assert graphs.calls == ["capture", "replay", "replay", "replay"]  # no eager step for a new shape
+    assert torch.equal(second, expected(torch.full((3,), 5.0)))
     graphs.calls.clear()
-    again = graphs.cache.run((8, 512), (torch.full((3,), 7.0),))
-    assert graphs.calls == ["replay"] and torch.equal(again, torch.full((3,), 14.0))
-    assert graphs.cache.counts() == (3, 2, 2)  # passes, replays, captures
+    again = graphs.run((8, 512), torch.full((3,), 7.0))
+    assert graphs.calls == ["replay"] * 3 and torch.equal(again, expected(torch.full((3,), 7.0)))
+    assert graphs.cache.counts() == (3, 3, 2)  # passes, passes that replayed, captures
 
 
 def test_an_eager_pass_outside_the_cache_warms_it_for_direct_captures():
     graphs = RecordedGraphs()
     graphs.cache.skip((2, 128))  # the solver ran this pass eagerly at its own size
-    out = graphs.cache.run((4, 256), (torch.ones(2),))
-    assert graphs.calls == ["capture", "replay"] and torch.equal(out, torch.full((2,), 2.0))
+    out = graphs.run((4, 256), torch.ones(2))
+    assert graphs.calls == ["capture", "replay", "replay", "replay"] and torch.equal(out, expected(torch.ones(2)))
 
 
-def test_a_direct_capture_that_fails_runs_the_pass_eagerly_and_later_shapes_run_eagerly_before_their_capture():
-    graphs = RecordedGraphs(fails=1)
-    graphs.cache.run((4, 256), (torch.ones(2),))  # eager (the warm-up), then its capture fails
-    assert graphs.calls == ["run", "capture"] and not graphs.cache.direct and not graphs.cache.broken
+def test_the_graphs_share_input_buffers_and_a_larger_pass_replaces_them_and_the_graphs_on_them():
+    graphs = RecordedGraphs()
+    graphs.cache.skip((1, 16))
+    graphs.run((4, 256), torch.ones(4))
+    graphs.run((2, 128), torch.ones(2))
+    small, large = graphs.cache.graphs[(2, 128)], graphs.cache.graphs[(4, 256)]
+    assert small.inputs[0].data_ptr() == large.inputs[0].data_ptr()  # views of one buffer
+    graphs.run((8, 512), torch.ones(40))  # more than the buffers hold (4 x 1.25)
+    assert list(graphs.cache.graphs) == [(8, 512)]
     graphs.calls.clear()
-    out = graphs.cache.run((8, 512), (torch.full((3,), 5.0),))
-    assert graphs.calls == ["run", "capture"] and torch.equal(out, torch.full((3,), 10.0))
+    out = graphs.run((4, 256), torch.full((4,), 3.0))  # captured again, on the new buffers
+    assert graphs.calls[0] == "capture" and torch.equal(out, expected(torch.full((4,), 3.0)))
+    assert torch.equal(graphs.run((8, 512), torch.ones(40)), expected(torch.ones(40)))
+
+
+def test_a_full_cache_drops_its_least_recently_used_graph_for_a_new_shape():
+    graphs = RecordedGraphs(limit=2)
+    graphs.cache.skip((1, 16))
+    for key in ((4, 256), (8, 512), (4, 256), (16, 512)):
+        graphs.run(key, torch.ones(2))
+    assert list(graphs.cache.graphs) == [(4, 256), (16, 512)]  # (8, 512) was used least recently
+
+
+def test_a_direct_capture_that_fails_runs_the_pass_eagerly_and_later_shapes_run_a_step_before_their_capture():
+    graphs = RecordedGraphs(fails=1)
+    graphs.cache.skip((1, 16))
+    out = graphs.run((4, 256), torch.ones(2))  # the capture fails: the pass runs its steps eagerly
+    assert graphs.calls == ["capture", "run", "run", "run"] and torch.equal(out, expected(torch.ones(2)))
+    assert not graphs.cache.direct and not graphs.cache.broken
+    graphs.calls.clear()
+    out = graphs.run((8, 512), torch.full((3,), 5.0))
+    assert graphs.calls == ["run", "capture", "replay", "replay"] and torch.equal(out, expected(torch.full((3,), 5.0)))
     graphs.calls.clear()
     graphs.fails = 1
-    graphs.cache.run((16, 512), (torch.ones(2),))  # fails again in the eager-first order: eager for good
+    graphs.run((16, 512), torch.ones(2))  # fails again in the eager-first order: eager for good
     assert graphs.cache.broken
     graphs.calls.clear()
-    graphs.cache.run((32, 512), (torch.ones(2),))
-    assert graphs.calls == ["run"]
+    out = graphs.run((32, 512), torch.ones(2))
+    assert graphs.calls == ["run"] * 3 and torch.equal(out, expected(torch.ones(2)))

@@ -18,6 +18,7 @@ import torch
 
 from convtts.speak.cosyvoice.engine.flow import Flow
 from convtts.speak.cosyvoice.engine.requests import Request, Row
+from convtts.speak.cosyvoice.engine.solver import Captured, GraphCache
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder, finalizes, vocode_one
 
 
@@ -33,9 +34,10 @@ class Setting:
     bucket: bool | None = None  # True: pad passes to the graphs' buckets even without a GPU
     vocoder_rows: int = 16  # 1: upstream's call per row
     max_mb: int = 4096
-    max_graphs: int = 16
+    max_graphs: int = 32
     spread: float = 1.25  # longest over shortest row in one flow pass
     frame_buckets: int = 8  # widths a doubling of frames is cut into (bucketed passes)
+    graph_stand_in: bool = False  # bucketed passes through the graph cache, a graph re-running its step (CPU)
 
 
 @dataclass
@@ -78,6 +80,23 @@ def make_rows(chunk: dict, tokens: list[list[int]], seed: int = 1000) -> list[Ro
     ]
 
 
+class StandInGraphs(GraphCache):
+    """The flow's graph cache where a 'graph' re-runs the captured step on the buffers it was captured
+    with, which is what a CUDA graph replays: the bucketed passes' own path (shared input buffers, the
+    step in place, each step's t and dt) on a machine without a GPU."""
+
+    def _capture(self, key, inputs: tuple, step: tuple) -> Captured:
+        run = self.step
+
+        class Graph:
+            def replay(self) -> None:
+                run(*inputs, *step)
+
+        entry = self.graphs[key] = Captured(Graph(), inputs, step)
+        self.captures += 1
+        return entry
+
+
 def synchronize(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -98,6 +117,8 @@ def build(model, setting: Setting) -> tuple[Flow, Vocoder]:
         spread=setting.spread,
         frame_buckets=setting.frame_buckets,
     )
+    if setting.graph_stand_in:
+        flow.solver.graphs = StandInGraphs(flow.solver._step, setting.max_graphs)
     return flow, Vocoder(inner.hift, setting.vocoder, setting.vocoder_rows, setting.max_mb)
 
 

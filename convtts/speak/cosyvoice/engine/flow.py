@@ -31,18 +31,25 @@ class PassCosts:
     pass_ms: float
     frame_us: float
     replay_ms: float | None = None  # a pass that replays a CUDA graph (None: no graphs)
+    capture_ms: float | None = None  # a pass that captures its graph (None: as an eager one)
 
     @classmethod
     def configured(cls, flow) -> PassCosts | None:
         """The flow's costs, or None where flow.grouping is spread."""
-        return cls(flow.pass_ms, flow.frame_us, flow.replay_ms) if flow.grouping == "cost" else None
+        if flow.grouping != "cost":
+            return None
+        return cls(flow.pass_ms, flow.frame_us, flow.replay_ms, flow.capture_ms)
 
     @classmethod
     def vocoder(cls, flow) -> PassCosts | None:
         return cls(flow.vocoder_pass_ms, flow.vocoder_frame_us) if flow.grouping == "cost" else None
 
-    def seconds(self, row_frames: int, replayed: bool = False) -> float:
-        fixed = self.replay_ms if replayed and self.replay_ms is not None else self.pass_ms
+    def seconds(self, row_frames: int, replayed: bool = False, captured: bool = False) -> float:
+        fixed = self.pass_ms
+        if replayed and self.replay_ms is not None:
+            fixed = self.replay_ms
+        elif captured and self.capture_ms is not None:
+            fixed = self.capture_ms
         return (fixed + self.frame_us * row_frames / 1000) / 1000
 
 
@@ -101,7 +108,7 @@ class Flow:
         bucket: bool | None = None,
         spread: float = SPREAD,
         frame_buckets: int = 8,
-        capture_after: int = 2,
+        capture_after: int = 1,
         tail_spread: float | None = None,
         costs: PassCosts | None = None,
     ):
@@ -152,12 +159,14 @@ class Flow:
 
     def pass_seconds(self, rows: int, frames: int) -> float:
         """What a pass of `rows` rows padded to `frames` frames costs by flow.*: a replay of a graph held for
-        its bucket, at the bucket's size, or an eager solve at its own size (solver.Solver.pads)."""
+        its bucket, or the capture of one, at the bucket's size, or an eager solve at its own size
+        (solver.Solver.pads)."""
         key = self.solver.key(rows, frames)
-        if self.solver.bucketed and self.solver.graphs.holds(key):
+        graphs = self.solver.graphs
+        if self.solver.bucketed and graphs.holds(key):
             return self.costs.seconds(key[0] * key[1], replayed=True)
         if self.solver.pads(rows, frames):
-            rows, frames = key
+            return self.costs.seconds(key[0] * key[1], captured=graphs.limit > 0 and graphs.wants(key))
         return self.costs.seconds(rows * frames)
 
     def frames(self, row: Row) -> int:

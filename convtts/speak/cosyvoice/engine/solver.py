@@ -1,27 +1,29 @@
 """The flow's Euler solve for a padded pass: upstream's estimator, the padding-safe one, bucketed, in CUDA graphs.
 
-A flow pass is ten estimator calls on 2 x rows (classifier-free guidance), each a few hundred
-small kernels: on a GPU the launches, not the arithmetic, set its time. The solve is a pure
-function of its inputs, so on a GPU it is captured once per shape and replayed. Shapes are
-bucketed to make them repeat: rows up to the next of ROW_BUCKETS (extra rows copy the last real
-one), frames up to the next width_bucket (tts.cosyvoice.flow.frame_buckets widths a doubling: at
-most 1/8 more by default, padded with zeros and masked). The
-padding-safe estimator (estimator.py) keeps every row equal to its solo rendering up to float
-rounding, whatever the bucket adds.
+A flow pass is ten estimator calls on 2 x rows (classifier-free guidance), each some 12,000 small
+torch calls: on a GPU the launches, not the arithmetic, set its time (an eager v1 pass 0.6-1.2 s
+on an H200, however few its rows). So on a GPU one guided step is captured as a CUDA graph per
+shape and replayed ten times a pass: capturing records one step's launches, a tenth of what an
+eager pass runs, so even a shape met once gains. Shapes are bucketed to make them repeat: rows up
+to the next of ROW_BUCKETS (extra rows copy the last real one), frames up to the next width_bucket
+(tts.cosyvoice.flow.frame_buckets widths a doubling: at most 1/8 more by default, padded with zeros
+and masked). The padding-safe estimator (estimator.py) keeps every row equal to its solo rendering
+up to float rounding, whatever the bucket adds.
 
 Modes, from the reference to the fastest:
 - eager, unpadded pass in fp32/tf32: upstream's own estimator (a pass of one row is upstream's
   inference sample for sample);
 - eager, padded pass or bf16/fp16: the padding-safe estimator, at the pass's own shape;
-- bucketed (a GPU with tts.cosyvoice.cuda_graphs): padded to its bucket, captured as one graph
-  for all ten steps from a bucket's `capture_after`-th pass, at most `max_graphs` kept (the most
-  used), all sharing one memory pool; torch.compile of the estimator when flow.compile is set.
+- bucketed (a GPU with tts.cosyvoice.cuda_graphs): padded to its bucket, one step captured per
+  bucket from its `capture_after`-th pass and replayed for the ten steps, at most `max_graphs`
+  kept (the least recently used go first); every graph reads one set of input buffers and shares
+  one memory pool; torch.compile of the estimator when flow.compile is set.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -50,84 +52,131 @@ def width_bucket(frames: int, per_octave: int = 8) -> int:
     return -(-frames // step) * step
 
 
-def euler(estimate, x, mask, mu, spks, cond, cosine: bool, rate: float) -> torch.Tensor:
-    """Upstream's solve_euler with classifier-free guidance, for any number of rows.
-
-    The first half of each estimator call is conditioned, the second has mu, speaker and prompt
-    zeroed; the guided update and the state x stay in fp32 whatever the estimator's format.
-    """
-    batch = x.shape[0]
-    t_span = torch.linspace(0, 1, STEPS + 1, device=x.device, dtype=mu.dtype)
+def times(device, dtype, cosine: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Upstream's (t, dt) of each Euler step, computed as its solve_euler does (t accumulates dt)."""
+    t_span = torch.linspace(0, 1, STEPS + 1, device=device, dtype=dtype)
     if cosine:
         t_span = 1 - torch.cos(t_span * 0.5 * torch.pi)
     t, dt = t_span[0].unsqueeze(0), t_span[1] - t_span[0]
-    zeros = torch.zeros_like(mu)
-    mask2, mu2 = torch.cat([mask, mask]), torch.cat([mu, zeros])
-    spks2, cond2 = torch.cat([spks, torch.zeros_like(spks)]), torch.cat([cond, zeros])
-    for step in range(1, len(t_span)):
-        out = estimate(torch.cat([x, x]), mask2, mu2, t.expand(2 * batch).contiguous(), spks2, cond2)
-        guided, free = torch.split(out, [batch, batch], dim=0)
-        x = x + dt * ((1.0 + rate) * guided - rate * free)
+    out = []
+    for step in range(1, STEPS + 1):
+        out.append((t, dt.reshape(1)))  # one shape for every step's dt (the first is a scalar upstream)
         t = t + dt
-        if step < len(t_span) - 1:
+        if step < STEPS:
             dt = t_span[step + 1] - t
+    return out
+
+
+def doubled(mask, mu, spks, cond) -> tuple:
+    """The inputs of a guided estimator call: the rows conditioned, then again with mu, speaker and
+    prompt zeroed."""
+    zeros = torch.zeros_like(mu)
+    return (
+        torch.cat([mask, mask]),
+        torch.cat([mu, zeros]),
+        torch.cat([spks, torch.zeros_like(spks)]),
+        torch.cat([cond, zeros]),
+    )
+
+
+def guided(estimate, x, mask2, mu2, spks2, cond2, t, dt, rate: float) -> torch.Tensor:
+    """One Euler step with classifier-free guidance; the update and the state stay in fp32 whatever
+    the estimator's format."""
+    batch = x.shape[0]
+    out = estimate(torch.cat([x, x]), mask2, mu2, t.expand(2 * batch).contiguous(), spks2, cond2)
+    conditioned, free = torch.split(out, [batch, batch], dim=0)
+    return x + dt * ((1.0 + rate) * conditioned - rate * free)
+
+
+def euler(estimate, x, mask, mu, spks, cond, cosine: bool, rate: float) -> torch.Tensor:
+    """Upstream's solve_euler with classifier-free guidance, for any number of rows."""
+    pair = doubled(mask, mu, spks, cond)
+    for t, dt in times(x.device, mu.dtype, cosine):
+        x = guided(estimate, x, *pair, t, dt, rate)
     return x
 
 
 @dataclass
 class Captured:
     graph: object
-    inputs: tuple
-    output: torch.Tensor
+    inputs: tuple  # the pass's inputs, the state first (the step updates it in place)
+    step: tuple  # each step's own inputs
+
+
+class Staging:
+    """The static inputs of every graph of a cache: one flat buffer a position, each graph reading
+    views of their start (graphs never run at once, so they can share them). Sized to the largest
+    pass so far; growing them makes new buffers, so the graphs on the old ones must go."""
+
+    HEADROOM = 1.25
+
+    def __init__(self):
+        self.buffers: list[torch.Tensor] = []
+
+    def fits(self, inputs: tuple) -> bool:
+        return len(self.buffers) == len(inputs) and all(
+            b.dtype == t.dtype and b.device == t.device and b.numel() >= t.numel() for b, t in zip(self.buffers, inputs)
+        )
+
+    def grow(self, inputs: tuple) -> None:
+        self.buffers = [
+            torch.empty(max(1, int(t.numel() * self.HEADROOM)), dtype=t.dtype, device=t.device) for t in inputs
+        ]
+
+    def views(self, inputs: tuple) -> tuple:
+        return tuple(b[: t.numel()].view(t.shape) for b, t in zip(self.buffers, inputs))
 
 
 class GraphCache:
-    """One CUDA graph per bucket of a pure function of tensors, captured from a bucket's
-    `capture_after`-th pass (one-off shapes stay eager).
+    """One CUDA graph per bucket of a step that updates its state (its first input) in place, replayed
+    once a step of a loop: `step(*inputs, *step_inputs)`.
 
-    The pass that captures a graph replays it for its result: recording the launches costs the CPU
-    about what running them does (0.3-0.6 s against an eager flow solve's 0.6-1.2 s, H200), so a
-    shape's first graphed pass costs no more than an eager one. Only the process's first run of
-    `fn` is eager, for the lazy set-up (libraries' handles, workspaces) a capture must not record;
-    a capture that fails after it falls back to that order (eager, then capture) for good.
-
-    When `limit` graphs are held, a bucket seen more often than the least seen of them takes its
-    place; one seen as often waits (churn would cost a capture per pass for no replay).
+    Capturing records the step's launches, which costs the CPU about what running it does, so the
+    pass that captures a bucket's graph replays it for all its steps. Only the process's first run of
+    the step is eager, for the lazy set-up (libraries' handles, workspaces) a capture must not
+    record; a capture that fails after it falls back to running each new shape's first step eagerly
+    before its capture, and then, if that fails too, to eager for good.
     """
 
-    def __init__(self, fn, limit: int, capture_after: int = 2):
-        self.fn, self.limit, self.capture_after = fn, limit, capture_after
-        self.graphs: dict = {}
+    def __init__(self, step, limit: int, capture_after: int = 1):
+        self.step, self.limit, self.capture_after = step, limit, capture_after
+        self.graphs: OrderedDict = OrderedDict()  # least recently used first
         self.seen: Counter = Counter()
+        self.staging = Staging()
         self.pool = None
         self.broken = False  # a capture failed after an eager warm-up: eager from then on
-        self.warm = False  # fn has run eagerly in this process
-        self.direct = True  # capture without an eager run of the same pass first
+        self.warm = False  # the step has run eagerly in this process
+        self.direct = True  # capture without an eager run of the shape's first step
         self.replays = 0
         self.captures = 0
 
-    def run(self, key, inputs: tuple) -> torch.Tensor:
+    def run(self, key, inputs: tuple, steps: list[tuple]) -> torch.Tensor:
+        """The state after every step, for the pass's `inputs` and each step's `steps`."""
         self.seen[key] += 1
         entry = self.graphs.get(key)
-        if entry is None and self._admit(key):
-            if self.warm and self.direct:
-                entry = self._capture(key, inputs)
-            else:
-                out = self._eager(inputs)
-                self._capture(key, inputs)
-                return out
+        if entry is None and self._may_capture(key):
+            return self._capture_and_run(key, inputs, steps)
         if entry is None:
-            return self._eager(inputs)
+            return self._eager(inputs, steps)
+        self.graphs.move_to_end(key)
         for static, value in zip(entry.inputs, inputs):
             static.copy_(value)
-        entry.graph.replay()
-        self.replays += 1
-        return entry.output.clone()  # before any other graph of the shared pool runs
+        return self._replay(entry, steps)
 
-    def _eager(self, inputs: tuple) -> torch.Tensor:
-        out = self.fn(*inputs)
+    def _eager(self, inputs: tuple, steps: list[tuple]) -> torch.Tensor:
+        state = inputs[0].clone()
+        for values in steps:
+            self.step(state, *inputs[1:], *values)
         self.warm = True
-        return out
+        return state
+
+    def _replay(self, entry: Captured, steps: list[tuple]) -> torch.Tensor:
+        for values in steps:
+            for static, value in zip(entry.step, values):
+                static.copy_(value)
+            entry.graph.replay()
+        self.replays += 1
+        return entry.inputs[0].clone()  # before another graph on the same buffers runs
 
     def wants(self, key) -> bool:
         """Whether the next pass of this bucket replays or captures a graph (padded to the bucket); else it
@@ -136,55 +185,74 @@ class GraphCache:
 
     def skip(self, key) -> None:
         """A pass of this bucket runs eagerly outside the cache: it counts towards the bucket's capture, and
-        once it has run, fn's lazy set-up is done."""
+        once it has run, the step's lazy set-up is done."""
         self.seen[key] += 1
         self.warm = True
 
-    def _may_capture(self, key, seen: int) -> bool:
-        if self.broken or self.limit <= 0 or seen < self.capture_after:
-            return False
-        return len(self.graphs) < self.limit or min(self.seen[k] for k in self.graphs) < seen
+    def _may_capture(self, key, seen: int | None = None) -> bool:
+        seen = self.seen[key] if seen is None else seen
+        return not self.broken and self.limit > 0 and seen >= self.capture_after
 
-    def _admit(self, key) -> bool:
-        if not self._may_capture(key, self.seen[key]):
-            return False
-        if len(self.graphs) >= self.limit:
-            del self.graphs[min(self.graphs, key=lambda k: self.seen[k])]
-        return True
+    def _capture_and_run(self, key, inputs: tuple, steps: list[tuple]) -> torch.Tensor:
+        staged = tuple(inputs) + tuple(steps[0])
+        if not self.staging.fits(staged):
+            self.clear()  # their graphs read the buffers being replaced
+            self.staging.grow(staged)
+        while len(self.graphs) >= self.limit:
+            self.graphs.popitem(last=False)
+        static = self.staging.views(staged)
+        for buffer, value in zip(static, staged):
+            buffer.copy_(value)
+        done = 0
+        if not (self.warm and self.direct):  # the shape's first step runs eagerly, then the capture
+            self.step(*static)
+            self.warm, done = True, 1
+        entry = self._capture(key, static[: len(inputs)], static[len(inputs) :])
+        if entry is None:
+            for values in steps[done:]:
+                for buffer, value in zip(static[len(inputs) :], values):
+                    buffer.copy_(value)
+                self.step(*static)
+            return static[0].clone()
+        return self._replay(entry, steps[done:]) if done < len(steps) else static[0].clone()
 
-    def clear(self) -> None:
-        self.graphs.clear()
-
-    def holds(self, key) -> bool:
-        """Whether a pass of this bucket would replay a graph now."""
-        return key in self.graphs
-
-    def _capture(self, key, inputs: tuple) -> Captured | None:
-        static = tuple(t.clone() for t in inputs)
+    def _capture(self, key, inputs: tuple, step: tuple) -> Captured | None:
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                output = self.fn(*static)
+                self.step(*inputs, *step)
         except Exception as exc:
             if is_out_of_memory(exc):
                 self.clear()  # give their memory back; the caller's next pass decides
                 raise
             self._capture_failed(exc)
             return None
-        entry = self.graphs[key] = Captured(graph, static, output)
+        entry = self.graphs[key] = Captured(graph, inputs, step)
         self.captures += 1
         return entry
 
     def _capture_failed(self, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {exc}"
-        if self.direct:  # an eager run of each shape first may be what it needed
+        if self.direct:  # an eager run of each shape's first step may be what it needed
             self.direct = False
-            log.warning("the flow's CUDA graph capture failed (%s); each shape runs eagerly before its capture", reason)
+            log.warning(
+                "the flow's CUDA graph capture failed (%s); each shape runs a step eagerly before its capture", reason
+            )
         else:
             self.broken = True
             log.warning("the flow's CUDA graph capture failed (%s); the flow runs eagerly", reason)
+
+    def clear(self) -> None:
+        """Drop the graphs, their memory pool and the input buffers."""
+        self.graphs.clear()
+        self.pool = None
+        self.staging = Staging()
+
+    def holds(self, key) -> bool:
+        """Whether a pass of this bucket would replay a graph now."""
+        return key in self.graphs
 
     def counts(self) -> tuple[int, int, int]:
         """Passes run so far, how many replayed a graph, and graphs captured."""
@@ -204,7 +272,7 @@ class Solver:
         device,
         bucket: bool | None = None,
         frame_buckets: int = 8,
-        capture_after: int = 2,
+        capture_after: int = 1,
     ):
         """`bucket` None: bucketed on a GPU with graphs or compile; True pads to buckets anywhere (tests)."""
         self.decoder = decoder
@@ -224,7 +292,8 @@ class Solver:
         self.compiled = compile and self.safe is not None  # compiled per bucket shape: every pass is padded
         if self.compiled:
             self.safe = compiled(self.safe)
-        self.graphs = GraphCache(self._solve_safe, max_graphs if graphs and on_gpu else 0, capture_after)
+        self.graphs = GraphCache(self._step, max_graphs if graphs and on_gpu else 0, capture_after)
+        self.times: dict = {}  # (device, dtype): the steps' (t, dt)
 
     def solve(self, x, mask, mu, spks, cond, frames: list[int]) -> torch.Tensor:
         """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
@@ -250,13 +319,23 @@ class Solver:
     def _solve_safe(self, x, mask, mu, spks, cond):
         return euler(self.safe, x, mask, mu, spks, cond, self.cosine, self.rate)
 
+    def _step(self, x, mask, mu, spks, cond, t, dt) -> None:
+        """One guided step of the padding-safe estimator, x updated in place (what a graph captures)."""
+        x.copy_(guided(self.safe, x, *doubled(mask, mu, spks, cond), t, dt, self.rate))
+
+    def _times(self, mu: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        key = (mu.device, mu.dtype)
+        if key not in self.times:
+            self.times[key] = times(mu.device, mu.dtype, self.cosine)
+        return self.times[key]
+
     def _bucketed(self, x, mask, mu, spks, cond):
         rows, width = x.shape[0], x.shape[2]
         key = self.key(rows, width)
         inputs = pad_pass((x, mask, mu, cond), spks, *key)
-        if x.device.type != "cuda":  # the bucketed shapes without a GPU to capture them (tests)
+        if self.graphs.limit <= 0:  # the bucketed shapes without graphs (compiled, or tests on a CPU)
             return self._solve_safe(*inputs)[:rows, :, :width]
-        return self.graphs.run(key, inputs)[:rows, :, :width]
+        return self.graphs.run(key, inputs, self._times(mu))[:rows, :, :width]
 
     def key(self, rows: int, width: int) -> tuple[int, int]:
         """The bucket of a pass of `rows` rows padded to `width` frames."""
