@@ -165,3 +165,20 @@ def test_the_benches_set_the_visible_gpus_for_what_they_start_and_put_them_back(
     except RuntimeError:
         pass
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_the_text_kinds_bench_matches_words_unless_both_counts_are_given(tmp_path):
+    import argparse
+
+    import text_kinds
+
+    both = argparse.Namespace(conversations=1480, bench_conversations=1000)
+    assert text_kinds.counts(both, tmp_path) == (1480, 1000)
+    matched = argparse.Namespace(conversations=None, bench_conversations=20)
+    short, long = text_kinds.counts(matched, tmp_path)
+    assert long == 20 and short > 20  # short turns hold fewer words a conversation
+    text_kinds.e2e.make_conversations(long, tmp_path / "q.json", "bench")
+    text_kinds.e2e.make_conversations(short, tmp_path / "s.json", "short")
+    text_kinds.e2e.make_conversations(short - 1, tmp_path / "s1.json", "short")
+    target = text_kinds.words(tmp_path / "q.json")
+    assert text_kinds.words(tmp_path / "s1.json") < target <= text_kinds.words(tmp_path / "s.json")
