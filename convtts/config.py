@@ -190,6 +190,9 @@ class FlowConfig:
     vocoder_pass_ms: float = 12.0
     vocoder_frame_us: float = 7.5
     frame_buckets: int = 8  # widths a doubling of frames is cut into (a pass is padded up to the next)
+    # the rows a pass is padded up to (copies of its last row; past the last bucket, a multiple of 32): finer
+    # buckets pad less work onto the GPU and capture more graphs (finer ones not measured yet)
+    row_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     capture_after: int = 1  # the pass of one shape that captures its graph (1: the first), replayed from then on
 
     def check(self) -> None:
@@ -208,6 +211,11 @@ class FlowConfig:
         if self.frame_buckets not in (1, 2, 4, 8, 16, 32):
             raise ConfigError(
                 f"tts.cosyvoice.flow.frame_buckets must be 1, 2, 4, 8, 16 or 32, got {self.frame_buckets}"
+            )
+        buckets = self.row_buckets
+        if not buckets or buckets[0] != 1 or any(b >= c for b, c in zip(buckets, buckets[1:])):
+            raise ConfigError(
+                f"tts.cosyvoice.flow.row_buckets must rise from 1 (e.g. [1, 2, 4, 8, 16]), got {list(buckets)}"
             )
         if not 1 <= self.capture_after <= 100:
             raise ConfigError(f"tts.cosyvoice.flow.capture_after must be between 1 and 100, got {self.capture_after}")

@@ -48,6 +48,8 @@ SETTINGS = [
     (Setting("bucketed", bucket=True), FP32),  # rows and frames padded to the CUDA graphs' buckets
     # ...and through the graph cache: one step captured per bucket, replayed for each step
     (Setting("graph-steps", bucket=True, graph_stand_in=True), FP32),
+    # ...with a pass of four rows padded to five (copies of its last row)
+    (Setting("graph-steps-rows-padded", bucket=True, graph_stand_in=True, row_buckets=(1, 2, 3, 5)), FP32),
     # every row in one pass, padded to a coarse width: far more padding than any row's own
     (Setting("one-wide-pass", bucket=True, spread=100.0, frame_buckets=1), FP32),
     (Setting("flow-bf16", flow="bf16", bucket=True, vocoder_rows=1), FLOW_BF16),
@@ -256,6 +258,8 @@ def test_the_released_widths_are_the_architectures():
 def test_flow_settings_are_checked_up_front():
     cosy = load_config(None, ["tts.cosyvoice.flow.vocoder_rows=4", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
     assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 32
+    fine = load_config(None, ["tts.cosyvoice.flow.row_buckets=[1, 2, 3, 4, 6, 8]"]).tts.cosyvoice.flow
+    assert fine.row_buckets == (1, 2, 3, 4, 6, 8)
     for bad, key in (
         ("tts.cosyvoice.flow.vocoder_rows=0", "vocoder_rows"),
         ("tts.cosyvoice.flow.max_mb=10", "max_mb"),
@@ -263,6 +267,8 @@ def test_flow_settings_are_checked_up_front():
         ("tts.cosyvoice.flow.spread=0.9", "spread"),
         ("tts.cosyvoice.flow.frame_buckets=3", "frame_buckets"),
         ("tts.cosyvoice.flow.capture_after=0", "capture_after"),
+        ("tts.cosyvoice.flow.row_buckets=[2, 4]", "row_buckets"),
+        ("tts.cosyvoice.flow.row_buckets=[1, 4, 4]", "row_buckets"),
         ("tts.cosyvoice.cuda_graphs=yes please", "cuda_graphs"),
         ("tts.cosyvoice.flow.graphs=true", "graphs"),
     ):
@@ -391,9 +397,9 @@ def test_a_wider_spread_makes_fewer_passes(models, rows):
     chunk, tokens, _ = rows(1)
     inner = models(1).model
     spread = ["tts.cosyvoice.flow.grouping=spread", "tts.cosyvoice.flow.frame_buckets=2"]
-    cosy = load_config(None, [*spread, "tts.cosyvoice.flow.spread=100"]).tts.cosyvoice
-    wide = Flow.configured(inner.flow, "fp32", cosy, inner.device)
-    assert wide.spread == 100.0 and wide.solver.frame_buckets == 2
+    cosy = load_config(None, [*spread, "tts.cosyvoice.flow.spread=100", "tts.cosyvoice.flow.row_buckets=[1, 3]"])
+    wide = Flow.configured(inner.flow, "fp32", cosy.tts.cosyvoice, inner.device)
+    assert wide.spread == 100.0 and wide.solver.frame_buckets == 2 and wide.solver.key(2, 100)[0] == 3
     assert [len(g) for g in wide.groups(make_rows(chunk, tokens))] == [len(tokens)]
     narrow = Flow.configured(inner.flow, "fp32", load_config(None, spread).tts.cosyvoice, inner.device)
     assert len(narrow.groups(make_rows(chunk, tokens))) == 2

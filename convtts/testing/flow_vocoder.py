@@ -18,7 +18,7 @@ import torch
 
 from convtts.speak.cosyvoice.engine.flow import Flow
 from convtts.speak.cosyvoice.engine.requests import Request, Row
-from convtts.speak.cosyvoice.engine.solver import Captured, GraphCache
+from convtts.speak.cosyvoice.engine.solver import ROW_BUCKETS, Captured, GraphCache
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder, finalizes, vocode_one
 
 
@@ -38,6 +38,7 @@ class Setting:
     spread: float = 1.25  # longest over shortest row in one flow pass
     frame_buckets: int = 8  # widths a doubling of frames is cut into (bucketed passes)
     graph_stand_in: bool = False  # bucketed passes through the graph cache, a graph re-running its step (CPU)
+    row_buckets: tuple[int, ...] = ROW_BUCKETS  # the rows a bucketed pass is padded up to
 
 
 @dataclass
@@ -116,6 +117,7 @@ def build(model, setting: Setting) -> tuple[Flow, Vocoder]:
         bucket=setting.bucket,
         spread=setting.spread,
         frame_buckets=setting.frame_buckets,
+        row_buckets=setting.row_buckets,
     )
     if setting.graph_stand_in:
         flow.solver.graphs = StandInGraphs(flow.solver._step, setting.max_graphs)

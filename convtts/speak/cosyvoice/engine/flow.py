@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from convtts.speak.cosyvoice.engine.precision import matmul_mode, part_module, storage_dtype
 from convtts.speak.cosyvoice.engine.requests import Row, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import estimator_widths, flow_bytes_per_frame, rows_within
-from convtts.speak.cosyvoice.engine.solver import Solver, width_bucket
+from convtts.speak.cosyvoice.engine.solver import ROW_BUCKETS, Solver, width_bucket
 
 SPREAD = 1.25  # longest over shortest row in one pass (flow.grouping spread): padding costs work, not accuracy
 
@@ -111,12 +111,22 @@ class Flow:
         capture_after: int = 1,
         tail_spread: float | None = None,
         costs: PassCosts | None = None,
+        row_buckets: tuple[int, ...] = ROW_BUCKETS,
     ):
         self.flow, self.precision, self.device = flow, precision, device
         self.costs = costs  # None: passes cut by `spread` alone
         self.v1 = type(flow).__name__ == "MaskedDiffWithXvec"
         self.solver = Solver(
-            flow.decoder, precision, graphs, compile, max_graphs, device, bucket, frame_buckets, capture_after
+            flow.decoder,
+            precision,
+            graphs,
+            compile,
+            max_graphs,
+            device,
+            bucket,
+            frame_buckets,
+            capture_after,
+            row_buckets,
         )
         self.max_mb, self.spread = max_mb, spread
         self.tail_spread = spread if tail_spread is None else tail_spread
@@ -143,6 +153,7 @@ class Flow:
             capture_after=cosy.flow.capture_after,
             tail_spread=cosy.flow.tail_spread,
             costs=PassCosts.configured(cosy.flow),
+            row_buckets=cosy.flow.row_buckets,
         )
 
     def groups(self, rows: list[Row], tail: bool = False) -> list[list[Row]]:

@@ -5,7 +5,7 @@ torch calls: on a GPU the launches, not the arithmetic, set its time (an eager v
 on an H200, however few its rows). So on a GPU one guided step is captured as a CUDA graph per
 shape and replayed ten times a pass: capturing records one step's launches, a tenth of what an
 eager pass runs, so even a shape met once gains. Shapes are bucketed to make them repeat: rows up
-to the next of ROW_BUCKETS (extra rows copy the last real one), frames up to the next width_bucket
+to the next of tts.cosyvoice.flow.row_buckets (extra rows copy the last real one), frames up to the next width_bucket
 (tts.cosyvoice.flow.frame_buckets widths a doubling: at most 1/8 more by default, padded with zeros
 and masked). The padding-safe estimator (estimator.py) keeps every row equal to its solo rendering
 up to float rounding, whatever the bucket adds.
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from convtts.config import FlowConfig
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.estimator import padded_forward
 from convtts.speak.cosyvoice.engine.precision import is_reduced, matmul_mode, part_module
@@ -35,11 +36,12 @@ from convtts.speak.cosyvoice.engine.precision import is_reduced, matmul_mode, pa
 log = logging.getLogger(__name__)
 
 STEPS = 10  # upstream's n_timesteps
-ROW_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+ROW_BUCKETS = FlowConfig.row_buckets  # the rows a pass is padded up to, unless configured
 
 
-def rows_bucket(rows: int) -> int:
-    for size in ROW_BUCKETS:
+def rows_bucket(rows: int, buckets: tuple[int, ...] = ROW_BUCKETS) -> int:
+    """The first of `buckets` that holds `rows`; past the last, the next multiple of 32."""
+    for size in buckets:
         if rows <= size:
             return size
     return -(-rows // 32) * 32
@@ -273,10 +275,11 @@ class Solver:
         bucket: bool | None = None,
         frame_buckets: int = 8,
         capture_after: int = 1,
+        row_buckets: tuple[int, ...] = ROW_BUCKETS,
     ):
         """`bucket` None: bucketed on a GPU with graphs or compile; True pads to buckets anywhere (tests)."""
         self.decoder = decoder
-        self.frame_buckets = frame_buckets
+        self.frame_buckets, self.row_buckets = frame_buckets, row_buckets
         self.precision = precision
         self.causal = type(decoder).__name__ == "CausalConditionalCFM"
         self.cosine = decoder.t_scheduler == "cosine"
@@ -339,7 +342,7 @@ class Solver:
 
     def key(self, rows: int, width: int) -> tuple[int, int]:
         """The bucket of a pass of `rows` rows padded to `width` frames."""
-        return rows_bucket(rows), width_bucket(width, self.frame_buckets)
+        return rows_bucket(rows, self.row_buckets), width_bucket(width, self.frame_buckets)
 
     def pads(self, rows: int, width: int) -> bool:
         """Whether a pass of this size is padded to its bucket: where it may replay or capture a graph, or
