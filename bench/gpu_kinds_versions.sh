@@ -10,7 +10,8 @@
 #   SETUP=0 MODEL_SIZE=tiny GPUS=cpu:2 CONVERSATIONS=6 PYTHON=.venv/bin/python bash bench/gpu_kinds_versions.sh  # CPU dry run
 #
 # Knobs (defaults in brackets): VERSIONS ["3"], CONVERSATIONS [300] (short-turn ones; the long text
-# matches their words), JOB_LIMIT [200] (seconds per job, cut to fit DEADLINE [560] seconds for the whole
+# matches their words), BENCH_CONVERSATIONS [unset] (Q&A ones: with CONVERSATIONS set too each job takes
+# its own count, e.g. 1000 and 1480 for about the same audio; alone, the short-turn job matches its words), JOB_LIMIT [200] (seconds per job, cut to fit DEADLINE [560] seconds for the whole
 # script), SETS [""] (group.key=value items added to every command), GPUS [every GPU], SETUP [1] (0: the
 # wheels are installed already), MODEL_SIZE [full] (tiny for a dry run), WHEELS [.whl], PYTHON [python3].
 set -euo pipefail
@@ -47,15 +48,17 @@ limit_for() {  # versions left: this one's per-job limit, JOB_LIMIT or less to e
 }
 
 run_kinds() {  # version, versions left after it
-  local version="$1" work="/tmp/convtts-kinds-v$1" limit sets=() gpus=()
+  local version="$1" work="/tmp/convtts-kinds-v$1" limit sets=() gpus=() counts=()
   limit="$(limit_for "$2")"
   for item in ${SETS:-}; do sets+=(--set "$item"); done
   [[ -n "${GPUS:-}" ]] && gpus=(--gpus "$GPUS")
+  [[ -n "${CONVERSATIONS:-}" || -z "${BENCH_CONVERSATIONS:-}" ]] && counts=(--conversations "${CONVERSATIONS:-300}")
+  [[ -n "${BENCH_CONVERSATIONS:-}" ]] && counts+=(--bench-conversations "$BENCH_CONVERSATIONS")
   rm -rf "$work"
-  echo "== v$version: ${CONVERSATIONS:-300} short-turn conversations, jobs limited to $limit s, at $((SECONDS - started)) s"
+  echo "== v$version: ${counts[*]}, jobs limited to $limit s, at $((SECONDS - started)) s"
   local root=(env) && [[ $version == 1 ]] && root=(env -u COSYVOICE_ROOT)  # v1 on the installed package
   "${root[@]}" timeout -k 20 $((2 * limit + 200)) "$python" bench/text_kinds.py --version "$version" \
-    --model-dir "/tmp/cv-$size-v$version" --conversations "${CONVERSATIONS:-300}" --job-limit "$limit" \
+    --model-dir "/tmp/cv-$size-v$version" "${counts[@]}" --job-limit "$limit" \
     --work "$work" --out "$out/kinds-v$version.json" "${gpus[@]}" "${sets[@]}" 2>&1 | tee "$out/kinds-v$version.txt" \
     || echo "v$version: text_kinds exited ${PIPESTATUS[0]}"
   (cd "$work" && find . -maxdepth 2 -name 'log-*' -print0 | tar -czf "$out/logs-v$version.tar.gz" --null -T -) || true
