@@ -285,6 +285,52 @@ def test_v1_chunks_prefill_together_as_one_at_a_time():
             torch.testing.assert_close(many.step(together), one.step(alone), **FP32)
 
 
+def qwen_chunk_kinds(slots: list[int], text_tokens: list[int], prompt_tokens: list[int]) -> list[Sequence]:
+    """v2 chunks of zero-shot voices: a prompt's text and its speech tokens (none for a row without a prompt)."""
+    seqs = []
+    for slot, tokens, speech in zip(slots, text_tokens, prompt_tokens):
+        seq = sequence(slot, tokens, 700 + slot, v1=False)
+        generator = torch.Generator().manual_seed(800 + slot)
+        seq.chunk["prompt_text"] = torch.randint(0, 250, (1, 3 + slot), generator=generator, dtype=torch.int32)
+        seq.chunk["llm_prompt_speech_token"] = torch.randint(
+            0, 100, (1, speech), generator=generator, dtype=torch.int32
+        )
+        seqs.append(seq)
+    return seqs
+
+
+def test_qwen_chunks_prefill_together_as_one_at_a_time(qwen_dir):
+    """v2/v3: one forward of prompts padded on the right gives each slot the keys, values, length and first
+    log-probabilities of its own prefill, and each decodes on as it would alone."""
+    from convtts.speak.cosyvoice.engine.runner_qwen import QwenRunner
+
+    llm = qwen_llm(qwen_dir)
+    slots, tokens, speech = [0, 2, 3, 5], [5, 12, 3, 17], [9, 0, 20, 4]
+    alone, together = (qwen_chunk_kinds(slots, tokens, speech) for _ in range(2))
+    one, many = (QwenRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64)) for _ in range(2))
+    forwards = []
+    prompts = many.prompts
+    many.prompts = lambda seqs: forwards.append(len(seqs)) or prompts(seqs)
+    with torch.inference_mode():
+        one.prepare(8)
+        many.prepare(8)
+        first = [one.prefill(seq) for seq in alone]
+        assert many.groups(together) == [together]
+        batched = many.prefill_many(together)
+        assert forwards == [4]
+        for a, b, logp_a, logp_b in zip(alone, together, first, batched):
+            n = a.prompt_len
+            assert b.prompt_len == n == many.prompt_length(b) and int(many.cache.lengths[b.slot]) == n
+            torch.testing.assert_close(logp_b, logp_a, **FP32)
+            torch.testing.assert_close(many.cache.k[:, b.slot, :, :n], one.cache.k[:, a.slot, :, :n], **FP32)
+            torch.testing.assert_close(many.cache.v[:, b.slot, :, :n], one.cache.v[:, a.slot, :, :n], **FP32)
+        for step in range(3):
+            for a, b in zip(alone, together):
+                a.tokens.append(step + 20)
+                b.tokens.append(step + 20)
+            torch.testing.assert_close(many.step(together), one.step(alone), **FP32)
+
+
 def test_prefill_groups_are_bounded():
     """At most PREFILL_ROWS chunks a group, and rows x positions^2 within PREFILL_AREA; the other runners
     prefill one chunk at a time."""
@@ -304,6 +350,6 @@ def test_prefill_groups_are_bounded():
     assert [len(group) for group in runner.groups(mixed)] == [rows, 1]
     grouped = runner.groups(short + long)
     assert [seq for group in grouped for seq in group] == short + long  # admission order
-    assert not UpstreamTransformerRunner.batched and not QwenRunner.batched
+    assert not UpstreamTransformerRunner.batched and QwenRunner.batched
     upstream = UpstreamTransformerRunner(v1_llm(blocks=1), torch.device("cpu"), "fp32", DecodeOptions())
     assert upstream.groups(short[:3]) == [[seq] for seq in short[:3]]

@@ -70,16 +70,35 @@ class QwenPrompt:
         out = self.backbone(inputs_embeds=lm_input, attention_mask=mask, use_cache=True)
         return out.last_hidden_state[:, -1], cache_tensors(out.past_key_values)
 
+    def prefill_rows(self, chunks: list[dict]) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+        """Several prompts padded on the right in one forward (each row's positions and keys are its own):
+        each one's last hidden state [rows, width], the cache as [keys 0, values 0, ...] ([rows, heads,
+        longest, dim], padding past each row's length) and the prompts' lengths."""
+        embedded = [self.embeddings(chunk)[0] for chunk in chunks]
+        lengths = [len(e) for e in embedded]
+        lm_input = torch.nn.utils.rnn.pad_sequence(embedded, batch_first=True)
+        own = torch.tensor(lengths, device=self.device)
+        mask = (torch.arange(lm_input.shape[1], device=self.device)[None, :] < own[:, None]).long()
+        out = self.backbone(inputs_embeds=lm_input, attention_mask=mask, use_cache=True)
+        last = out.last_hidden_state[torch.arange(len(chunks), device=self.device), own - 1]
+        return last, cache_tensors(out.past_key_values), lengths
+
+    def length(self, chunk: dict) -> int:
+        """The prompt's positions: sos, prompt text and text, task id, prompt speech."""
+        speech = chunk.get("llm_prompt_speech_token", torch.zeros(1, 0))
+        text = chunk.get("prompt_text", torch.zeros(1, 0)).shape[1] + chunk["text"].shape[1]
+        return 2 + text + speech.shape[1]
+
 
 class UpstreamQwenRunner(UpstreamRunner):
     """Decode steps through the Hugging Face backbone over one left-padded cache (pads masked, own positions)."""
 
     def __init__(self, llm, device, precision, options):
         super().__init__(llm, device, precision, options)
-        self.prompts = QwenPrompt(llm, device)
+        self.builder = QwenPrompt(llm, device)
 
     def prompt(self, seq):
-        hidden, layers = self.prompts.prefill(seq.chunk)
+        hidden, layers = self.builder.prefill(seq.chunk)
         return self.logp(hidden), layers
 
     def forward(self, seqs) -> torch.Tensor:
@@ -88,7 +107,7 @@ class UpstreamQwenRunner(UpstreamRunner):
         length = self.cache.layers[0].shape[2]
         pads = torch.tensor([seq.pad for seq in seqs], device=self.device)
         mask = (torch.arange(length + 1, device=self.device)[None, :] >= pads[:, None]).long()
-        out = self.prompts.backbone(
+        out = self.builder.backbone(
             inputs_embeds=xs,
             attention_mask=mask,
             position_ids=(length - pads)[:, None],
@@ -117,9 +136,11 @@ def supports_static(llm) -> bool:
 class QwenRunner(StaticRunner):
     """v2/v3 decode steps of our own over the static cache, from the Qwen2 backbone's own weights."""
 
+    batched = True  # prompts(): chunks admitted together prefill in one forward
+
     def __init__(self, llm, device, precision, options):
-        self.prompts = QwenPrompt(llm, device)
-        backbone = self.prompts.backbone
+        self.builder = QwenPrompt(llm, device)
+        backbone = self.builder.backbone
         config = backbone.config
         self.heads = config.num_attention_heads
         self.query_group = self.heads // config.num_key_value_heads
@@ -142,8 +163,24 @@ class QwenRunner(StaticRunner):
         self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj)[0] for layer in self.layers]
 
     def prompt(self, seq):
-        hidden, layers = self.prompts.prefill(seq.chunk)
+        hidden, layers = self.builder.prefill(seq.chunk)
         return self.logp(hidden), layers[0::2], layers[1::2]
+
+    def prompt_length(self, seq) -> int:
+        return self.builder.length(seq.chunk)
+
+    def prompts(self, seqs) -> list[tuple]:
+        """prompt() of several chunks in one padded forward; per chunk, in order, what prompt() returns."""
+        hidden, layers, lengths = self.builder.prefill_rows([seq.chunk for seq in seqs])
+        logp = self.logp(hidden)
+        return [
+            (
+                logp[i : i + 1],
+                [keys[i : i + 1, :, :length] for keys in layers[0::2]],
+                [values[i : i + 1, :, :length] for values in layers[1::2]],
+            )
+            for i, length in enumerate(lengths)
+        ]
 
     def tables(self, capacity: int) -> None:
         """cos and sin of every position the cache can hold, computed as the backbone's rotary module does."""
