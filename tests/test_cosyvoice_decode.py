@@ -250,6 +250,33 @@ def v1_chunk_kinds(slots: list[int], text_tokens: list[int], kinds: list[str]) -
     return seqs
 
 
+def prefilled_both_ways(one, many, alone: list[Sequence], together: list[Sequence]) -> None:
+    """`alone` prefilled one at a time by `one`, `together` in one forward of `many`: each slot gets the keys,
+    values, length and first log-probabilities of its own prefill, and decodes on as it would alone."""
+    forwards = []
+    prompts = many.prompts
+    many.prompts = lambda seqs: forwards.append(len(seqs)) or prompts(seqs)
+    with torch.inference_mode():
+        one.prepare(8)
+        many.prepare(8)
+        first = [one.prefill(seq) for seq in alone]
+        assert many.groups(together) == [together]
+        batched = many.prefill_many(together)
+        assert forwards == [len(together)]  # one forward for them all
+        for a, b, logp_a, logp_b in zip(alone, together, first, batched):
+            n = a.prompt_len
+            assert b.prompt_len == n == many.prompt_length(b) and int(many.cache.lengths[b.slot]) == n
+            assert b.launched == 0
+            torch.testing.assert_close(logp_b, logp_a, **FP32)
+            torch.testing.assert_close(many.cache.k[:, b.slot, :, :n], one.cache.k[:, a.slot, :, :n], **FP32)
+            torch.testing.assert_close(many.cache.v[:, b.slot, :, :n], one.cache.v[:, a.slot, :, :n], **FP32)
+        for step in range(3):
+            for a, b in zip(alone, together):
+                a.tokens.append(step + 20)
+                b.tokens.append(step + 20)
+            torch.testing.assert_close(many.step(together), one.step(alone), **FP32)
+
+
 def test_v1_chunks_prefill_together_as_one_at_a_time():
     """One padded forward for chunks of different lengths and kinds: each slot gets the keys, values, length and
     first log-probabilities that its own prefill (upstream's forward_chunk) gives, and decodes on as it would."""
@@ -260,29 +287,9 @@ def test_v1_chunks_prefill_together_as_one_at_a_time():
     kinds = ["sft", "zero_shot", "instruct", "sft", "zero_shot"]
     alone, together = (v1_chunk_kinds(slots, tokens, kinds) for _ in range(2))
     one, many = (TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64)) for _ in range(2))
-    forwards = []
-    prompts = many.prompts
-    many.prompts = lambda seqs: forwards.append(len(seqs)) or prompts(seqs)
-    with torch.inference_mode():
-        one.prepare(8)
-        many.prepare(8)
-        first = [one.prefill(seq) for seq in alone]
-        assert many.groups(together) == [together]
-        batched = many.prefill_many(together)
-        assert forwards == [5]  # one forward for the five
-        assert many.cache.capacity == one.cache.capacity == 256
-        for a, b, logp_a, logp_b in zip(alone, together, first, batched):
-            n = a.prompt_len
-            assert b.prompt_len == n == v1_prompt_length(a.chunk) and int(many.cache.lengths[b.slot]) == n
-            assert b.launched == 0
-            torch.testing.assert_close(logp_b, logp_a, **FP32)
-            torch.testing.assert_close(many.cache.k[:, b.slot, :, :n], one.cache.k[:, a.slot, :, :n], **FP32)
-            torch.testing.assert_close(many.cache.v[:, b.slot, :, :n], one.cache.v[:, a.slot, :, :n], **FP32)
-        for step in range(3):
-            for a, b in zip(alone, together):
-                a.tokens.append(step + 20)
-                b.tokens.append(step + 20)
-            torch.testing.assert_close(many.step(together), one.step(alone), **FP32)
+    prefilled_both_ways(one, many, alone, together)
+    assert many.cache.capacity == one.cache.capacity == 256
+    assert [seq.prompt_len for seq in together] == [v1_prompt_length(seq.chunk) for seq in together]
 
 
 def qwen_chunk_kinds(slots: list[int], text_tokens: list[int], prompt_tokens: list[int]) -> list[Sequence]:
@@ -300,35 +307,14 @@ def qwen_chunk_kinds(slots: list[int], text_tokens: list[int], prompt_tokens: li
 
 
 def test_qwen_chunks_prefill_together_as_one_at_a_time(qwen_dir):
-    """v2/v3: one forward of prompts padded on the right gives each slot the keys, values, length and first
-    log-probabilities of its own prefill, and each decodes on as it would alone."""
+    """v2/v3: prompts of different lengths padded on the right in one forward, each slot as its own prefill."""
     from convtts.speak.cosyvoice.engine.runner_qwen import QwenRunner
 
     llm = qwen_llm(qwen_dir)
     slots, tokens, speech = [0, 2, 3, 5], [5, 12, 3, 17], [9, 0, 20, 4]
     alone, together = (qwen_chunk_kinds(slots, tokens, speech) for _ in range(2))
     one, many = (QwenRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64)) for _ in range(2))
-    forwards = []
-    prompts = many.prompts
-    many.prompts = lambda seqs: forwards.append(len(seqs)) or prompts(seqs)
-    with torch.inference_mode():
-        one.prepare(8)
-        many.prepare(8)
-        first = [one.prefill(seq) for seq in alone]
-        assert many.groups(together) == [together]
-        batched = many.prefill_many(together)
-        assert forwards == [4]
-        for a, b, logp_a, logp_b in zip(alone, together, first, batched):
-            n = a.prompt_len
-            assert b.prompt_len == n == many.prompt_length(b) and int(many.cache.lengths[b.slot]) == n
-            torch.testing.assert_close(logp_b, logp_a, **FP32)
-            torch.testing.assert_close(many.cache.k[:, b.slot, :, :n], one.cache.k[:, a.slot, :, :n], **FP32)
-            torch.testing.assert_close(many.cache.v[:, b.slot, :, :n], one.cache.v[:, a.slot, :, :n], **FP32)
-        for step in range(3):
-            for a, b in zip(alone, together):
-                a.tokens.append(step + 20)
-                b.tokens.append(step + 20)
-            torch.testing.assert_close(many.step(together), one.step(alone), **FP32)
+    prefilled_both_ways(one, many, alone, together)
 
 
 def test_prefill_groups_are_bounded():
