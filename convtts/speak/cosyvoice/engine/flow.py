@@ -124,9 +124,9 @@ class Flow:
             max_graphs,
             device,
             bucket,
-            frame_buckets,
-            capture_after,
-            row_buckets,
+            frame_buckets=frame_buckets,
+            capture_after=capture_after,
+            row_buckets=row_buckets,
         )
         self.max_mb, self.spread = max_mb, spread
         self.tail_spread = spread if tail_spread is None else tail_spread
@@ -177,7 +177,7 @@ class Flow:
         if self.solver.bucketed and graphs.holds(key):
             return self.costs.seconds(key[0] * key[1], replayed=True)
         if self.solver.pads(rows, frames):
-            return self.costs.seconds(key[0] * key[1], captured=graphs.limit > 0 and graphs.wants(key))
+            return self.costs.seconds(key[0] * key[1], captured=graphs.wants(key))
         return self.costs.seconds(rows * frames)
 
     def frames(self, row: Row) -> int:

@@ -65,10 +65,8 @@ class QwenPrompt:
 
     def prefill(self, chunk: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(last hidden state [1, width], the cache as [keys 0, values 0, ...])."""
-        lm_input = self.embeddings(chunk)
-        mask = torch.ones(lm_input.shape[:2], dtype=torch.long, device=self.device)
-        out = self.backbone(inputs_embeds=lm_input, attention_mask=mask, use_cache=True)
-        return out.last_hidden_state[:, -1], cache_tensors(out.past_key_values)
+        hidden, layers, _ = self.prefill_rows([chunk])
+        return hidden, layers
 
     def prefill_rows(self, chunks: list[dict]) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
         """Several prompts padded on the right in one forward (each row's positions and keys are its own):
