@@ -223,6 +223,90 @@ def test_a_cast_and_folded_copy_leaves_upstreams_hift_as_it_was(models, version)
     assert twin.conv_post.weight.dtype == torch.bfloat16 and twin.f0_predictor.classifier.weight.dtype == torch.float32
 
 
+def test_a_cast_copy_keeps_its_fp32_parts_values():
+    """The parts a bf16 copy keeps in fp32 hold the original's values, not ones rounded to bf16 and back."""
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with torch.no_grad():
+        module[1].weight.fill_(1.0001)  # 1.0 in bf16
+    twin = cast_copy(module, "bf16", keep_fp32=("1",))
+    assert twin[0].weight.dtype == torch.bfloat16
+    assert torch.equal(twin[1].weight, module[1].weight) and twin[1].weight.data_ptr() != module[1].weight.data_ptr()
+
+
+DIT_CHECK = """
+import json, sys
+import torch
+from convtts.config import CosyVoiceConfig
+from convtts.speak.cosyvoice.runtime import import_runtime
+import_runtime(CosyVoiceConfig(runtime_root=sys.argv[1]))
+from cosyvoice.flow.DiT.dit import DiT
+from convtts.speak.cosyvoice.engine.estimator import padded_forward
+from convtts.speak.cosyvoice.engine.solver import Solver
+
+torch.manual_seed(0)
+shape = dict(dim=64, depth=3, heads=4, dim_head=16, ff_mult=2, mel_dim=80, mu_dim=80, spk_dim=80, out_channels=80)
+est = DiT(**shape, static_chunk_size=50, num_decoding_left_chunks=-1).eval().double()
+for p in est.parameters():
+    torch.nn.init.normal_(p, std=0.05)
+frames = [300, 250, 120]  # past 256: where bf16 positions stop being whole numbers
+x, mu, cond = (torch.randn(3, 80, 300, dtype=torch.float64) for _ in range(3))
+spks, t = torch.randn(3, 80, dtype=torch.float64), torch.rand(3, dtype=torch.float64)
+mask = torch.zeros(3, 1, 300, dtype=torch.float64)
+for i, n in enumerate(frames):
+    mask[i, :, :n] = 1
+out = {}
+def alone(forward, i, n):
+    return forward(x[i:i+1, :, :n], mask[i:i+1, :, :n], mu[i:i+1, :, :n], t[i:i+1], spks[i:i+1], cond[i:i+1, :, :n])[0]
+
+def gap(padded, rows):
+    return float(max((padded[i, :, :n] - row).abs().max() for i, (n, row) in enumerate(zip(frames, rows))))
+
+with torch.inference_mode():
+    padded = padded_forward(est)(x, mask, mu, t, spks, cond)
+    upstream = [alone(est, i, n) for i, n in enumerate(frames)]
+    out["scale"] = max(float(row.abs().max()) for row in upstream)
+    out["padded_vs_alone"] = gap(padded, upstream)
+    out["padded_vs_ours_alone"] = gap(padded, [alone(padded_forward(est), i, n) for i, n in enumerate(frames)])
+    weights = [b.attn.to_k.weight.data_ptr() for b in est.transformer_blocks]
+    joined = padded_forward(est, owned=True)(x, mask, mu, t, spks, cond)
+    out["joined_vs_not"] = float((joined - padded).abs().max())
+    attn = est.transformer_blocks[0].attn
+    out["views_of_one_weight"] = attn.to_k.weight.data_ptr() == attn.to_q.weight.data_ptr() + attn.to_q.weight.nbytes
+    out["moved"] = weights != [b.attn.to_k.weight.data_ptr() for b in est.transformer_blocks]
+
+    class Decoder:
+        estimator, t_scheduler, inference_cfg_rate = est.float(), "cosine", 0.7
+
+    copy = Solver(Decoder, "bf16", graphs=False, compile=False, max_graphs=0, device="cpu").estimator
+    out["rotary"] = str(copy.rotary_embed.inv_freq.dtype)
+    out["blocks"] = str(copy.transformer_blocks[0].attn.to_q.weight.dtype)
+print(json.dumps(out))
+"""
+
+
+def test_the_dit_blocks_as_re_driven_give_each_row_its_own_frames():
+    """v3's DiT blocks (fused modulations, rotary in place, q, k and v in one product): a padded pass of
+    rows of 300, 250 and 120 frames gives each row its own pass alone, exactly in fp64, and upstream's
+    DiT.forward alone up to the timestep embedding's fp32; the
+    joined projection is the same product, its parameters views of one weight; a bf16 copy keeps its
+    rotary angles in fp32."""
+    if not COSYVOICE_CHECKOUT:
+        pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
+    done = subprocess.run(
+        [sys.executable, "-c", DIT_CHECK, COSYVOICE_CHECKOUT],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["scale"] > 1.0 and out["padded_vs_ours_alone"] <= 1e-12 * out["scale"], out
+    assert out["padded_vs_alone"] <= 1e-6 * out["scale"], out  # our timestep embedding is taken in fp32
+    assert out["joined_vs_not"] == 0.0 and out["views_of_one_weight"] and out["moved"], out
+    assert out["rotary"] == "torch.float32" and out["blocks"] == "torch.bfloat16", out
+
+
 def test_tf32_is_set_for_a_part_and_put_back():
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     before = matmul.allow_tf32, cudnn.allow_tf32
@@ -416,3 +500,4 @@ def test_the_pass_costs_reach_the_passes(models, rows):
     apart = Flow.configured(inner.flow, "fp32", costly, inner.device)
     lengths = {apart.frames(row) for row in make_rows(chunk, tokens)}
     assert len(apart.groups(make_rows(chunk, tokens))) == len(lengths)
+

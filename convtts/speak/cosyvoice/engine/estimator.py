@@ -13,6 +13,9 @@ rendering and the memory small:
 - Inputs arrive in fp32 and are cast to the estimator's own dtype (a bf16/fp16 copy, see
   precision.py); the timestep embedding is computed in fp32 before the cast, the output is fp32.
 
+v3's DiT blocks are re-driven too, for the GPU's memory traffic rather than for the padding: a DiT
+step is as much elementwise work over (rows x frames x 1024) as matrix products (dit_block).
+
 Everything else (convolutions, which see zeros past a row's end as in the solo pass; the causal
 layers; the feed-forwards) is upstream's own modules.
 """
@@ -23,17 +26,20 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 MASKED = -1.0e10  # upstream's attention bias for a masked key (mask_to_bias)
 
 
-def padded_forward(estimator) -> Callable | None:
-    """estimate(x, mask, mu, t, spks, cond) for a padded batch, or None for an estimator we do not know."""
+def padded_forward(estimator, owned: bool = False) -> Callable | None:
+    """estimate(x, mask, mu, t, spks, cond) for a padded batch, or None for an estimator we do not know.
+    `owned`: the estimator is the engine's own copy (bf16/fp16), whose parameters may be laid out anew."""
     kind = type(estimator).__name__
     if kind in ("ConditionalDecoder", "CausalConditionalDecoder"):
         return partial(unet, estimator)
     if kind == "DiT":
-        return partial(dit, estimator)
+        projections = [joined_qkv(block.attn) if owned else None for block in estimator.transformer_blocks]
+        return partial(dit, estimator, projections)
     return None
 
 
@@ -116,20 +122,84 @@ def unet(est, x, mask, mu, t, spks, cond):
     return (est.final_proj(h * masks[0]) * masks[0]).float()
 
 
-def dit(est, x, mask, mu, t, spks, cond):
-    """DiT.forward (v3, not streaming), with the key mask as (B, 1, 1, T) instead of (B, 1, T, T)."""
+def dit(est, projections, x, mask, mu, t, spks, cond):
+    """DiT.forward (v3, not streaming), with the key mask as (B, 1, 1, T) instead of (B, 1, T, T) and
+    the blocks as dit_block runs them."""
     dtype = est.proj_out.weight.dtype
     embed = est.time_embed
     temb = embed.time_mlp(embed.time_embed(t.float()).to(dtype))
     h = est.input_embed(
         x.transpose(1, 2).to(dtype), cond.transpose(1, 2).to(dtype), mu.transpose(1, 2).to(dtype), spks.to(dtype)
     )
-    rope = est.rotary_embed.forward_from_seq_len(h.shape[1])
+    freqs, scale = est.rotary_embed.forward_from_seq_len(h.shape[1])
     residual = h
     keys = mask.bool()[:, :, None, :]  # the attention processor takes mask[:, 0, -1] as the rows' frames
-    for block in est.transformer_blocks:
-        h = block(h, temb, mask=keys, rope=rope)
+    if isinstance(scale, torch.Tensor):  # xpos rotary scales: upstream's blocks
+        for block in est.transformer_blocks:
+            h = block(h, temb, mask=keys, rope=(freqs, scale))
+    else:
+        turn = (freqs.cos(), freqs.sin())  # upstream computes them again in every block, q and k alike
+        for block, qkv in zip(est.transformer_blocks, projections):
+            h = dit_block(block, qkv, h, temb, keys, turn)
     if est.long_skip_connection is not None:
         h = est.long_skip_connection(torch.cat((h, residual), dim=-1))
     h = est.norm_out(h, temb)
     return est.proj_out(h).transpose(1, 2).float()
+
+
+def dit_block(block, qkv, x, temb, keys, turn):
+    """DiTBlock.forward with fewer passes over its (rows, frames, dim) activations: each modulation
+    (norm * (1 + scale) + shift) and each gated residual (x + gate * y) one addcmul, not two or three
+    kernels; the rotary embedding written over q's and k's first head width in place, where upstream
+    rebuilds both whole in fp32 and casts them back; q, k and v in one product where the engine owns
+    the weights; and the attention output's zeroing of padded frames left out (nothing valid reads
+    those frames: keys are masked, every other layer is per frame)."""
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.attn_norm.linear(F.silu(temb))[
+        :, None
+    ].chunk(6, dim=-1)
+    normed = F.layer_norm(x, x.shape[-1:], eps=block.attn_norm.norm.eps)
+    attended = dit_attention(block.attn, qkv, torch.addcmul(shift_msa, normed, 1 + scale_msa), keys, turn)
+    x = torch.addcmul(x, gate_msa, attended)
+    normed = F.layer_norm(x, x.shape[-1:], eps=block.ff_norm.eps)
+    return torch.addcmul(x, gate_mlp, block.ff(torch.addcmul(shift_mlp, normed, 1 + scale_mlp)))
+
+
+def dit_attention(attn, qkv, x, keys, turn):
+    """AttnProcessor's attention (not joint), its rotary embedding applied in place."""
+    batch, frames, _ = x.shape
+    inner = attn.to_q.weight.shape[0]
+    if qkv is not None:
+        query, key, value = F.linear(x, *qkv).split(inner, dim=-1)
+    else:
+        query, key, value = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+    rotate(query, turn)
+    rotate(key, turn)
+    query, key, value = (y.view(batch, frames, attn.heads, -1).transpose(1, 2) for y in (query, key, value))
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=keys)
+    return attn.to_out[0](out.transpose(1, 2).reshape(batch, frames, inner))
+
+
+def rotate(y: torch.Tensor, turn) -> None:
+    """x_transformers' apply_rotary_pos_emb (no xpos scale) on y's first rotary width, in place: the
+    same arithmetic (fp32 with the fp32 angles, cast back), the rest of y untouched, as upstream's cast
+    round trip leaves it."""
+    from x_transformers.x_transformers import rotate_half
+
+    cos, sin = turn
+    head = y[..., : cos.shape[-1]]
+    head.copy_(head * cos + rotate_half(head) * sin)
+
+
+def joined_qkv(attn) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """attn's to_q, to_k and to_v as one weight and bias, their parameters made views of them (no second
+    copy); None where they cannot be (no biases, other widths)."""
+    linears = (attn.to_q, attn.to_k, attn.to_v)
+    if any(lin.bias is None for lin in linears) or len({lin.weight.shape for lin in linears}) != 1:
+        return None
+    joined = []
+    for name in ("weight", "bias"):
+        whole = torch.cat([getattr(lin, name).detach() for lin in linears])
+        for lin, part in zip(linears, whole.chunk(3)):
+            getattr(lin, name).data = part
+        joined.append(whole)
+    return joined[0], joined[1]

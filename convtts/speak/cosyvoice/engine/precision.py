@@ -96,12 +96,14 @@ def cast_copy(
     twin = copy.deepcopy(module, memo=shared)
     if fold:
         fold_weight_norms(twin)
+    # their own values, not ones rounded through the cast below and back
+    kept = {name: {k: v.clone() for k, v in twin.get_submodule(name).state_dict().items()} for name in keep_fp32}
     twin.to(dtype)
-    for name in keep_fp32:
-        twin.get_submodule(name).float()
+    for name, values in kept.items():
+        twin.get_submodule(name).float().load_state_dict(values)
     return twin.eval()
 
 
-def part_module(module: torch.nn.Module, precision: str) -> torch.nn.Module:
+def part_module(module: torch.nn.Module, precision: str, keep_fp32: tuple[str, ...] = ()) -> torch.nn.Module:
     """The module a part runs: upstream's own in fp32/tf32, a cast copy in bf16/fp16."""
-    return cast_copy(module, precision) if is_reduced(precision) else module
+    return cast_copy(module, precision, keep_fp32) if is_reduced(precision) else module

@@ -284,8 +284,10 @@ class Solver:
         self.causal = type(decoder).__name__ == "CausalConditionalCFM"
         self.cosine = decoder.t_scheduler == "cosine"
         self.rate = float(decoder.inference_cfg_rate)
-        self.estimator = part_module(decoder.estimator, precision)
-        self.safe = padded_forward(self.estimator)
+        # v3's rotary angles stay fp32: bf16 positions are not whole numbers past 256 frames
+        keep = ("rotary_embed",) if hasattr(decoder.estimator, "rotary_embed") else ()
+        self.estimator = part_module(decoder.estimator, precision, keep)
+        self.safe = padded_forward(self.estimator, owned=is_reduced(precision))
         if self.safe is None:
             log.warning(
                 "unknown flow estimator %s: padded passes use upstream's forward", type(decoder.estimator).__name__
