@@ -12,11 +12,16 @@ work (synchronised).
 
     python3 bench/pass_cost.py --model-dir /tmp/cv300m --out "$OUT/pass-cost.json"
     python3 bench/pass_cost.py --model-dir /tmp/tiny --rows 1,2 --seconds 0.5 --out /tmp/p.json   # CPU check
+
+With --profile, the GPU's kernels of one eager flow pass and one vocoder pass are listed too (torch.profiler;
+a replayed graph's kernels are the eager pass's): time by kind (matrix products, attention, norms,
+elementwise, convolutions) and the costliest kernels.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -75,6 +80,74 @@ def vocoder_times(model, chunk, tokens, precision: str, repeat: int) -> dict:
     return {"one_pass_s": round(statistics.median(passes), 4), "each_alone_s": round(solo, 4)}
 
 
+KINDS = [  # kernel name patterns, first match wins
+    ("attention", r"fmha|flash|attention|softmax"),
+    ("matmul", r"gemm|cutlass|xmma|cublas|sm90|sm80_|nvjet|addmm|aten::mm|bmm"),
+    ("conv", r"conv|cudnn|implicit|winograd|fft"),
+    ("norm", r"norm"),
+    ("copy", r"copy|cat|memcpy|memset|fill"),
+    ("elementwise", r"elementwise|vectorized|unrolled|pointwise|activation|gelu|mul|add"),
+    ("reduce", r"reduce"),
+]
+
+
+def kernel_profile(fn, top: int = 12) -> dict:
+    """What fn runs on the GPU (on a CPU: its torch operators, for a dry run): milliseconds by kind and
+    the costliest kernels (name, ms, calls)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        sync()
+    kernels: dict = {}
+    for event in prof.events():
+        if cuda and event.device_type == DeviceType.CUDA:
+            us = event.time_range.elapsed_us()
+        elif not cuda and event.device_type == DeviceType.CPU:
+            us = event.self_cpu_time_total
+        else:
+            continue
+        ms, count = kernels.get(event.name, (0.0, 0))
+        kernels[event.name] = (ms + us / 1000, count + 1)
+    kinds: dict = {}
+    for name, (ms, _) in kernels.items():
+        kind = next((k for k, pattern in KINDS if re.search(pattern, name, re.IGNORECASE)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + ms
+    costly = sorted(kernels.items(), key=lambda item: -item[1][0])[:top]
+    return {
+        "gpu_ms" if cuda else "cpu_ms": round(sum(ms for ms, _ in kernels.values()), 2),
+        "launches": sum(count for _, count in kernels.values()),
+        "by_kind_ms": {k: round(v, 2) for k, v in sorted(kinds.items(), key=lambda item: -item[1])},
+        "top": [[name[:90], round(ms, 2), count] for name, (ms, count) in costly],
+    }
+
+
+def profiles(model, chunk, tokens, precision: str) -> dict:
+    """kernel_profile of one eager flow pass (after a warm-up) and one vocoder pass of these rows."""
+    import torch
+
+    from convtts.speak.cosyvoice.engine.flow import Flow
+    from convtts.speak.cosyvoice.engine.vocoder import Vocoder
+    from convtts.testing.flow_vocoder import make_rows
+
+    inner = model.model
+    flow = Flow(inner.flow, precision, inner.device, graphs=False, spread=100.0, tail_spread=100.0)
+    with torch.inference_mode():
+        mels = flow.mels(make_rows(chunk, tokens))
+        vocoder = Vocoder(inner.hift, precision, max_rows=max(2, len(tokens)), max_mb=1 << 20)
+        requests = [row.request for row in make_rows(chunk, tokens)]
+        vocoder.speak(requests, mels, 1.0)
+        return {
+            "flow": kernel_profile(lambda: flow.mels(make_rows(chunk, tokens))),
+            "vocoder": kernel_profile(lambda: vocoder.speak(requests, mels, 1.0)),
+        }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True)
@@ -84,6 +157,7 @@ def main() -> int:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--prompt-seconds", type=float, default=4.0, help="v2/v3: the zero-shot prompt's length")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="also list each pass's GPU kernels")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -105,6 +179,8 @@ def main() -> int:
             figures = {"rows": rows, "seconds": seconds, "audio_s": rows * seconds}
             figures["flow"] = flow_times(model, chunk, tokens, args.precision, args.repeat)
             figures["vocoder"] = vocoder_times(model, chunk, tokens, args.precision, args.repeat)
+            if args.profile:
+                figures["kernels"] = profiles(model, chunk, tokens, args.precision)
             results["passes"].append(figures)
             print(orjson.dumps(figures).decode(), flush=True)
             Path(args.out).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))

@@ -501,3 +501,26 @@ def test_the_pass_costs_reach_the_passes(models, rows):
     lengths = {apart.frames(row) for row in make_rows(chunk, tokens)}
     assert len(apart.groups(make_rows(chunk, tokens))) == len(lengths)
 
+
+def test_the_pass_cost_bench_lists_what_a_pass_runs(tmp_path):
+    """bench/pass_cost.py --profile on a CPU (tiny v1): each pass's time by kind of operator and its
+    costliest ones, beside the pass times."""
+    folder = build_model_dir(tmp_path / "tiny", "tiny", ["a"], tokens_per_text_token=3, version=1)
+    out = tmp_path / "costs.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "pass_cost.py"), "--model-dir", str(folder), "--rows", "2"]
+        + ["--seconds", "0.5", "--repeat", "1", "--profile", "--out", str(out)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (figures,) = json.loads(out.read_text())["passes"]
+    assert figures["flow"]["eager_s"] > 0 and figures["vocoder"]["one_pass_s"] > 0
+    for part in ("flow", "vocoder"):
+        listed = figures["kernels"][part]
+        assert listed["cpu_ms"] > 0 and listed["launches"] > 100, listed
+        assert sum(listed["by_kind_ms"].values()) == pytest.approx(listed["cpu_ms"], rel=0.01)
+        assert listed["top"][0][1] >= listed["top"][-1][1] > 0
+    assert figures["kernels"]["flow"]["by_kind_ms"].get("matmul", 0) > 0
