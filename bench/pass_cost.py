@@ -105,6 +105,7 @@ def kernel_profile(fn, top: int = 12) -> dict:
         fn()
         sync()
     kernels: dict = {}
+    ops: dict = {}  # by the operator that launched them, under its caller: where in the model they come from
     for event in prof.events():
         if cuda and event.device_type == DeviceType.CUDA:
             us = event.time_range.elapsed_us()
@@ -114,6 +115,13 @@ def kernel_profile(fn, top: int = 12) -> dict:
             continue
         ms, count = kernels.get(event.name, (0.0, 0))
         kernels[event.name] = (ms + us / 1000, count + 1)
+    for event in prof.events():
+        launched = [k.duration for k in getattr(event, "kernels", [])] if cuda else [event.self_cpu_time_total]
+        if event.device_type != DeviceType.CPU or not launched or not sum(launched):
+            continue
+        caller = event.cpu_parent.name if event.cpu_parent is not None else ""
+        ms, count = ops.get((caller, event.name), (0.0, 0))
+        ops[(caller, event.name)] = (ms + sum(launched) / 1000, count + 1)
     kinds: dict = {}
     for name, (ms, _) in kernels.items():
         kind = next((k for k, pattern in KINDS if re.search(pattern, name, re.IGNORECASE)), "other")
@@ -123,7 +131,11 @@ def kernel_profile(fn, top: int = 12) -> dict:
         "gpu_ms" if cuda else "cpu_ms": round(sum(ms for ms, _ in kernels.values()), 2),
         "launches": sum(count for _, count in kernels.values()),
         "by_kind_ms": {k: round(v, 2) for k, v in sorted(kinds.items(), key=lambda item: -item[1])},
-        "top": [[name[:90], round(ms, 2), count] for name, (ms, count) in costly],
+        "top": [[name[:160], round(ms, 2), count] for name, (ms, count) in costly],
+        "by_operator": [
+            [f"{caller} > {name}", round(ms, 2), count]
+            for (caller, name), (ms, count) in sorted(ops.items(), key=lambda item: -item[1][0])[:top]
+        ],
     }
 
 

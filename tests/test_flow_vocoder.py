@@ -523,4 +523,6 @@ def test_the_pass_cost_bench_lists_what_a_pass_runs(tmp_path):
         assert listed["cpu_ms"] > 0 and listed["launches"] > 100, listed
         assert sum(listed["by_kind_ms"].values()) == pytest.approx(listed["cpu_ms"], rel=0.01)
         assert listed["top"][0][1] >= listed["top"][-1][1] > 0
+        operators = listed["by_operator"]
+        assert operators[0][1] >= operators[-1][1] > 0 and " > aten::" in operators[0][0], operators
     assert figures["kernels"]["flow"]["by_kind_ms"].get("matmul", 0) > 0
