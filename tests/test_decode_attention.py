@@ -1,4 +1,5 @@
-"""The decode step's attention kernel (engine/attention.py) against the torch step, in Triton's interpreter.
+"""The decode step's attention kernel (engine/attention.py) against the torch step, and v3's gated-modulate kernel
+(engine/modulate.py) against its torch path, in Triton's interpreter.
 
 The kernel reads each row's own cache positions only; these run it without a GPU (Triton's
 interpreter, in a process of its own: see tests/interpreted_attention.py) against the torch
@@ -14,19 +15,33 @@ from pathlib import Path
 
 import pytest
 
-from conftest import need
+from conftest import COSYVOICE_CHECKOUT, need
 
 need("triton", "cosyvoice")
 
 SCRIPT = Path(__file__).with_name("interpreted_attention.py")
 
 
-def interpreted(*args: str) -> None:
+def interpreted(*args: str, script: Path = SCRIPT) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_the_dit_gated_modulate_kernel_matches_its_torch_path():
+    """v3's residual, layer norm and modulation in one kernel (engine/modulate.py): within float
+    rounding in fp32 and a bf16 step in bf16, for rows of a width that is not a power of two."""
+    interpreted(script=SCRIPT.with_name("interpreted_modulate.py"))
+
+
+def test_a_padded_dit_pass_through_the_kernel_gives_each_row_upstreams_frames():
+    """A small DiT's padded pass with the kernel between its products: each row within float rounding
+    of upstream's DiT.forward alone (the checkout: CosyVoice3 is not on PyPI)."""
+    if not COSYVOICE_CHECKOUT:
+        pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
+    interpreted("dit", COSYVOICE_CHECKOUT, script=SCRIPT.with_name("interpreted_modulate.py"))
 
 
 def test_the_kernel_reads_each_rows_own_positions_and_matches_the_torch_attention():

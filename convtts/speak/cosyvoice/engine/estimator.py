@@ -14,7 +14,7 @@ rendering and the memory small:
   precision.py); the timestep embedding is computed in fp32 before the cast, the output is fp32.
 
 v3's DiT blocks are re-driven too, for the GPU's memory traffic rather than for the padding: a DiT
-step is as much elementwise work over (rows x frames x 1024) as matrix products (dit_block).
+step is as much elementwise work over (rows x frames x 1024) as matrix products (dit_blocks).
 
 Everything else (convolutions, which see zeros past a row's end as in the solo pass; the causal
 layers; the feed-forwards) is upstream's own modules.
@@ -27,6 +27,8 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+
+from convtts.speak.cosyvoice.engine.modulate import gated_modulate
 
 MASKED = -1.0e10  # upstream's attention bias for a masked key (mask_to_bias)
 
@@ -124,44 +126,54 @@ def unet(est, x, mask, mu, t, spks, cond):
 
 def dit(est, projections, x, mask, mu, t, spks, cond):
     """DiT.forward (v3, not streaming), with the key mask as (B, 1, 1, T) instead of (B, 1, T, T) and
-    the blocks as dit_block runs them."""
+    the blocks as dit_blocks runs them."""
     dtype = est.proj_out.weight.dtype
     embed = est.time_embed
     temb = embed.time_mlp(embed.time_embed(t.float()).to(dtype))
     h = est.input_embed(
         x.transpose(1, 2).to(dtype), cond.transpose(1, 2).to(dtype), mu.transpose(1, 2).to(dtype), spks.to(dtype)
-    )
+    ).contiguous()  # it comes frames-last from the position convolution: every pass over it would be strided
     freqs, scale = est.rotary_embed.forward_from_seq_len(h.shape[1])
     residual = h
     keys = mask.bool()[:, :, None, :]  # the attention processor takes mask[:, 0, -1] as the rows' frames
     if isinstance(scale, torch.Tensor):  # xpos rotary scales: upstream's blocks
         for block in est.transformer_blocks:
             h = block(h, temb, mask=keys, rope=(freqs, scale))
+        added = None
     else:
         turn = (freqs.cos(), freqs.sin())  # upstream computes them again in every block, q and k alike
-        for block, qkv in zip(est.transformer_blocks, projections):
-            h = dit_block(block, qkv, h, temb, keys, turn)
-    if est.long_skip_connection is not None:
-        h = est.long_skip_connection(torch.cat((h, residual), dim=-1))
-    h = est.norm_out(h, temb)
+        h, added = dit_blocks(est, projections, h, temb, keys, turn)
+    if est.long_skip_connection is not None or added is None:
+        if added is not None:
+            h = torch.addcmul(h, added[1][:, None], added[0])
+        if est.long_skip_connection is not None:
+            h = est.long_skip_connection(torch.cat((h, residual), dim=-1))
+        h = est.norm_out(h, temb)
+    else:  # the last block's residual, then the final norm (scale before shift in its linear)
+        scale_out, shift_out = est.norm_out.linear(F.silu(temb)).chunk(2, dim=-1)
+        _, h = gated_modulate(h, added, shift_out, scale_out, est.norm_out.norm.eps)
     return est.proj_out(h).transpose(1, 2).float()
 
 
-def dit_block(block, qkv, x, temb, keys, turn):
-    """DiTBlock.forward with fewer passes over its (rows, frames, dim) activations: each modulation
-    (norm * (1 + scale) + shift) and each gated residual (x + gate * y) one addcmul, not two or three
-    kernels; the rotary embedding written over q's and k's first head width in place, where upstream
-    rebuilds both whole in fp32 and casts them back; q, k and v in one product where the engine owns
-    the weights; and the attention output's zeroing of padded frames left out (nothing valid reads
-    those frames: keys are masked, every other layer is per frame)."""
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.attn_norm.linear(F.silu(temb))[
-        :, None
-    ].chunk(6, dim=-1)
-    normed = F.layer_norm(x, x.shape[-1:], eps=block.attn_norm.norm.eps)
-    attended = dit_attention(block.attn, qkv, torch.addcmul(shift_msa, normed, 1 + scale_msa), keys, turn)
-    x = torch.addcmul(x, gate_msa, attended)
-    normed = F.layer_norm(x, x.shape[-1:], eps=block.ff_norm.eps)
-    return torch.addcmul(x, gate_mlp, block.ff(torch.addcmul(shift_mlp, normed, 1 + scale_mlp)))
+def dit_blocks(est, projections, x, temb, keys, turn):
+    """DiTBlock.forward for every block, with fewer passes over the (rows, frames, dim) activations:
+    each gated residual (x + gate * y), layer norm and modulation (norm * (1 + scale) + shift) is
+    one gated_modulate, the feed-forward's residual taken with the next block's norm; the rotary
+    embedding is written over q's and k's first head width in place, where upstream rebuilds both
+    whole in fp32 and casts them back; q, k and v are one product where the engine owns the weights;
+    the attention output's zeroing of padded frames is left out (nothing valid reads those frames:
+    keys are masked, every other layer is per frame). Returns x before the last block's feed-forward
+    residual, and that residual (y, gate)."""
+    added = None
+    for block, qkv in zip(est.transformer_blocks, projections):
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.attn_norm.linear(F.silu(temb)).chunk(
+            6, dim=-1
+        )
+        x, normed = gated_modulate(x, added, shift_msa, scale_msa, block.attn_norm.norm.eps)
+        attended = dit_attention(block.attn, qkv, normed, keys, turn)
+        x, normed = gated_modulate(x, (attended, gate_msa), shift_mlp, scale_mlp, block.ff_norm.eps)
+        added = (block.ff(normed), gate_mlp)
+    return x, added
 
 
 def dit_attention(attn, qkv, x, keys, turn):
