@@ -101,7 +101,8 @@ def kernel_profile(fn, top: int = 12) -> dict:
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    # the CPU's operators too on a GPU: a kernel is put down to the operator that launched it
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         fn()
         sync()
     kernels: dict = {}
