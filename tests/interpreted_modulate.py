@@ -43,6 +43,29 @@ def kernel() -> None:
             if added is None:
                 assert ours[0] is x  # no residual: x comes back as it was
     assert not fits(x.transpose(0, 1), None, shift, scale)  # not contiguous: the torch path
+    refused(x, shift, scale)
+
+
+def refused(x, shift, scale) -> None:
+    """A kernel that will not compile leaves the DiT to the torch path, with a warning, not an error."""
+    from convtts.speak.cosyvoice.engine import modulate
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("no compiler for this device")
+
+            return launch
+
+    kernel, modulate._gated_modulate = modulate._gated_modulate, Broken()
+    modulate.works.cache_clear()
+    try:
+        assert not modulate.fits(x, None, shift, scale)
+        out = modulate.gated_modulate(x, None, shift, scale, 1e-6)
+        assert torch.equal(out[1], modulate.torch_gated_modulate(x, None, shift, scale, 1e-6)[1])
+    finally:
+        modulate._gated_modulate = kernel
+        modulate.works.cache_clear()
 
 
 def dit(checkout: str) -> None:

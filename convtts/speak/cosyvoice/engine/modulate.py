@@ -9,16 +9,22 @@ matrix products. Here one program per frame reads x and y once, writes the new x
 norm, and keeps the sums in fp32: the arithmetic of the torch path, rounded once at the end where
 torch rounds after each step.
 
-Used where Triton runs (attention.available); elsewhere, and as the reference in tests, the torch
+Used where Triton runs (attention.available) and the kernel, once a process, compiled and agreed
+with the torch path on a small case (`works`); elsewhere, and as the reference in tests, the torch
 path below. The kernel runs in Triton's interpreter in the tests.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn.functional as F
 
-from convtts.speak.cosyvoice.engine.attention import available, triton
+from convtts.speak.cosyvoice.engine.attention import TOLERANCE, available, triton
+
+log = logging.getLogger(__name__)
 
 if triton is not None:
     import triton.language as tl
@@ -109,4 +115,33 @@ def fits(x, added, shift, scale) -> bool:
         and all(v.stride(1) == 1 for v in vectors)
         and shift.stride() == scale.stride()
         and x.shape[-1] <= 8192
+        and works(str(x.device), x.shape[-1], x.dtype)
     )
+
+
+@functools.cache
+def works(device: str, dim: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel compiles and agrees with the torch path here, for this width and format (a
+    residual and none): a GPU it cannot compile for, or computes wrongly on, leaves the DiT to torch
+    instead of failing every pass. Asked once per process for each kind, before any graph capture (a
+    process's first flow step runs eagerly)."""
+    try:
+        generator = torch.Generator(device=device).manual_seed(0)
+        x, y = (torch.randn(2, 3, dim, generator=generator, device=device).to(dtype) for _ in range(2))
+        shift, scale, gate = torch.randn(2, 3 * dim, generator=generator, device=device).to(dtype).chunk(3, dim=-1)
+        worst = 0.0
+        for added in (None, (y, gate)):
+            got = gated_modulate(x, added, shift, scale, 1e-6, kernel=True)
+            want = torch_gated_modulate(x, added, shift, scale, 1e-6)
+            # of full scale: the modulated values reach 10 or more, where one bf16 step is 0.06
+            worst = max(
+                [worst]
+                + [float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(got, want)]
+            )
+    except Exception as exc:  # a compiler or a driver refusing it: the torch path still runs
+        log.warning("the DiT's modulate kernel does not run here (%s: %s): it runs in torch", type(exc).__name__, exc)
+        return False
+    if not worst <= TOLERANCE[dtype]:
+        log.warning("the DiT's modulate kernel is %.3g of full scale from torch here: it runs in torch", worst)
+        return False
+    return True
