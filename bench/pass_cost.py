@@ -82,8 +82,8 @@ def vocoder_times(model, chunk, tokens, precision: str, repeat: int) -> dict:
 
 KINDS = [  # kernel name patterns, first match wins
     ("attention", r"fmha|flash|attention|softmax"),
+    ("conv", r"conv|fprop|cudnn|implicit|winograd|fft"),  # cuDNN runs convolutions on cutlass kernels too
     ("matmul", r"gemm|cutlass|xmma|cublas|sm90|sm80_|nvjet|addmm|aten::mm|bmm"),
-    ("conv", r"conv|cudnn|implicit|winograd|fft"),
     ("norm", r"norm"),
     ("copy", r"copy|cat|memcpy|memset|fill"),
     ("elementwise", r"elementwise|vectorized|unrolled|pointwise|activation|gelu|mul|add"),
