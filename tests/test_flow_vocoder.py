@@ -32,6 +32,7 @@ from convtts.testing.flow_vocoder import (
     Setting,
     build,
     deviation,
+    each_alone,
     flow_inputs,
     make_rows,
     reference,
@@ -176,15 +177,7 @@ def test_the_unet_estimators_do_not_see_the_padding():
         mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float().unsqueeze(1)
         with torch.inference_mode():
             ours, theirs = padded_forward(est)(x, mask, mu, t, spks, cond), est(x, mask, mu, t, spks, cond)
-            for i, n in enumerate(lengths):
-                alone = est(
-                    x[i : i + 1, :, :n],
-                    mask[i : i + 1, :, :n],
-                    mu[i : i + 1, :, :n],
-                    t[i : i + 1],
-                    spks[i : i + 1],
-                    cond[i : i + 1, :, :n],
-                )[0]
+            for i, (n, alone) in enumerate(zip(lengths, each_alone(est, lengths, x, mask, mu, t, spks, cond))):
                 assert (ours[i, :, :n] - alone).abs().max() < 1e-4 * alone.abs().max()
                 # upstream's own forward: v1's group norms count the padding, v2's layers do not
                 assert ((theirs[i, :, :n] - alone).abs().max() > 1e-2) == (upstream_shift and n < width)
@@ -242,6 +235,7 @@ import_runtime(CosyVoiceConfig(runtime_root=sys.argv[1]))
 from cosyvoice.flow.DiT.dit import DiT
 from convtts.speak.cosyvoice.engine.estimator import padded_forward
 from convtts.speak.cosyvoice.engine.solver import Solver
+from convtts.testing.flow_vocoder import each_alone
 
 torch.manual_seed(0)
 shape = dict(dim=64, depth=3, heads=4, dim_head=16, ff_mult=2, mel_dim=80, mu_dim=80, spk_dim=80, out_channels=80)
@@ -255,18 +249,15 @@ mask = torch.zeros(3, 1, 300, dtype=torch.float64)
 for i, n in enumerate(frames):
     mask[i, :, :n] = 1
 out = {}
-def alone(forward, i, n):
-    return forward(x[i:i+1, :, :n], mask[i:i+1, :, :n], mu[i:i+1, :, :n], t[i:i+1], spks[i:i+1], cond[i:i+1, :, :n])[0]
-
 def gap(padded, rows):
     return float(max((padded[i, :, :n] - row).abs().max() for i, (n, row) in enumerate(zip(frames, rows))))
 
 with torch.inference_mode():
     padded = padded_forward(est)(x, mask, mu, t, spks, cond)
-    upstream = [alone(est, i, n) for i, n in enumerate(frames)]
+    upstream = each_alone(est, frames, x, mask, mu, t, spks, cond)
     out["scale"] = max(float(row.abs().max()) for row in upstream)
     out["padded_vs_alone"] = gap(padded, upstream)
-    out["padded_vs_ours_alone"] = gap(padded, [alone(padded_forward(est), i, n) for i, n in enumerate(frames)])
+    out["padded_vs_ours_alone"] = gap(padded, each_alone(padded_forward(est), frames, x, mask, mu, t, spks, cond))
     weights = [b.attn.to_k.weight.data_ptr() for b in est.transformer_blocks]
     joined = padded_forward(est, owned=True)(x, mask, mu, t, spks, cond)
     out["joined_vs_not"] = float((joined - padded).abs().max())

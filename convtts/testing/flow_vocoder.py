@@ -201,3 +201,19 @@ def deviation(audio: list[np.ndarray], ref: list[np.ndarray]) -> float:
 
 def audio_seconds(audio: list[np.ndarray], sample_rate: int) -> float:
     return sum(len(a) for a in audio) / sample_rate
+
+
+def each_alone(forward, frames: list[int], x, mask, mu, t, spks, cond) -> list[torch.Tensor]:
+    """An estimator's output for each row of a padded batch run alone at its own `frames` (the rows'
+    reference: what a padded pass must give each of them)."""
+    return [
+        forward(
+            x[i : i + 1, :, :n],
+            mask[i : i + 1, :, :n],
+            mu[i : i + 1, :, :n],
+            t[i : i + 1],
+            spks[i : i + 1],
+            cond[i : i + 1, :, :n],
+        )[0]
+        for i, n in enumerate(frames)
+    ]
