@@ -28,7 +28,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from convtts.speak.cosyvoice.engine.modulate import gated_modulate
+from convtts.speak.cosyvoice.engine.modulate import gated_modulate, gated_residual
 
 MASKED = -1.0e10  # upstream's attention bias for a masked key (mask_to_bias)
 
@@ -143,15 +143,15 @@ def dit(est, projections, x, mask, mu, t, spks, cond):
     else:
         turn = (freqs.cos(), freqs.sin())  # upstream computes them again in every block, q and k alike
         h, added = dit_blocks(est, projections, h, temb, keys, turn)
-    if est.long_skip_connection is not None or added is None:
-        if added is not None:
-            h = torch.addcmul(h, added[1][:, None], added[0])
+    if added is not None and est.long_skip_connection is None:
+        # the last block's residual with the final norm (scale before shift in its linear)
+        scale_out, shift_out = est.norm_out.linear(F.silu(temb)).chunk(2, dim=-1)
+        _, h = gated_modulate(h, added, shift_out, scale_out, est.norm_out.norm.eps)
+    else:
+        h = gated_residual(h, added)
         if est.long_skip_connection is not None:
             h = est.long_skip_connection(torch.cat((h, residual), dim=-1))
         h = est.norm_out(h, temb)
-    else:  # the last block's residual, then the final norm (scale before shift in its linear)
-        scale_out, shift_out = est.norm_out.linear(F.silu(temb)).chunk(2, dim=-1)
-        _, h = gated_modulate(h, added, shift_out, scale_out, est.norm_out.norm.eps)
     return est.proj_out(h).transpose(1, 2).float()
 
 

@@ -97,11 +97,17 @@ def gated_modulate(x, added, shift, scale, eps: float, kernel: bool | None = Non
 
 def torch_gated_modulate(x, added, shift, scale, eps: float):
     """The same in torch (each step rounded to x's dtype, as upstream's DiTBlock)."""
-    if added is not None:
-        y, gate = added
-        x = torch.addcmul(x, gate[:, None], y)
+    x = gated_residual(x, added)
     normed = F.layer_norm(x, x.shape[-1:], eps=eps)
     return x, torch.addcmul(shift[:, None], normed, 1 + scale[:, None])
+
+
+def gated_residual(x, added):
+    """x + gate * y for `added` = (y, gate), gate one vector a row; x where `added` is None."""
+    if added is None:
+        return x
+    y, gate = added
+    return torch.addcmul(x, gate[:, None], y)
 
 
 def fits(x, added, shift, scale) -> bool:
