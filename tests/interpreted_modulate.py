@@ -1,14 +1,23 @@
-"""Runs the DiT's gated-modulate kernel (engine/modulate.py) in Triton's interpreter against its torch path.
+"""Runs the flow estimators' kernels (engine/modulate.py, engine/groupnorm.py) in Triton's interpreter against
+their torch paths.
 
 TRITON_INTERPRET must be set before Triton is imported, so this runs in a process of its own:
 
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py dit COSYVOICE_CHECKOUT
+    TRITON_INTERPRET=1 python tests/interpreted_modulate.py blocknorm
+    TRITON_INTERPRET=1 python tests/interpreted_modulate.py unet
+    TRITON_INTERPRET=1 python tests/interpreted_modulate.py snake
 
-Rows of a width that is not a power of two, with and without a residual, gate, shift and scale as
-views of one (rows, 6 x width) tensor as the blocks make them, in fp32 and bf16; `dit`: a padded
-pass of a small DiT through the kernel against upstream's DiT.forward of each row alone. Prints
-"ok" when everything agrees.
+The gated-modulate kernel: rows of a width that is not a power of two, with and without a residual,
+gate, shift and scale as views of one (rows, 6 x width) tensor as the DiT's blocks make them, in fp32
+and bf16; `dit`: a padded pass of a small DiT through it against upstream's DiT.forward of each row
+alone. `blocknorm`: the U-Net's block kernel with and without its added vector and residual, rows
+ending inside the pass, values past Mish's threshold. `unet`: padded passes of small v1 and v2 U-Nets
+through both kernels (the engine's copy with q, k and v joined, and upstream's modules) against
+each row alone. `snake`: HiFT's Snake kernel against upstream's Snake (alphas on both scales), and a
+ResBlock with its Snakes replaced against the block as it was. A kernel that will not compile leaves
+its part to torch. Prints "ok" when everything agrees.
 """
 
 from __future__ import annotations
@@ -43,12 +52,20 @@ def kernel() -> None:
             if added is None:
                 assert ours[0] is x  # no residual: x comes back as it was
     assert not fits(x.transpose(0, 1), None, shift, scale)  # not contiguous: the torch path
-    refused(x, shift, scale)
-
-
-def refused(x, shift, scale) -> None:
-    """A kernel that will not compile leaves the DiT to the torch path, with a warning, not an error."""
     from convtts.speak.cosyvoice.engine import modulate
+
+    refused(
+        modulate,
+        "_gated_modulate",
+        lambda: modulate.fits(x, None, shift, scale),
+        lambda: modulate.gated_modulate(x, None, shift, scale, 1e-6)[1],
+        lambda: modulate.torch_gated_modulate(x, None, shift, scale, 1e-6)[1],
+    )
+
+
+def refused(module, name: str, fits, run, reference) -> None:
+    """A kernel (module.name) that will not compile leaves its part to the torch path, with a warning, not an
+    error: `fits` says no, and `run` gives what `reference` does."""
 
     class Broken:
         def __getitem__(self, grid):
@@ -57,15 +74,152 @@ def refused(x, shift, scale) -> None:
 
             return launch
 
-    kernel, modulate._gated_modulate = modulate._gated_modulate, Broken()
-    modulate.works.cache_clear()
+    kernel = getattr(module, name)
+    setattr(module, name, Broken())
+    module.works.cache_clear()
     try:
-        assert not modulate.fits(x, None, shift, scale)
-        out = modulate.gated_modulate(x, None, shift, scale, 1e-6)
-        assert torch.equal(out[1], modulate.torch_gated_modulate(x, None, shift, scale, 1e-6)[1])
+        assert not fits()
+        assert torch.equal(run(), reference())
     finally:
-        modulate._gated_modulate = kernel
-        modulate.works.cache_clear()
+        setattr(module, name, kernel)
+        module.works.cache_clear()
+
+
+def block_norm() -> None:
+    import copy
+
+    from convtts.speak.cosyvoice.engine import groupnorm
+
+    torch.manual_seed(0)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        x = (torch.randn(3, 12, 50) * 3 + 1).to(dtype)
+        residual = torch.randn(3, 12, 50).to(dtype)
+        add = torch.randn(3, 24)[:, :12].to(dtype)  # a view, as the time embedding's projection comes
+        bias = (torch.randn(12) * 30).to(dtype)  # some channels past Mish's threshold (20)
+        norm = torch.nn.GroupNorm(3, 12).to(dtype)
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+        mask = torch.ones(3, 1, 50).to(dtype)
+        mask[1, :, 31:] = 0
+        mask[2, :, 7:] = 0
+        exact = copy.deepcopy(norm).float()
+        with torch.inference_mode():
+            for extra in ((None, None), (add, None), (None, residual), (add, residual)):
+                assert groupnorm.fits(x, bias, norm, mask, *extra), "the kernel should take these"
+                ours = groupnorm.block_norm(x, bias, norm, mask, *extra, kernel=True)
+                # the torch path in fp32 on the same values: the kernel rounds once, at its output
+                wide = [None if v is None else v.float() for v in extra]
+                theirs = groupnorm.torch_block_norm(x.float(), bias.float(), exact, mask.float(), *wide)
+                gap = float((ours.float() - theirs.float()).abs().max() / theirs.float().abs().max())
+                assert ours.dtype == dtype and gap <= tolerance, (dtype, extra[0] is None, extra[1] is None, gap)
+    refused(
+        groupnorm,
+        "_block_norm",
+        lambda: groupnorm.fits(x, bias, norm, mask),
+        lambda: groupnorm.block_norm(x, bias, norm, mask),
+        lambda: groupnorm.torch_block_norm(x, bias, norm, mask),
+    )
+
+
+def snakes() -> None:
+    import copy
+
+    from cosyvoice.hifigan.generator import ResBlock
+    from cosyvoice.transformer.activation import Snake
+
+    from convtts.speak.cosyvoice.engine import snake
+    from convtts.speak.cosyvoice.engine.hift import resblock
+
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+            for log_scale in (False, True):
+                module = Snake(12, alpha_logscale=log_scale)
+                module.alpha.copy_(torch.rand(12) + 0.2 if not log_scale else torch.randn(12) * 0.5)
+                exact = copy.deepcopy(module)  # upstream's forward in fp32 on the same values
+                module.to(dtype)
+                exact.alpha.copy_(module.alpha.float())
+                x = (torch.randn(3, 12, 70) * 3).to(dtype)
+                assert snake.fits(module, x), "the kernel should take these"
+                ours, theirs = snake.snake(module, x, kernel=True), exact(x.float())
+                gap = float((ours.float() - theirs).abs().max() / theirs.abs().max())
+                assert ours.dtype == dtype and gap <= tolerance, (dtype, log_scale, gap)
+        block = ResBlock(16, 3, [1, 3, 5]).eval()
+        h = torch.randn(2, 16, 90)
+        mask = torch.ones(2, 1, 90)
+        mask[1, :, 61:] = 0
+        for p in block.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        want = resblock(block, h, mask)
+        assert snake.fuse(block) == 6
+        kernel, launches = snake._snake, []
+
+        class Counted:
+            def __getitem__(self, grid):
+                launches.append(grid)
+                return kernel[grid]
+
+        snake._snake = Counted()
+        try:
+            got = resblock(block, h, mask)
+        finally:
+            snake._snake = kernel
+        assert len(launches) == 6 and float((got - want).abs().max() / want.abs().max()) <= 1e-5
+    refused(
+        snake,
+        "_snake",
+        lambda: snake.fits(module, x),
+        lambda: snake.snake(module, x),
+        lambda: snake.torch_snake(module, x),
+    )
+
+
+def unet() -> None:
+    """Small U-Nets of both kinds through both kernels: padded, each row within float rounding of its pass alone."""
+    import copy
+
+    from cosyvoice.flow.decoder import CausalConditionalDecoder, ConditionalDecoder
+
+    from convtts.speak.cosyvoice.engine import groupnorm, modulate
+    from convtts.speak.cosyvoice.engine.estimator import padded_forward, unet_blocks
+    from convtts.testing.flow_vocoder import each_alone
+
+    class Counted:  # a kernel's launches, so that a pass that fell back to torch is not taken for the kernels'
+        def __init__(self, kernel):
+            self.kernel, self.launches = kernel, 0
+
+        def __getitem__(self, grid):
+            self.launches += 1
+            return self.kernel[grid]
+
+    # the kernels agree with torch here (their checks launch them too, before the counts start)
+    assert groupnorm.works("cpu", torch.float32) and modulate.works("cpu", 32, torch.float32)
+    modulate._gated_modulate = Counted(modulate._gated_modulate)
+    groupnorm._block_norm = Counted(groupnorm._block_norm)
+
+    torch.manual_seed(0)
+    lengths, width = [37, 50, 23], 56
+    for cls in (ConditionalDecoder, CausalConditionalDecoder):
+        shape = dict(channels=(32, 32), attention_head_dim=16, n_blocks=1, num_mid_blocks=2, num_heads=2)
+        est = cls(in_channels=320, out_channels=80, dropout=0.0, act_fn="gelu", **shape).eval()
+        with torch.no_grad():
+            for p in est.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        assert unet_blocks(est, owned=False) is not None, "its transformer blocks should be re-driven"
+        x, mu, cond = (torch.randn(3, 80, width) for _ in range(3))
+        spks, t = torch.randn(3, 80), torch.rand(3)
+        mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float().unsqueeze(1)
+        with torch.inference_mode():
+            alone = each_alone(est, lengths, x, mask, mu, t, spks, cond)
+            for owned in (False, True):
+                padded = padded_forward(copy.deepcopy(est), owned=owned)(x, mask, mu, t, spks, cond)
+                for i, (n, row) in enumerate(zip(lengths, alone)):
+                    gap = float((padded[i, :, :n] - row).abs().max() / row.abs().max())
+                    assert gap <= 1e-5, (cls.__name__, owned, i, gap)
+        assert modulate._gated_modulate.launches > 0
+        assert (groupnorm._block_norm.launches > 0) == (cls is ConditionalDecoder)  # v2's blocks have layer norms
+        modulate._gated_modulate.launches = groupnorm._block_norm.launches = 0
 
 
 def dit(checkout: str) -> None:
@@ -100,6 +254,12 @@ def main() -> int:
     numpy_scalars()
     if sys.argv[1:2] == ["dit"]:
         dit(sys.argv[2])
+    elif sys.argv[1:2] == ["blocknorm"]:
+        block_norm()
+    elif sys.argv[1:2] == ["unet"]:
+        unet()
+    elif sys.argv[1:2] == ["snake"]:
+        snakes()
     else:
         kernel()
     print("ok")

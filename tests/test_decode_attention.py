@@ -1,5 +1,5 @@
-"""The decode step's attention kernel (engine/attention.py) against the torch step, and v3's gated-modulate kernel
-(engine/modulate.py) against its torch path, in Triton's interpreter.
+"""The decode step's attention kernel (engine/attention.py) against the torch step, and the flow's and the
+vocoder's kernels (engine/modulate.py, groupnorm.py, snake.py) against their torch paths, in Triton's interpreter.
 
 The kernel reads each row's own cache positions only; these run it without a GPU (Triton's
 interpreter, in a process of its own: see tests/interpreted_attention.py) against the torch
@@ -42,6 +42,26 @@ def test_a_padded_dit_pass_through_the_kernel_gives_each_row_upstreams_frames():
     if not COSYVOICE_CHECKOUT:
         pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
     interpreted("dit", COSYVOICE_CHECKOUT, script=SCRIPT.with_name("interpreted_modulate.py"))
+
+
+def test_the_unet_block_norm_kernel_matches_its_torch_path():
+    """v1's block after its convolution (bias, masked group norm, Mish, time embedding, mask, residual) in one
+    kernel (engine/groupnorm.py): within its one rounding of the torch path in fp32, in fp32 and bf16."""
+    interpreted("blocknorm", script=SCRIPT.with_name("interpreted_modulate.py"))
+
+
+@pytest.mark.cosyvoice
+def test_padded_unet_passes_through_the_kernels_give_each_row_its_own_frames():
+    """Small v1 and v2 U-Nets with the block-norm and gated-modulate kernels: each row of a padded pass
+    within float rounding of the row alone through upstream's forward."""
+    interpreted("unet", script=SCRIPT.with_name("interpreted_modulate.py"))
+
+
+@pytest.mark.cosyvoice
+def test_hifts_snake_kernel_matches_upstreams_snake():
+    """HiFT's Snake in one kernel (engine/snake.py): within its one rounding of upstream's arithmetic, alphas
+    on both scales; a ResBlock with its Snakes replaced gives the block's own output."""
+    interpreted("snake", script=SCRIPT.with_name("interpreted_modulate.py"))
 
 
 def test_the_kernel_reads_each_rows_own_positions_and_matches_the_torch_attention():

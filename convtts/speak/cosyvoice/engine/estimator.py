@@ -6,15 +6,18 @@ rendering and the memory small:
 
 - v1's Block1D normalises over groups of channels and *all* frames, padding included (up to 2% of
   full scale from solo in a padded pass); here its statistics are taken over the row's own frames
-  (`masked_group_norm`), which is what the row alone computes. v2's and v3's norms are per frame.
+  (groupnorm.py), which is what the row alone computes. v2's and v3's norms are per frame.
 - The attention masks are one key mask per row (B, 1, T) broadcast over queries and heads;
   upstream repeats them to (B, T, T) per block, and diffusers again per head, which at 2 x 32 rows
   of 800 frames is 1.3 GB for each of v1's 18 transformer blocks.
 - Inputs arrive in fp32 and are cast to the estimator's own dtype (a bf16/fp16 copy, see
   precision.py); the timestep embedding is computed in fp32 before the cast, the output is fp32.
 
-v3's DiT blocks are re-driven too, for the GPU's memory traffic rather than for the padding: a DiT
-step is as much elementwise work over (rows x frames x 1024) as matrix products (dit_blocks).
+The blocks are re-driven too, for the GPU's memory traffic rather than for the padding: a step is
+as much elementwise work over (rows x frames x channels) as matrix products. v3's DiT blocks
+(dit_blocks) and the U-Nets' transformer blocks (unet_transformer) take each residual with the next
+norm in one kernel (modulate.py) and q, k and v in one product; v1's resnet blocks run each
+convolution's bias, group norm, Mish, time embedding, mask and residual in one (groupnorm.py).
 
 Everything else (convolutions, which see zeros past a row's end as in the solo pass; the causal
 layers; the feed-forwards) is upstream's own modules.
@@ -23,12 +26,14 @@ layers; the feed-forwards) is upstream's own modules.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from convtts.speak.cosyvoice.engine.modulate import gated_modulate, gated_residual
+from convtts.speak.cosyvoice.engine.groupnorm import block_norm, masked_group_norm
+from convtts.speak.cosyvoice.engine.modulate import fits, gated_modulate, gated_residual
 
 MASKED = -1.0e10  # upstream's attention bias for a masked key (mask_to_bias)
 
@@ -38,7 +43,7 @@ def padded_forward(estimator, owned: bool = False) -> Callable | None:
     `owned`: the estimator is the engine's own copy (bf16/fp16), whose parameters may be laid out anew."""
     kind = type(estimator).__name__
     if kind in ("ConditionalDecoder", "CausalConditionalDecoder"):
-        return partial(unet, estimator)
+        return partial(unet, estimator, unet_blocks(estimator, owned))
     if kind == "DiT":
         projections = [joined_qkv(block.attn) if owned else None for block in estimator.transformer_blocks]
         return partial(dit, estimator, projections)
@@ -51,22 +56,6 @@ def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.float16:  # -1e10 overflows fp16 to -inf, and 0 * -inf is NaN
         bias = bias.clamp(min=torch.finfo(torch.float16).min)
     return bias.to(dtype)
-
-
-def masked_group_norm(
-    x: torch.Tensor, norm: torch.nn.GroupNorm, mask: torch.Tensor, frames: torch.Tensor
-) -> torch.Tensor:
-    """GroupNorm with each row's statistics over its own frames (mask 1), in fp32."""
-    b, c, t = x.shape
-    g = norm.num_groups
-    values = x.float().view(b, g, c // g, t)
-    keep = mask.float().view(b, 1, 1, t)
-    count = frames.view(b, 1, 1, 1) * (c // g)
-    mean = (values * keep).sum(dim=(2, 3), keepdim=True) / count
-    centred = values - mean
-    var = (centred.square() * keep).sum(dim=(2, 3), keepdim=True) / count
-    out = (centred * torch.rsqrt(var + norm.eps)).view(b, c, t)
-    return (out * norm.weight.float()[:, None] + norm.bias.float()[:, None]).to(x.dtype)
 
 
 def has_group_norm(block) -> bool:
@@ -82,23 +71,110 @@ def block_1d(block, x, mask, frames):
 
 
 def resnet_1d(resnet, x, mask, frames, temb):
-    """ResnetBlock1D / CausalResnetBlock1D with block_1d for its two blocks."""
+    """ResnetBlock1D / CausalResnetBlock1D. v1's group-norm blocks run from their convolutions through
+    block_norm (the bias, the norm, Mish, the time embedding, the mask and the residual: one kernel
+    where it runs); v2's blocks are upstream's."""
+    if has_group_norm(resnet.block1) and has_group_norm(resnet.block2):
+        masked = x * mask
+        conv, norm, _ = resnet.block1.block
+        h = block_norm(conv._conv_forward(masked, conv.weight, None), conv.bias, norm, mask, resnet.mlp(temb))
+        conv, norm, _ = resnet.block2.block  # h is zero past each row's end: no mask before this convolution
+        residual = resnet.res_conv(masked)
+        return block_norm(conv._conv_forward(h, conv.weight, None), conv.bias, norm, mask, residual=residual)
     h = block_1d(resnet.block1, x, mask, frames)
     h = h + resnet.mlp(temb).unsqueeze(-1)
     h = block_1d(resnet.block2, h, mask, frames)
     return h + resnet.res_conv(x * mask)
 
 
-def level(resnet, blocks, x, mask, frames, bias, temb):
+@dataclass(frozen=True)
+class Redriven:
+    """What unet_transformer needs of a BasicTransformerBlock: q, k and v as one product (None: three), and
+    each layer norm as gated_modulate's (shift, scale, gate) for every row (norm_vectors)."""
+
+    qkv: tuple | None
+    norm1: tuple
+    norm3: tuple
+
+
+def unet_blocks(est, owned: bool) -> dict | None:
+    """Each transformer block of the U-Net, Redriven; None (upstream's blocks) where one is not the plain
+    block unet_transformer re-drives."""
+    blocks = [block for level in (*est.down_blocks, *est.mid_blocks, *est.up_blocks) for block in level[1]]
+    if not all(plain_block(block) for block in blocks):
+        return None
+    return {
+        block: Redriven(
+            joined_qkv(block.attn1) if owned else None, norm_vectors(block.norm1), norm_vectors(block.norm3)
+        )
+        for block in blocks
+    }
+
+
+def plain_block(block) -> bool:
+    """A BasicTransformerBlock with layer norms of their own weights, self-attention alone, and the
+    attention processor's default steps (no further norm, residual or output scale)."""
+    attn = getattr(block, "attn1", None)
+    norms = [getattr(block, "norm1", None), getattr(block, "norm3", None)]
+    return (
+        type(block).__name__ == "BasicTransformerBlock"
+        and all(isinstance(n, torch.nn.LayerNorm) and n.weight is not None and n.bias is not None for n in norms)
+        and getattr(block, "attn2", None) is None
+        and getattr(block, "_chunk_size", None) is None
+        and not getattr(block, "only_cross_attention", False)
+        and type(getattr(attn, "processor", None)).__name__ == "AttnProcessor2_0"
+        and all(getattr(attn, name, None) is None for name in ("spatial_norm", "group_norm", "norm_q", "norm_k"))
+        and not getattr(attn, "residual_connection", True)
+        and getattr(attn, "rescale_output_factor", None) == 1.0
+    )
+
+
+def norm_vectors(norm: torch.nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(shift, scale, gate) for gated_modulate: the norm's bias, its weight less one in fp32 (one plus that
+    is the weight exactly), ones."""
+    weight = norm.weight.detach()
+    return norm.bias.detach(), weight.float() - 1, torch.ones_like(weight)
+
+
+def residual_norm(x, y, norm, vectors):
+    """(x + y, norm(x + y)); y None: (x, norm(x)). One gated_modulate kernel where it runs."""
+    shift, scale, gate = (v.expand(x.shape[0], -1) for v in vectors)
+    added = None if y is None else (y, gate)
+    if fits(x, added, shift, scale):
+        return gated_modulate(x, added, shift, scale, norm.eps, kernel=True)
+    x = x if y is None else x + y
+    return x, norm(x)
+
+
+def unet_transformer(blocks, prepared, x, bias):
+    """A level's BasicTransformerBlocks over x (rows, frames, channels), returned channels first. Re-driven
+    (prepared): each residual taken with the next norm (residual_norm), the key mask broadcast over the
+    heads (upstream repeats it for each), q, k and v one product where the engine owns the weights, and
+    the last residual added as the output is laid out channels first."""
+    if prepared is None:
+        for block in blocks:
+            x = block(hidden_states=x, attention_mask=bias)
+        return x.transpose(1, 2).contiguous()
+    keys, added = bias[:, :, None, :], None
+    for block in blocks:
+        redriven = prepared[block]
+        x, normed = residual_norm(x, added, block.norm1, redriven.norm1)
+        attended = attention(block.attn1, redriven.qkv, normed, keys)
+        x, normed = residual_norm(x, attended, block.norm3, redriven.norm3)
+        added = block.ff(normed)
+    out = torch.empty(x.shape[0], x.shape[2], x.shape[1], device=x.device, dtype=x.dtype)
+    if added is None:
+        return out.copy_(x.transpose(1, 2))
+    return torch.add(x.transpose(1, 2), added.transpose(1, 2), out=out)
+
+
+def level(resnet, blocks, prepared, x, mask, frames, bias, temb):
     """A resnet then transformer blocks at one resolution of the U-Net."""
     x = resnet_1d(resnet, x, mask, frames, temb)
-    x = x.transpose(1, 2).contiguous()
-    for block in blocks:
-        x = block(hidden_states=x, attention_mask=bias, timestep=temb)
-    return x.transpose(1, 2).contiguous()
+    return unet_transformer(blocks, prepared, x.transpose(1, 2).contiguous(), bias)
 
 
-def unet(est, x, mask, mu, t, spks, cond):
+def unet(est, prepared, x, mask, mu, t, spks, cond):
     """ConditionalDecoder.forward (v1) / CausalConditionalDecoder.forward (v2, not streaming), padding-safe."""
     dtype = est.final_proj.weight.dtype
     temb = est.time_mlp(est.time_embeddings(t.float()).to(dtype))
@@ -110,15 +186,15 @@ def unet(est, x, mask, mu, t, spks, cond):
     biases = [key_bias(m, dtype) for m in masks]
     hiddens = []
     for i, (resnet, blocks, down) in enumerate(est.down_blocks):
-        h = level(resnet, blocks, h, masks[i], frames[i], biases[i], temb)
+        h = level(resnet, blocks, prepared, h, masks[i], frames[i], biases[i], temb)
         hiddens.append(h)
         h = down(h * masks[i])
     for resnet, blocks in est.mid_blocks:
-        h = level(resnet, blocks, h, masks[-1], frames[-1], biases[-1], temb)
+        h = level(resnet, blocks, prepared, h, masks[-1], frames[-1], biases[-1], temb)
     for i, (resnet, blocks, up) in zip(reversed(range(len(masks))), est.up_blocks):
         skip = hiddens.pop()
         h = torch.cat([h[:, :, : skip.shape[-1]], skip], dim=1)
-        h = level(resnet, blocks, h, masks[i], frames[i], biases[i], temb)
+        h = level(resnet, blocks, prepared, h, masks[i], frames[i], biases[i], temb)
         h = up(h * masks[i])
     h = block_1d(est.final_block, h, masks[0], frames[0])
     return (est.final_proj(h * masks[0]) * masks[0]).float()
@@ -170,22 +246,25 @@ def dit_blocks(est, projections, x, temb, keys, turn):
             6, dim=-1
         )
         x, normed = gated_modulate(x, added, shift_msa, scale_msa, block.attn_norm.norm.eps)
-        attended = dit_attention(block.attn, qkv, normed, keys, turn)
+        attended = attention(block.attn, qkv, normed, keys, turn)
         x, normed = gated_modulate(x, (attended, gate_msa), shift_mlp, scale_mlp, block.ff_norm.eps)
         added = (block.ff(normed), gate_mlp)
     return x, added
 
 
-def dit_attention(attn, qkv, x, keys, turn):
-    """AttnProcessor's attention (not joint), its rotary embedding applied in place."""
+def attention(attn, qkv, x, keys, turn=None):
+    """The attention processor's steps (not joint): q, k and v (one product where `qkv` is given), the rotary
+    embedding applied in place where `turn` is, the keys masked by `keys` (a bias or booleans broadcast
+    over the heads and queries), the output projection."""
     batch, frames, _ = x.shape
     inner = attn.to_q.weight.shape[0]
     if qkv is not None:
         query, key, value = F.linear(x, *qkv).split(inner, dim=-1)
     else:
         query, key, value = attn.to_q(x), attn.to_k(x), attn.to_v(x)
-    rotate(query, turn)
-    rotate(key, turn)
+    if turn is not None:
+        rotate(query, turn)
+        rotate(key, turn)
     query, key, value = (y.view(batch, frames, attn.heads, -1).transpose(1, 2) for y in (query, key, value))
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=keys)
     return attn.to_out[0](out.transpose(1, 2).reshape(batch, frames, inner))
@@ -202,16 +281,17 @@ def rotate(y: torch.Tensor, turn) -> None:
     head.copy_(head * cos + rotate_half(head) * sin)
 
 
-def joined_qkv(attn) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """attn's to_q, to_k and to_v as one weight and bias, their parameters made views of them (no second
-    copy); None where they cannot be (no biases, other widths)."""
+def joined_qkv(attn) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """attn's to_q, to_k and to_v as one weight and bias (None where none has one), their parameters made
+    views of them (no second copy); None where they cannot be (some with a bias, others without; other widths)."""
     linears = (attn.to_q, attn.to_k, attn.to_v)
-    if any(lin.bias is None for lin in linears) or len({lin.weight.shape for lin in linears}) != 1:
+    biased = {lin.bias is not None for lin in linears}
+    if len(biased) != 1 or len({lin.weight.shape for lin in linears}) != 1:
         return None
     joined = []
-    for name in ("weight", "bias"):
+    for name in ("weight", "bias") if biased.pop() else ("weight",):
         whole = torch.cat([getattr(lin, name).detach() for lin in linears])
         for lin, part in zip(linears, whole.chunk(3)):
             getattr(lin, name).data = part
         joined.append(whole)
-    return joined[0], joined[1]
+    return joined[0], joined[1] if len(joined) > 1 else None

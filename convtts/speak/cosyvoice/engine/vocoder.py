@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.distributions.uniform import Uniform
 
 from convtts.speak.base import is_out_of_memory
+from convtts.speak.cosyvoice.engine import snake
 from convtts.speak.cosyvoice.engine.flow import SPREAD, PassCosts, cheapest_groups, length_groups
 from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
@@ -109,6 +110,8 @@ class Vocoder:
         self.twin = (
             cast_copy(hift, precision, keep_fp32=("f0_predictor", "m_source"), fold=True) if max_rows > 1 else None
         )
+        if self.twin is not None:
+            snake.fuse(self.twin)  # its Snakes one kernel each where Triton runs
         self.per_sample = vocoder_bytes_per_sample(hift_widths(hift), precision)
         self.last_passes: list[int] = []  # rows of each pass of the last call (for benchmarks)
         self.passes, self.alone = 0, 0  # passes so far, and how many of them held one row (upstream's call)

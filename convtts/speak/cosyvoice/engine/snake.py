@@ -1,0 +1,120 @@
+"""HiFT's Snake activation, `x + sin(alpha x)^2 / alpha` with one alpha a channel, as one Triton kernel.
+
+Upstream's Snake is five elementwise kernels over (rows x channels x samples), each a pass over the
+vocoder's widest activations (bf16 rounding after each): in a batched vocoder pass on an H200 these
+kernels took about two thirds of its GPU time, its convolutions the rest. The engine's vocoder
+copy (vocoder.Vocoder's twin) has each Snake's forward replaced by `snake`, which reads x once and
+writes once, in fp32; upstream's own HiFT, which serves a pass of one row, is left as it is.
+
+Used where Triton runs and the kernel, once a process, compiled and agreed with upstream's
+arithmetic on a small case (`works`); elsewhere, and as the reference in tests, `torch_snake`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from functools import partial
+
+import torch
+
+from convtts.speak.cosyvoice.engine.attention import TOLERANCE, available, triton
+
+log = logging.getLogger(__name__)
+
+NO_DIV_BY_ZERO = 1e-9  # upstream's Snake.no_div_by_zero
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _snake(X, ALPHA, OUT, size, channels, samples, eps, LOG_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = at < size
+        alpha = tl.load(ALPHA + (at // samples) % channels, mask=inside, other=1.0).to(tl.float32)
+        if LOG_SCALE:
+            alpha = tl.exp(alpha)
+        x = tl.load(X + at, mask=inside, other=0.0).to(tl.float32)
+        wave = tl.sin(x * alpha)
+        tl.store(OUT + at, (x + wave * wave / (alpha + eps)).to(OUT.dtype.element_ty), mask=inside)
+
+
+def snake(module, x: torch.Tensor, kernel: bool | None = None) -> torch.Tensor:
+    """Snake.forward of `module` (its alpha, alpha_logscale) on x (rows, channels, samples)."""
+    if kernel is None:
+        kernel = fits(module, x)
+    if not kernel:
+        return torch_snake(module, x)
+    out = torch.empty_like(x)
+    size, block = x.numel(), 1024
+    _snake[(triton.cdiv(size, block),)](
+        x,
+        module.alpha,
+        out,
+        size,
+        x.shape[1],
+        x.shape[2],
+        module.no_div_by_zero,
+        LOG_SCALE=bool(module.alpha_logscale),
+        BLOCK=block,
+    )
+    return out
+
+
+def torch_snake(module, x: torch.Tensor) -> torch.Tensor:
+    """Upstream's arithmetic (cosyvoice.transformer.activation.Snake.forward)."""
+    alpha = module.alpha[None, :, None]
+    if module.alpha_logscale:
+        alpha = torch.exp(alpha)
+    return x + (1.0 / (alpha + module.no_div_by_zero)) * torch.sin(x * alpha).pow(2)
+
+
+def fits(module, x: torch.Tensor) -> bool:
+    return (
+        available(x.device)
+        and x.dim() == 3
+        and x.is_contiguous()
+        and module.alpha.is_contiguous()
+        and module.alpha.shape == (x.shape[1],)
+        and works(str(x.device), x.dtype)
+    )
+
+
+def fuse(hift: torch.nn.Module) -> int:
+    """Each Snake of `hift` (the engine's own copy) runs `snake` from now on; how many there are."""
+    snakes = [m for m in hift.modules() if type(m).__name__ == "Snake"]
+    for module in snakes:
+        module.forward = partial(snake, module)
+    return len(snakes)
+
+
+class Probe(torch.nn.Module):
+    """A Snake of upstream's attributes, for works' check."""
+
+    def __init__(self, alpha: torch.Tensor, log_scale: bool):
+        super().__init__()
+        self.alpha, self.alpha_logscale, self.no_div_by_zero = alpha, log_scale, NO_DIV_BY_ZERO
+
+
+@functools.cache
+def works(device: str, dtype: torch.dtype) -> bool:
+    """Whether the kernel compiles and agrees with torch_snake here in this format, alphas on both scales: a
+    GPU it cannot compile for, or computes wrongly on, leaves HiFT's Snakes to torch instead of failing
+    every pass. Asked once per process, on its first batched vocoder pass."""
+    try:
+        generator = torch.Generator(device=device).manual_seed(0)
+        x = (torch.randn(2, 8, 300, generator=generator, device=device) * 3).to(dtype)
+        alpha = (torch.rand(8, generator=generator, device=device) + 0.2).to(dtype)
+        worst = 0.0
+        for module in (Probe(alpha, False), Probe(alpha.log(), True)):
+            # upstream's arithmetic in fp32 on the same values: the kernel rounds once, at its output
+            want = torch_snake(Probe(module.alpha.float(), module.alpha_logscale), x.float())
+            got = snake(module, x, kernel=True).float()
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+    except Exception as exc:  # a compiler or a driver refusing it: the torch path still runs
+        log.warning("HiFT's Snake kernel does not run here (%s: %s): it runs in torch", type(exc).__name__, exc)
+        return False
+    if not worst <= TOLERANCE[dtype]:
+        log.warning("HiFT's Snake kernel is %.3g of full scale from torch here: it runs in torch", worst)
+        return False
+    return True
