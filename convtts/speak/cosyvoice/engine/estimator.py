@@ -181,7 +181,7 @@ def unet(est, prepared, x, mask, mu, t, spks, cond):
     h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1).to(dtype)
     masks = [mask.to(dtype)]
     for _ in est.down_blocks[1:]:  # every down block but the last halves the frames
-        masks.append(masks[-1][:, :, ::2])
+        masks.append(masks[-1][:, :, ::2].contiguous())  # the block-norm kernel reads a row's mask side by side
     frames = [m.float().sum(dim=2).clamp(min=1.0) for m in masks]
     biases = [key_bias(m, dtype) for m in masks]
     hiddens = []
