@@ -16,7 +16,8 @@ alone. `blocknorm`: the U-Net's block kernel with and without its added vector a
 ending inside the pass, values past Mish's threshold. `unet`: padded passes of small v1 and v2 U-Nets
 through both kernels (the engine's copy with q, k and v joined, and upstream's modules) against
 each row alone. `snake`: HiFT's Snake kernel against upstream's Snake (alphas on both scales), and a
-ResBlock with its Snakes replaced against the block as it was. A kernel that will not compile leaves
+ResBlock as the vocoder's copy runs it (its Snakes and its convolutions' biases, masks and residuals
+in the kernel) against upstream's block. A kernel that will not compile leaves
 its part to torch. Prints "ok" when everything agrees.
 """
 
@@ -130,6 +131,7 @@ def snakes() -> None:
 
     from convtts.speak.cosyvoice.engine import snake
     from convtts.speak.cosyvoice.engine.hift import resblock
+    from convtts.speak.cosyvoice.engine.precision import cast_copy
 
     torch.manual_seed(0)
     with torch.inference_mode():
@@ -152,6 +154,7 @@ def snakes() -> None:
         for p in block.parameters():
             p.add_(torch.randn_like(p) * 0.1)
         want = resblock(block, h, mask)
+        block = cast_copy(block, "fp32", fold=True)  # as the vocoder's copy: weight norms folded, plain Conv1d
         assert snake.fuse(block) == 6
         kernel, launches = snake._snake, []
 
@@ -165,7 +168,9 @@ def snakes() -> None:
             got = resblock(block, h, mask)
         finally:
             snake._snake = kernel
-        assert len(launches) == 6 and float((got - want).abs().max() / want.abs().max()) <= 1e-5
+        # each dilation: the first Snake alone, the second with the convolution's bias and mask before it,
+        # then the second convolution's bias, mask and residual
+        assert len(launches) == 9 and float((got - want).abs().max() / want.abs().max()) <= 1e-5
     refused(
         snake,
         "_snake",

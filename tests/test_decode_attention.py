@@ -60,7 +60,8 @@ def test_padded_unet_passes_through_the_kernels_give_each_row_its_own_frames():
 @pytest.mark.cosyvoice
 def test_hifts_snake_kernel_matches_upstreams_snake():
     """HiFT's Snake in one kernel (engine/snake.py): within its one rounding of upstream's arithmetic, alphas
-    on both scales; a ResBlock with its Snakes replaced gives the block's own output."""
+    on both scales; a ResBlock as the vocoder's copy runs it (Snakes, biases, masks and residuals in the
+    kernel) gives upstream's block's output."""
     interpreted("snake", script=SCRIPT.with_name("interpreted_modulate.py"))
 
 

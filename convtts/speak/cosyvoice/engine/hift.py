@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from convtts.speak.cosyvoice.engine import snake
+
 
 def lengths_mask(lengths: torch.Tensor, width: int, dtype=torch.float32) -> torch.Tensor:
     """(B, 1, width): 1 up to each row's length, 0 past it."""
@@ -126,11 +128,11 @@ def istft_rows(hift, magnitude: torch.Tensor, phase: torch.Tensor, frames: torch
 
 
 def resblock(block, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """ResBlock.forward with each convolution's output masked."""
+    """ResBlock.forward with each convolution's output masked; in the engine's copy each convolution's bias,
+    mask and the Snake or residual after it are one kernel (snake.conv_then)."""
     for conv1, conv2, act1, act2 in zip(block.convs1, block.convs2, block.activations1, block.activations2):
-        xt = conv1(act1(x)) * mask
-        xt = conv2(act2(xt)) * mask
-        x = xt + x
+        xt = snake.conv_then(conv1, act1(x), mask, act2)
+        x = snake.conv_then(conv2, xt, mask, residual=x)
     return x
 
 
