@@ -222,10 +222,10 @@ def unet() -> None:
                 for i, (n, row) in enumerate(zip(lengths, alone)):
                     gap = float((padded[i, :, :n] - row).abs().max() / row.abs().max())
                     assert gap <= 1e-5, (cls.__name__, owned, i, gap)
-        # every resnet's two blocks (v1: v2's have layer norms) and every transformer block's two norms, each pass:
-        # at both resolutions (the halved one's mask is a copy of its own)
+        # every resnet's two blocks and the final block (v1: v2's have layer norms) and every transformer block's
+        # two norms, each pass: at both resolutions (the halved one's mask is a copy of its own)
         levels = [*est.down_blocks, *est.mid_blocks, *est.up_blocks]
-        assert groupnorm._block_norm.launches == (2 * 2 * len(levels) if cls is ConditionalDecoder else 0)
+        assert groupnorm._block_norm.launches == (2 * (2 * len(levels) + 1) if cls is ConditionalDecoder else 0)
         assert modulate._gated_modulate.launches == 2 * 2 * sum(len(level[1]) for level in levels)
         modulate._gated_modulate.launches = groupnorm._block_norm.launches = 0
 

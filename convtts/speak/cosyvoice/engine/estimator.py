@@ -32,7 +32,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from convtts.speak.cosyvoice.engine.groupnorm import block_norm, masked_group_norm
+from convtts.speak.cosyvoice.engine.groupnorm import block_norm
 from convtts.speak.cosyvoice.engine.modulate import fits, gated_modulate, gated_residual
 
 MASKED = -1.0e10  # upstream's attention bias for a masked key (mask_to_bias)
@@ -58,33 +58,40 @@ def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.to(dtype)
 
 
-def has_group_norm(block) -> bool:
-    return any(isinstance(m, torch.nn.GroupNorm) for m in block.block)
+def group_norm_block(block) -> tuple | None:
+    """(conv, norm) of v1's Block1D (a Conv1d with a bias, a GroupNorm, Mish), or None (v2's CausalBlock1D)."""
+    parts = list(block.block)
+    if len(parts) == 3 and type(parts[0]) is torch.nn.Conv1d and parts[0].bias is not None:
+        if isinstance(parts[1], torch.nn.GroupNorm) and isinstance(parts[2], torch.nn.Mish):
+            return parts[0], parts[1]
+    return None
 
 
-def block_1d(block, x, mask, frames):
-    """Block1D (conv, norm, Mish) or CausalBlock1D (conv, LayerNorm, Mish), masked as upstream's forward."""
-    if not has_group_norm(block):
+def block_1d(block, x, mask):
+    """Block1D (conv, norm, Mish) or CausalBlock1D (conv, LayerNorm, Mish), masked as upstream's forward; v1's
+    group norm over each row's own frames, from the convolution on in one kernel where it runs (block_norm)."""
+    parts = group_norm_block(block)
+    if parts is None:
         return block(x, mask)
-    conv, norm, act = block.block
-    return act(masked_group_norm(conv(x * mask), norm, mask, frames)) * mask
+    conv, norm = parts
+    return block_norm(conv._conv_forward(x * mask, conv.weight, None), conv.bias, norm, mask)
 
 
-def resnet_1d(resnet, x, mask, frames, temb):
-    """ResnetBlock1D / CausalResnetBlock1D. v1's group-norm blocks run from their convolutions through
-    block_norm (the bias, the norm, Mish, the time embedding, the mask and the residual: one kernel
-    where it runs); v2's blocks are upstream's."""
-    if has_group_norm(resnet.block1) and has_group_norm(resnet.block2):
-        masked = x * mask
-        conv, norm, _ = resnet.block1.block
-        h = block_norm(conv._conv_forward(masked, conv.weight, None), conv.bias, norm, mask, resnet.mlp(temb))
-        conv, norm, _ = resnet.block2.block  # h is zero past each row's end: no mask before this convolution
-        residual = resnet.res_conv(masked)
-        return block_norm(conv._conv_forward(h, conv.weight, None), conv.bias, norm, mask, residual=residual)
-    h = block_1d(resnet.block1, x, mask, frames)
-    h = h + resnet.mlp(temb).unsqueeze(-1)
-    h = block_1d(resnet.block2, h, mask, frames)
-    return h + resnet.res_conv(x * mask)
+def resnet_1d(resnet, x, mask, temb):
+    """ResnetBlock1D / CausalResnetBlock1D. v1's blocks run from their convolutions through block_norm (the
+    bias, the norm, Mish, the time embedding, the mask and the residual: one kernel where it runs); v2's
+    blocks are upstream's."""
+    first, second = group_norm_block(resnet.block1), group_norm_block(resnet.block2)
+    if first is None or second is None:
+        h = block_1d(resnet.block1, x, mask)
+        h = h + resnet.mlp(temb).unsqueeze(-1)
+        h = block_1d(resnet.block2, h, mask)
+        return h + resnet.res_conv(x * mask)
+    masked = x * mask
+    (conv, norm), add = first, resnet.mlp(temb)
+    h = block_norm(conv._conv_forward(masked, conv.weight, None), conv.bias, norm, mask, add)
+    (conv, norm), residual = second, resnet.res_conv(masked)  # h is zero past each row's end: no mask here
+    return block_norm(conv._conv_forward(h, conv.weight, None), conv.bias, norm, mask, residual=residual)
 
 
 @dataclass(frozen=True)
@@ -168,9 +175,9 @@ def unet_transformer(blocks, prepared, x, bias):
     return torch.add(x.transpose(1, 2), added.transpose(1, 2), out=out)
 
 
-def level(resnet, blocks, prepared, x, mask, frames, bias, temb):
+def level(resnet, blocks, prepared, x, mask, bias, temb):
     """A resnet then transformer blocks at one resolution of the U-Net."""
-    x = resnet_1d(resnet, x, mask, frames, temb)
+    x = resnet_1d(resnet, x, mask, temb)
     return unet_transformer(blocks, prepared, x.transpose(1, 2).contiguous(), bias)
 
 
@@ -182,21 +189,20 @@ def unet(est, prepared, x, mask, mu, t, spks, cond):
     masks = [mask.to(dtype)]
     for _ in est.down_blocks[1:]:  # every down block but the last halves the frames
         masks.append(masks[-1][:, :, ::2].contiguous())  # the block-norm kernel reads a row's mask side by side
-    frames = [m.float().sum(dim=2).clamp(min=1.0) for m in masks]
     biases = [key_bias(m, dtype) for m in masks]
     hiddens = []
     for i, (resnet, blocks, down) in enumerate(est.down_blocks):
-        h = level(resnet, blocks, prepared, h, masks[i], frames[i], biases[i], temb)
+        h = level(resnet, blocks, prepared, h, masks[i], biases[i], temb)
         hiddens.append(h)
         h = down(h * masks[i])
     for resnet, blocks in est.mid_blocks:
-        h = level(resnet, blocks, prepared, h, masks[-1], frames[-1], biases[-1], temb)
+        h = level(resnet, blocks, prepared, h, masks[-1], biases[-1], temb)
     for i, (resnet, blocks, up) in zip(reversed(range(len(masks))), est.up_blocks):
         skip = hiddens.pop()
         h = torch.cat([h[:, :, : skip.shape[-1]], skip], dim=1)
-        h = level(resnet, blocks, prepared, h, masks[i], frames[i], biases[i], temb)
+        h = level(resnet, blocks, prepared, h, masks[i], biases[i], temb)
         h = up(h * masks[i])
-    h = block_1d(est.final_block, h, masks[0], frames[0])
+    h = block_1d(est.final_block, h, masks[0])
     return (est.final_proj(h * masks[0]) * masks[0]).float()
 
 
