@@ -17,14 +17,11 @@ path below. The kernel runs in Triton's interpreter in the tests.
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 import torch.nn.functional as F
 
-from convtts.speak.cosyvoice.engine.attention import TOLERANCE, available, triton
-
-log = logging.getLogger(__name__)
+from convtts.speak.cosyvoice.engine.attention import available, kernel_agrees, triton
 
 if triton is not None:
     import triton.language as tl
@@ -128,26 +125,23 @@ def fits(x, added, shift, scale) -> bool:
 @functools.cache
 def works(device: str, dim: int, dtype: torch.dtype) -> bool:
     """Whether the kernel compiles and agrees with the torch path here, for this width and format (a
-    residual and none): a GPU it cannot compile for, or computes wrongly on, leaves the DiT to torch
+    residual and none): a GPU it cannot compile for, or computes wrongly on, leaves the blocks to torch
     instead of failing every pass. Asked once per process for each kind, before any graph capture (a
     process's first flow step runs eagerly)."""
-    try:
+
+    def measure() -> float:
         generator = torch.Generator(device=device).manual_seed(0)
         x, y = (torch.randn(2, 3, dim, generator=generator, device=device).to(dtype) for _ in range(2))
         shift, scale, gate = torch.randn(2, 3 * dim, generator=generator, device=device).to(dtype).chunk(3, dim=-1)
-        worst = 0.0
-        for added in (None, (y, gate)):
-            got = gated_modulate(x, added, shift, scale, 1e-6, kernel=True)
-            want = torch_gated_modulate(x, added, shift, scale, 1e-6)
-            # of full scale: the modulated values reach 10 or more, where one bf16 step is 0.06
-            worst = max(
-                [worst]
-                + [float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(got, want)]
+        pairs = [
+            (a, b)
+            for added in (None, (y, gate))
+            for a, b in zip(
+                gated_modulate(x, added, shift, scale, 1e-6, kernel=True),
+                torch_gated_modulate(x, added, shift, scale, 1e-6),
             )
-    except Exception as exc:  # a compiler or a driver refusing it: the torch path still runs
-        log.warning("the DiT's modulate kernel does not run here (%s: %s): it runs in torch", type(exc).__name__, exc)
-        return False
-    if not worst <= TOLERANCE[dtype]:
-        log.warning("the DiT's modulate kernel is %.3g of full scale from torch here: it runs in torch", worst)
-        return False
-    return True
+        ]
+        # of full scale: the modulated values reach 10 or more, where one bf16 step is 0.06
+        return max(float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in pairs)
+
+    return kernel_agrees("the modulate kernel", "the block", dtype, measure)

@@ -15,14 +15,11 @@ arithmetic on a small case (`works`); elsewhere, and as the reference in tests, 
 from __future__ import annotations
 
 import functools
-import logging
 from functools import partial
 
 import torch
 
-from convtts.speak.cosyvoice.engine.attention import TOLERANCE, available, triton
-
-log = logging.getLogger(__name__)
+from convtts.speak.cosyvoice.engine.attention import available, kernel_agrees, triton
 
 NO_DIV_BY_ZERO = 1e-9  # upstream's Snake.no_div_by_zero
 
@@ -170,7 +167,8 @@ def works(device: str, dtype: torch.dtype) -> bool:
     alone and after a convolution's bias and mask with a residual (conv_then): a GPU it cannot compile for,
     or computes wrongly on, leaves HiFT's Snakes to torch instead of failing every pass. Asked once per
     process, on its first batched vocoder pass."""
-    try:
+
+    def measure() -> float:
         generator = torch.Generator(device=device).manual_seed(0)
         x, residual = ((torch.randn(2, 8, 300, generator=generator, device=device) * 3).to(dtype) for _ in range(2))
         alpha, bias = ((torch.rand(8, generator=generator, device=device) + 0.2).to(dtype) for _ in range(2))
@@ -188,10 +186,6 @@ def works(device: str, dtype: torch.dtype) -> bool:
                 ),
             ]
             worst = max([worst] + [float((a.float() - b).abs().max() / b.abs().max()) for a, b in pairs])
-    except Exception as exc:  # a compiler or a driver refusing it: the torch path still runs
-        log.warning("HiFT's Snake kernel does not run here (%s: %s): it runs in torch", type(exc).__name__, exc)
-        return False
-    if not worst <= TOLERANCE[dtype]:
-        log.warning("HiFT's Snake kernel is %.3g of full scale from torch here: it runs in torch", worst)
-        return False
-    return True
+        return worst
+
+    return kernel_agrees("HiFT's Snake kernel", "HiFT's Snakes", dtype, measure)
