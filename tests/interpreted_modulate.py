@@ -64,6 +64,17 @@ def kernel() -> None:
     )
 
 
+class Counted:
+    """A kernel that counts its launches, so that a pass that fell back to torch is not taken for the kernel's."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
 def refused(module, name: str, fits, run, reference) -> None:
     """A kernel (module.name) that will not compile leaves its part to the torch path, with a warning, not an
     error: `fits` says no, and `run` gives what `reference` does."""
@@ -156,21 +167,16 @@ def snakes() -> None:
         want = resblock(block, h, mask)
         block = cast_copy(block, "fp32", fold=True)  # as the vocoder's copy: weight norms folded, plain Conv1d
         assert snake.fuse(block) == 6
-        kernel, launches = snake._snake, []
-
-        class Counted:
-            def __getitem__(self, grid):
-                launches.append(grid)
-                return kernel[grid]
-
-        snake._snake = Counted()
+        kernel = snake._snake
+        snake._snake = Counted(kernel)
         try:
             got = resblock(block, h, mask)
+            launches = snake._snake.launches
         finally:
             snake._snake = kernel
         # each dilation: the first Snake alone, the second with the convolution's bias and mask before it,
         # then the second convolution's bias, mask and residual
-        assert len(launches) == 9 and float((got - want).abs().max() / want.abs().max()) <= 1e-5
+        assert launches == 9 and float((got - want).abs().max() / want.abs().max()) <= 1e-5
     refused(
         snake,
         "_snake",
@@ -189,14 +195,6 @@ def unet() -> None:
     from convtts.speak.cosyvoice.engine import groupnorm, modulate
     from convtts.speak.cosyvoice.engine.estimator import padded_forward, unet_blocks
     from convtts.testing.flow_vocoder import each_alone
-
-    class Counted:  # a kernel's launches, so that a pass that fell back to torch is not taken for the kernels'
-        def __init__(self, kernel):
-            self.kernel, self.launches = kernel, 0
-
-        def __getitem__(self, grid):
-            self.launches += 1
-            return self.kernel[grid]
 
     # the kernels agree with torch here (their checks launch them too, before the counts start)
     assert groupnorm.works("cpu", torch.float32) and modulate.works("cpu", 32, torch.float32)

@@ -197,8 +197,7 @@ def test_masked_group_norm_is_group_norm_over_a_rows_frames():
     x = torch.randn(2, 16, 30)
     mask = torch.ones(2, 1, 30)
     mask[1, :, 18:] = 0
-    frames = mask.sum(dim=2)
-    out = masked_group_norm(x, norm, mask, frames)
+    out = masked_group_norm(x, norm, mask)
     torch.testing.assert_close(out[0], norm(x[:1])[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[1, :, :18], norm(x[1:, :, :18])[0], atol=1e-5, rtol=1e-5)
 

@@ -67,14 +67,18 @@ def group_norm_block(block) -> tuple | None:
     return None
 
 
+def conv_norm(parts, x, mask, add=None, residual=None):
+    """A Block1D's (conv, norm) on x, already masked: the convolution without its bias, then block_norm (the
+    bias, the norm over each row's own frames, Mish, `add`, the mask, `residual`)."""
+    conv, norm = parts
+    return block_norm(conv._conv_forward(x, conv.weight, None), conv.bias, norm, mask, add, residual)
+
+
 def block_1d(block, x, mask):
     """Block1D (conv, norm, Mish) or CausalBlock1D (conv, LayerNorm, Mish), masked as upstream's forward; v1's
-    group norm over each row's own frames, from the convolution on in one kernel where it runs (block_norm)."""
+    group norm over each row's own frames, from the convolution on in one kernel where it runs (conv_norm)."""
     parts = group_norm_block(block)
-    if parts is None:
-        return block(x, mask)
-    conv, norm = parts
-    return block_norm(conv._conv_forward(x * mask, conv.weight, None), conv.bias, norm, mask)
+    return block(x, mask) if parts is None else conv_norm(parts, x * mask, mask)
 
 
 def resnet_1d(resnet, x, mask, temb):
@@ -88,10 +92,8 @@ def resnet_1d(resnet, x, mask, temb):
         h = block_1d(resnet.block2, h, mask)
         return h + resnet.res_conv(x * mask)
     masked = x * mask
-    (conv, norm), add = first, resnet.mlp(temb)
-    h = block_norm(conv._conv_forward(masked, conv.weight, None), conv.bias, norm, mask, add)
-    (conv, norm), residual = second, resnet.res_conv(masked)  # h is zero past each row's end: no mask here
-    return block_norm(conv._conv_forward(h, conv.weight, None), conv.bias, norm, mask, residual=residual)
+    h = conv_norm(first, masked, mask, add=resnet.mlp(temb))  # zero past each row's end: the next conv takes it so
+    return conv_norm(second, h, mask, residual=resnet.res_conv(masked))
 
 
 @dataclass(frozen=True)

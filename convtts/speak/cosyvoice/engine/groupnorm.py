@@ -21,7 +21,6 @@ in Triton's interpreter in the tests.
 from __future__ import annotations
 
 import functools
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -137,15 +136,14 @@ def block_norm(x, bias, norm, mask, add=None, residual=None, kernel: bool | None
     return out
 
 
-def masked_group_norm(
-    x: torch.Tensor, norm: torch.nn.GroupNorm, mask: torch.Tensor, frames: torch.Tensor
-) -> torch.Tensor:
-    """GroupNorm with each row's statistics over its own frames (mask 1), in fp32."""
+def masked_group_norm(x: torch.Tensor, norm: torch.nn.GroupNorm, mask: torch.Tensor) -> torch.Tensor:
+    """GroupNorm with each row's statistics over its own frames (mask (rows, 1, frames), 1 on them), in fp32;
+    a row of no frames counts one."""
     b, c, t = x.shape
     g = norm.num_groups
     values = x.float().view(b, g, c // g, t)
     keep = mask.float().view(b, 1, 1, t)
-    count = frames.view(b, 1, 1, 1) * (c // g)
+    count = keep.sum(dim=3, keepdim=True).clamp(min=1.0) * (c // g)
     mean = (values * keep).sum(dim=(2, 3), keepdim=True) / count
     centred = values - mean
     var = (centred.square() * keep).sum(dim=(2, 3), keepdim=True) / count
@@ -155,8 +153,7 @@ def masked_group_norm(
 
 def torch_block_norm(x, bias, norm, mask, add=None, residual=None):
     """The same in torch: the group norm in fp32 (masked_group_norm), the rest in x's format."""
-    frames = mask.float().sum(dim=2).clamp(min=1.0)
-    y = F.mish(masked_group_norm(x + bias[:, None], norm, mask, frames))
+    y = F.mish(masked_group_norm(x + bias[:, None], norm, mask))
     if add is not None:
         y = y + add[:, :, None]
     y = y * mask
@@ -186,7 +183,9 @@ def works(device: str, dtype: torch.dtype) -> bool:
     added vector and the residual, rows of fewer frames than the pass): a GPU it cannot compile for, or
     computes wrongly on, leaves the U-Net to torch instead of failing every pass. Asked once per process,
     before any graph capture (a process's first flow step runs eagerly)."""
-    return kernel_agrees("the block-norm kernel", "the U-Net's resnet blocks", dtype, partial(gap, device, dtype))
+    return kernel_agrees(
+        "the block-norm kernel", "the U-Net's resnet blocks", dtype, functools.partial(gap, device, dtype)
+    )
 
 
 @torch.inference_mode()

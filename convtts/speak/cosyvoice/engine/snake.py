@@ -15,7 +15,6 @@ arithmetic on a small case (`works`); elsewhere, and as the reference in tests, 
 from __future__ import annotations
 
 import functools
-from functools import partial
 
 import torch
 
@@ -90,14 +89,14 @@ def conv_then(conv, x: torch.Tensor, mask: torch.Tensor, act=None, residual=None
 def takes(conv, x, mask, act, residual) -> bool:
     """Whether conv_then's kernel takes these (the convolution's output is contiguous, as cuDNN gives it)."""
     return (
-        (act is None or (type(act).__name__ == "Snake" and fits(act, x)))
-        and available(x.device)
+        x.dim() == 3
+        and (act is None or (type(act).__name__ == "Snake" and alphas_fit(act, x)))
         and mask.dim() == 3
         and mask.shape[1] == 1
         and mask.stride(2) == 1
         and (residual is None or (residual.is_contiguous() and residual.dtype == x.dtype))
         and conv.bias.is_contiguous()
-        and works(str(x.device), x.dtype)
+        and ready(x)
     )
 
 
@@ -135,21 +134,24 @@ def torch_snake(module, x: torch.Tensor) -> torch.Tensor:
 
 
 def fits(module, x: torch.Tensor) -> bool:
-    return (
-        available(x.device)
-        and x.dim() == 3
-        and x.is_contiguous()
-        and module.alpha.is_contiguous()
-        and module.alpha.shape == (x.shape[1],)
-        and works(str(x.device), x.dtype)
-    )
+    """Whether the kernel takes a Snake's x: contiguous (rows, channels, samples), one alpha a channel."""
+    return x.dim() == 3 and x.is_contiguous() and alphas_fit(module, x) and ready(x)
+
+
+def alphas_fit(module, x: torch.Tensor) -> bool:
+    return module.alpha.is_contiguous() and module.alpha.shape == (x.shape[1],)
+
+
+def ready(x: torch.Tensor) -> bool:
+    """Triton runs for x's device, and the kernel passed its check there in x's format."""
+    return available(x.device) and works(str(x.device), x.dtype)
 
 
 def fuse(hift: torch.nn.Module) -> int:
     """Each Snake of `hift` (the engine's own copy) runs `snake` from now on; how many there are."""
     snakes = [m for m in hift.modules() if type(m).__name__ == "Snake"]
     for module in snakes:
-        module.forward = partial(snake, module)
+        module.forward = functools.partial(snake, module)
     return len(snakes)
 
 
