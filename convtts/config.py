@@ -194,6 +194,10 @@ class FlowConfig:
     # buckets pad less work onto the GPU and capture more graphs (finer ones not measured yet)
     row_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     capture_after: int = 1  # the pass of one shape that captures its graph (1: the first), replayed from then on
+    # The estimators' attention in a padded pass: triton (one kernel reading each row's own frames), torch
+    # (every row over the pass's width, padding masked: the reference) or auto (triton on a GPU where Triton
+    # imports). torch until the kernel is measured against torch's on a GPU.
+    attention: str = "torch"
 
     def check(self) -> None:
         if not 0 <= self.max_graphs <= 256:
@@ -202,6 +206,8 @@ class FlowConfig:
             raise ConfigError(f"tts.cosyvoice.flow.flush_share must be above 0 and at most 1, got {self.flush_share}")
         if self.grouping not in ("cost", "spread"):
             raise ConfigError(f"tts.cosyvoice.flow.grouping must be cost or spread, got {self.grouping!r}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"tts.cosyvoice.flow.attention must be one of {ATTENTIONS}, got {self.attention!r}")
         for name in ("pass_ms", "capture_ms", "replay_ms", "frame_us", "vocoder_pass_ms", "vocoder_frame_us"):
             if not 0.0 <= getattr(self, name) <= 1e6:
                 raise ConfigError(f"tts.cosyvoice.flow.{name} must be between 0 and 1e6, got {getattr(self, name)}")

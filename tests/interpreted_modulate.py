@@ -8,6 +8,7 @@ TRITON_INTERPRET must be set before Triton is imported, so this runs in a proces
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py blocknorm
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py unet
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py snake
+    TRITON_INTERPRET=1 python tests/interpreted_modulate.py flowattention
 
 The gated-modulate kernel: rows of a width that is not a power of two, with and without a residual,
 gate, shift and scale as views of one (rows, 6 x width) tensor as the DiT's blocks make them, in fp32
@@ -17,8 +18,9 @@ ending inside the pass, values past Mish's threshold. `unet`: padded passes of s
 through both kernels (the engine's copy with q, k and v joined, and upstream's modules) against
 each row alone. `snake`: HiFT's Snake kernel against upstream's Snake (alphas on both scales), and a
 ResBlock as the vocoder's copy runs it (its Snakes and its convolutions' biases, masks and residuals
-in the kernel) against upstream's block. A kernel that will not compile leaves
-its part to torch. Prints "ok" when everything agrees.
+in the kernel) against upstream's block. `flowattention`: the flow's attention kernel over each row's own
+frames against each row's attention alone (the U-Net and DiT passes above run it too). A kernel that
+will not compile leaves its part to torch. Prints "ok" when everything agrees.
 """
 
 from __future__ import annotations
@@ -186,20 +188,57 @@ def snakes() -> None:
     )
 
 
+def flow_attention_kernel() -> None:
+    """Rows ending inside a block, on a block's edge and after one frame, NaN in every padded frame (of q, k
+    and v): each row's frames within rounding of its attention alone, zeros past its end. fp32 and fp16:
+    the interpreter's products do not round bf16 as a GPU does (works() checks bf16 there)."""
+    from convtts.speak.cosyvoice.engine import flow_attention as fa
+
+    torch.manual_seed(0)
+    rows, frames, heads, dim = 4, 150, 2, 32
+    lengths = torch.tensor([150, 64, 97, 1], dtype=torch.int32)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+        qkv = torch.randn(rows, frames, 3 * heads * dim)
+        for i, n in enumerate(lengths.tolist()):
+            qkv[i, n:] = float("nan")
+        qkv = qkv.to(dtype)
+        # views of one product, as estimator.attention makes them
+        query, key, value = (y.view(rows, frames, heads, dim).transpose(1, 2) for y in qkv.split(heads * dim, -1))
+        assert fa.fits(query, key, value), "the kernel should take these"
+        got = fa.flow_attention(query, key, value, lengths, kernel=True)
+        assert got.shape == (rows, frames, heads * dim) and got.dtype == dtype
+        for i, n in enumerate(lengths.tolist()):
+            own = (y[i : i + 1, :, :n].float() for y in (query, key, value))
+            alone = torch.nn.functional.scaled_dot_product_attention(*own).transpose(1, 2).reshape(n, -1)
+            gap = float((got[i, :n].float() - alone).abs().max() / alone.abs().max())
+            assert gap <= tolerance, (dtype, i, gap)
+            assert torch.equal(got[i, n:], torch.zeros_like(got[i, n:])), (dtype, i)
+    query, key, value = torch.randn(3, rows, heads, frames, dim).unbind()  # torch's attention reads the padding
+    refused(
+        fa,
+        "_flow_attention",
+        lambda: fa.fits(query, key, value),
+        lambda: fa.flow_attention(query, key, value, lengths),
+        lambda: fa.torch_flow_attention(query, key, value, lengths),
+    )
+
+
 def unet() -> None:
     """Small U-Nets of both kinds through both kernels: padded, each row within float rounding of its pass alone."""
     import copy
 
     from cosyvoice.flow.decoder import CausalConditionalDecoder, ConditionalDecoder
 
-    from convtts.speak.cosyvoice.engine import groupnorm, modulate
+    from convtts.speak.cosyvoice.engine import flow_attention, groupnorm, modulate
     from convtts.speak.cosyvoice.engine.estimator import padded_forward, unet_blocks
     from convtts.testing.flow_vocoder import each_alone
 
     # the kernels agree with torch here (their checks launch them too, before the counts start)
     assert groupnorm.works("cpu", torch.float32) and modulate.works("cpu", 32, torch.float32)
+    assert flow_attention.works("cpu", 16, torch.float32)
     modulate._gated_modulate = Counted(modulate._gated_modulate)
     groupnorm._block_norm = Counted(groupnorm._block_norm)
+    flow_attention._flow_attention = Counted(flow_attention._flow_attention)
 
     torch.manual_seed(0)
     lengths, width = [37, 50, 23], 56
@@ -215,17 +254,21 @@ def unet() -> None:
         mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float().unsqueeze(1)
         with torch.inference_mode():
             alone = each_alone(est, lengths, x, mask, mu, t, spks, cond)
-            for owned in (False, True):
-                padded = padded_forward(copy.deepcopy(est), owned=owned)(x, mask, mu, t, spks, cond)
+            for owned, kernel in ((False, False), (True, False), (True, True)):
+                forward = padded_forward(copy.deepcopy(est), owned=owned, kernel=kernel)
+                padded = forward(x, mask, mu, t, spks, cond)
                 for i, (n, row) in enumerate(zip(lengths, alone)):
                     gap = float((padded[i, :, :n] - row).abs().max() / row.abs().max())
-                    assert gap <= 1e-5, (cls.__name__, owned, i, gap)
+                    assert gap <= 1e-5, (cls.__name__, owned, kernel, i, gap)
         # every resnet's two blocks and the final block (v1: v2's have layer norms) and every transformer block's
-        # two norms, each pass: at both resolutions (the halved one's mask is a copy of its own)
+        # two norms, each pass: at both resolutions (the halved one's mask is a copy of its own); the attention
+        # of every transformer block in the pass with the flow's attention kernel
         levels = [*est.down_blocks, *est.mid_blocks, *est.up_blocks]
-        assert groupnorm._block_norm.launches == (2 * (2 * len(levels) + 1) if cls is ConditionalDecoder else 0)
-        assert modulate._gated_modulate.launches == 2 * 2 * sum(len(level[1]) for level in levels)
-        modulate._gated_modulate.launches = groupnorm._block_norm.launches = 0
+        blocks = sum(len(level[1]) for level in levels)
+        assert groupnorm._block_norm.launches == (3 * (2 * len(levels) + 1) if cls is ConditionalDecoder else 0)
+        assert modulate._gated_modulate.launches == 3 * 2 * blocks
+        assert flow_attention._flow_attention.launches == blocks
+        modulate._gated_modulate.launches = groupnorm._block_norm.launches = flow_attention._flow_attention.launches = 0
 
 
 def dit(checkout: str) -> None:
@@ -235,9 +278,12 @@ def dit(checkout: str) -> None:
     import_runtime(CosyVoiceConfig(runtime_root=checkout))
     from cosyvoice.flow.DiT.dit import DiT
 
+    from convtts.speak.cosyvoice.engine import flow_attention
     from convtts.speak.cosyvoice.engine.estimator import padded_forward
     from convtts.testing.flow_vocoder import each_alone
 
+    assert flow_attention.works("cpu", 16, torch.float32)
+    flow_attention._flow_attention = Counted(flow_attention._flow_attention)
     torch.manual_seed(0)
     shape = dict(dim=64, depth=2, heads=4, dim_head=16, ff_mult=2, mel_dim=80, mu_dim=80, spk_dim=80, out_channels=80)
     est = DiT(**shape, static_chunk_size=50, num_decoding_left_chunks=-1).eval()
@@ -250,10 +296,13 @@ def dit(checkout: str) -> None:
     for i, n in enumerate(frames):
         mask[i, :, :n] = 1
     with torch.inference_mode():
-        padded = padded_forward(est)(x, mask, mu, t, spks, cond)
-        for i, (n, alone) in enumerate(zip(frames, each_alone(est, frames, x, mask, mu, t, spks, cond))):
-            gap = float((padded[i, :, :n] - alone).abs().max() / alone.abs().max())
-            assert gap <= 1e-5, (i, gap)
+        alone = each_alone(est, frames, x, mask, mu, t, spks, cond)
+        for kernel in (False, True):
+            padded = padded_forward(est, kernel=kernel)(x, mask, mu, t, spks, cond)
+            for i, (n, row) in enumerate(zip(frames, alone)):
+                gap = float((padded[i, :, :n] - row).abs().max() / row.abs().max())
+                assert gap <= 1e-5, (kernel, i, gap)
+    assert flow_attention._flow_attention.launches == shape["depth"]  # each block's, with the kernel only
 
 
 def main() -> int:
@@ -266,6 +315,8 @@ def main() -> int:
         unet()
     elif sys.argv[1:2] == ["snake"]:
         snakes()
+    elif sys.argv[1:2] == ["flowattention"]:
+        flow_attention_kernel()
     else:
         kernel()
     print("ok")

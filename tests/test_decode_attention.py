@@ -37,8 +37,9 @@ def test_the_dit_gated_modulate_kernel_matches_its_torch_path():
 
 
 def test_a_padded_dit_pass_through_the_kernel_gives_each_row_upstreams_frames():
-    """A small DiT's padded pass with the kernel between its products: each row within float rounding
-    of upstream's DiT.forward alone (the checkout: CosyVoice3 is not on PyPI)."""
+    """A small DiT's padded pass with the kernels between its products (and its attention's, over each row's
+    own frames): each row within float rounding of upstream's DiT.forward alone (the checkout: CosyVoice3
+    is not on PyPI)."""
     if not COSYVOICE_CHECKOUT:
         pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
     interpreted("dit", COSYVOICE_CHECKOUT, script=SCRIPT.with_name("interpreted_modulate.py"))
@@ -52,8 +53,8 @@ def test_the_unet_block_norm_kernel_matches_its_torch_path():
 
 @pytest.mark.cosyvoice
 def test_padded_unet_passes_through_the_kernels_give_each_row_its_own_frames():
-    """Small v1 and v2 U-Nets with the block-norm and gated-modulate kernels: each row of a padded pass
-    within float rounding of the row alone through upstream's forward."""
+    """Small v1 and v2 U-Nets with the block-norm, gated-modulate and flow attention kernels: each row of a
+    padded pass within float rounding of the row alone through upstream's forward."""
     interpreted("unet", script=SCRIPT.with_name("interpreted_modulate.py"))
 
 
@@ -63,6 +64,13 @@ def test_hifts_snake_kernel_matches_upstreams_snake():
     on both scales; a ResBlock as the vocoder's copy runs it (Snakes, biases, masks and residuals in the
     kernel) gives upstream's block's output."""
     interpreted("snake", script=SCRIPT.with_name("interpreted_modulate.py"))
+
+
+def test_the_flow_attention_kernel_reads_each_rows_own_frames():
+    """The flow's attention in one kernel (engine/flow_attention.py): each row of a padded pass within float
+    rounding of its attention alone, NaN in the padding changing nothing, zeros past each row's end; a
+    kernel that will not compile leaves the attention to torch. The U-Net and DiT passes above run it too."""
+    interpreted("flowattention", script=SCRIPT.with_name("interpreted_modulate.py"))
 
 
 def test_the_kernel_reads_each_rows_own_positions_and_matches_the_torch_attention():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import subprocess
 import sys
 
@@ -151,6 +152,15 @@ def test_passes_stay_within_the_memory_budget(models, rows, version):
     )  # two of the longest
     groups = flow.groups(rows)
     assert max(len(g) for g in groups) == 2 and sum(len(g) for g in groups) == len(tokens)
+
+
+def test_the_flow_attention_kernel_is_left_to_torch_where_triton_does_not_run(models, caplog):
+    """Asked for on a CPU (no interpreter here): a warning, and the passes keep torch's attention."""
+    inner = models(1).model
+    assert not Flow(inner.flow, "fp32", inner.device, attention="auto").solver.kernel
+    with caplog.at_level(logging.WARNING):
+        flow = Flow(inner.flow, "fp32", inner.device, attention="triton")
+    assert not flow.solver.kernel and "flow.attention=triton needs a GPU with Triton" in caplog.text
 
 
 def test_the_unet_estimators_do_not_see_the_padding():
@@ -337,6 +347,7 @@ def test_the_released_widths_are_the_architectures():
 def test_flow_settings_are_checked_up_front():
     cosy = load_config(None, ["tts.cosyvoice.flow.vocoder_rows=4", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
     assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 32
+    assert cosy.flow.attention == "torch"
     fine = load_config(None, ["tts.cosyvoice.flow.row_buckets=[1, 2, 3, 4, 6, 8]"]).tts.cosyvoice.flow
     assert fine.row_buckets == (1, 2, 3, 4, 6, 8)
     for bad, key in (
@@ -350,6 +361,7 @@ def test_flow_settings_are_checked_up_front():
         ("tts.cosyvoice.flow.row_buckets=[1, 4, 4]", "row_buckets"),
         ("tts.cosyvoice.cuda_graphs=yes please", "cuda_graphs"),
         ("tts.cosyvoice.flow.graphs=true", "graphs"),
+        ("tts.cosyvoice.flow.attention=cudnn", "flow.attention must be one of"),
     ):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [bad])

@@ -32,22 +32,32 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from convtts.speak.cosyvoice.engine import flow_attention
 from convtts.speak.cosyvoice.engine.groupnorm import block_norm
 from convtts.speak.cosyvoice.engine.modulate import fits, gated_modulate, gated_residual
 
 MASKED = -1.0e10  # upstream's attention bias for a masked key (mask_to_bias)
 
 
-def padded_forward(estimator, owned: bool = False) -> Callable | None:
+def padded_forward(estimator, owned: bool = False, kernel: bool = False) -> Callable | None:
     """estimate(x, mask, mu, t, spks, cond) for a padded batch, or None for an estimator we do not know.
-    `owned`: the estimator is the engine's own copy (bf16/fp16), whose parameters may be laid out anew."""
+    `owned`: the estimator is the engine's own copy (bf16/fp16), whose parameters may be laid out anew.
+    `kernel`: the re-driven blocks' attention reads each row's own frames (flow_attention.py) where it runs."""
     kind = type(estimator).__name__
     if kind in ("ConditionalDecoder", "CausalConditionalDecoder"):
-        return partial(unet, estimator, unet_blocks(estimator, owned))
+        return partial(unet, estimator, unet_blocks(estimator, owned), kernel)
     if kind == "DiT":
         projections = [joined_qkv(block.attn) if owned else None for block in estimator.transformer_blocks]
-        return partial(dit, estimator, projections)
+        return partial(dit, estimator, projections, kernel)
     return None
+
+
+def first_attention(estimator):
+    """The estimator's first self-attention module (diffusers' or x_transformers' Attention), or None."""
+    if type(estimator).__name__ == "DiT":
+        return estimator.transformer_blocks[0].attn
+    blocks = getattr(estimator, "down_blocks", None)
+    return blocks[0][1][0].attn1 if blocks else None
 
 
 def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -155,11 +165,12 @@ def residual_norm(x, y, norm, vectors):
     return x, norm(x)
 
 
-def unet_transformer(blocks, prepared, x, bias):
+def unet_transformer(blocks, prepared, x, bias, counts=None):
     """A level's BasicTransformerBlocks over x (rows, frames, channels), returned channels first. Re-driven
     (prepared): each residual taken with the next norm (residual_norm), the key mask broadcast over the
-    heads (upstream repeats it for each), q, k and v one product where the engine owns the weights, and
-    the last residual added as the output is laid out channels first."""
+    heads (upstream repeats it for each), or each row's own frames read alone where `counts` (frame_counts)
+    are given, q, k and v one product where the engine owns the weights, and the last residual added as
+    the output is laid out channels first."""
     if prepared is None:
         for block in blocks:
             x = block(hidden_states=x, attention_mask=bias)
@@ -168,7 +179,7 @@ def unet_transformer(blocks, prepared, x, bias):
     for block in blocks:
         redriven = prepared[block]
         x, normed = residual_norm(x, added, block.norm1, redriven.norm1)
-        attended = attention(block.attn1, redriven.qkv, normed, keys)
+        attended = attention(block.attn1, redriven.qkv, normed, keys, counts=counts)
         x, normed = residual_norm(x, attended, block.norm3, redriven.norm3)
         added = block.ff(normed)
     out = torch.empty(x.shape[0], x.shape[2], x.shape[1], device=x.device, dtype=x.dtype)
@@ -177,13 +188,13 @@ def unet_transformer(blocks, prepared, x, bias):
     return torch.add(x.transpose(1, 2), added.transpose(1, 2), out=out)
 
 
-def level(resnet, blocks, prepared, x, mask, bias, temb):
+def level(resnet, blocks, prepared, x, mask, bias, temb, counts=None):
     """A resnet then transformer blocks at one resolution of the U-Net."""
     x = resnet_1d(resnet, x, mask, temb)
-    return unet_transformer(blocks, prepared, x.transpose(1, 2).contiguous(), bias)
+    return unet_transformer(blocks, prepared, x.transpose(1, 2).contiguous(), bias, counts)
 
 
-def unet(est, prepared, x, mask, mu, t, spks, cond):
+def unet(est, prepared, kernel, x, mask, mu, t, spks, cond):
     """ConditionalDecoder.forward (v1) / CausalConditionalDecoder.forward (v2, not streaming), padding-safe."""
     dtype = est.final_proj.weight.dtype
     temb = est.time_mlp(est.time_embeddings(t.float()).to(dtype))
@@ -192,23 +203,24 @@ def unet(est, prepared, x, mask, mu, t, spks, cond):
     for _ in est.down_blocks[1:]:  # every down block but the last halves the frames
         masks.append(masks[-1][:, :, ::2].contiguous())  # the block-norm kernel reads a row's mask side by side
     biases = [key_bias(m, dtype) for m in masks]
+    counts = [flow_attention.frame_counts(m) if kernel and prepared else None for m in masks]
     hiddens = []
     for i, (resnet, blocks, down) in enumerate(est.down_blocks):
-        h = level(resnet, blocks, prepared, h, masks[i], biases[i], temb)
+        h = level(resnet, blocks, prepared, h, masks[i], biases[i], temb, counts[i])
         hiddens.append(h)
         h = down(h * masks[i])
     for resnet, blocks in est.mid_blocks:
-        h = level(resnet, blocks, prepared, h, masks[-1], biases[-1], temb)
+        h = level(resnet, blocks, prepared, h, masks[-1], biases[-1], temb, counts[-1])
     for i, (resnet, blocks, up) in zip(reversed(range(len(masks))), est.up_blocks):
         skip = hiddens.pop()
         h = torch.cat([h[:, :, : skip.shape[-1]], skip], dim=1)
-        h = level(resnet, blocks, prepared, h, masks[i], biases[i], temb)
+        h = level(resnet, blocks, prepared, h, masks[i], biases[i], temb, counts[i])
         h = up(h * masks[i])
     h = block_1d(est.final_block, h, masks[0])
     return (est.final_proj(h * masks[0]) * masks[0]).float()
 
 
-def dit(est, projections, x, mask, mu, t, spks, cond):
+def dit(est, projections, kernel, x, mask, mu, t, spks, cond):
     """DiT.forward (v3, not streaming), with the key mask as (B, 1, 1, T) instead of (B, 1, T, T) and
     the blocks as dit_blocks runs them."""
     dtype = est.proj_out.weight.dtype
@@ -226,7 +238,8 @@ def dit(est, projections, x, mask, mu, t, spks, cond):
         added = None
     else:
         turn = (freqs.cos(), freqs.sin())  # upstream computes them again in every block, q and k alike
-        h, added = dit_blocks(est, projections, h, temb, keys, turn)
+        counts = flow_attention.frame_counts(mask) if kernel else None
+        h, added = dit_blocks(est, projections, h, temb, keys, turn, counts)
     if added is not None and est.long_skip_connection is None:
         # the last block's residual with the final norm (scale before shift in its linear)
         scale_out, shift_out = est.norm_out.linear(F.silu(temb)).chunk(2, dim=-1)
@@ -239,7 +252,7 @@ def dit(est, projections, x, mask, mu, t, spks, cond):
     return est.proj_out(h).transpose(1, 2).float()
 
 
-def dit_blocks(est, projections, x, temb, keys, turn):
+def dit_blocks(est, projections, x, temb, keys, turn, counts=None):
     """DiTBlock.forward for every block, with fewer passes over the (rows, frames, dim) activations:
     each gated residual (x + gate * y), layer norm and modulation (norm * (1 + scale) + shift) is
     one gated_modulate, the feed-forward's residual taken with the next block's norm; the rotary
@@ -254,16 +267,17 @@ def dit_blocks(est, projections, x, temb, keys, turn):
             6, dim=-1
         )
         x, normed = gated_modulate(x, added, shift_msa, scale_msa, block.attn_norm.norm.eps)
-        attended = attention(block.attn, qkv, normed, keys, turn)
+        attended = attention(block.attn, qkv, normed, keys, turn, counts)
         x, normed = gated_modulate(x, (attended, gate_msa), shift_mlp, scale_mlp, block.ff_norm.eps)
         added = (block.ff(normed), gate_mlp)
     return x, added
 
 
-def attention(attn, qkv, x, keys, turn=None):
+def attention(attn, qkv, x, keys, turn=None, counts=None):
     """The attention processor's steps (not joint): q, k and v (one product where `qkv` is given), the rotary
     embedding applied in place where `turn` is, the keys masked by `keys` (a bias or booleans broadcast
-    over the heads and queries), the output projection."""
+    over the heads and queries), the output projection. With `counts` (each row's frames) and where the
+    kernel runs, each row's own keys only (flow_attention.py; the frames past a row's end come out zero)."""
     batch, frames, _ = x.shape
     inner = attn.to_q.weight.shape[0]
     if qkv is not None:
@@ -274,6 +288,8 @@ def attention(attn, qkv, x, keys, turn=None):
         rotate(query, turn)
         rotate(key, turn)
     query, key, value = (y.view(batch, frames, attn.heads, -1).transpose(1, 2) for y in (query, key, value))
+    if counts is not None:
+        return attn.to_out[0](flow_attention.flow_attention(query, key, value, counts))
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=keys)
     return attn.to_out[0](out.transpose(1, 2).reshape(batch, frames, inner))
 

@@ -112,6 +112,7 @@ class Flow:
         tail_spread: float | None = None,
         costs: PassCosts | None = None,
         row_buckets: tuple[int, ...] = ROW_BUCKETS,
+        attention: str = "torch",
     ):
         self.flow, self.precision, self.device = flow, precision, device
         self.costs = costs  # None: passes cut by `spread` alone
@@ -127,6 +128,7 @@ class Flow:
             frame_buckets=frame_buckets,
             capture_after=capture_after,
             row_buckets=row_buckets,
+            attention=attention,
         )
         self.max_mb, self.spread = max_mb, spread
         self.tail_spread = spread if tail_spread is None else tail_spread
@@ -154,6 +156,7 @@ class Flow:
             tail_spread=cosy.flow.tail_spread,
             costs=PassCosts.configured(cosy.flow),
             row_buckets=cosy.flow.row_buckets,
+            attention=cosy.flow.attention,
         )
 
     def groups(self, rows: list[Row], tail: bool = False) -> list[list[Row]]:

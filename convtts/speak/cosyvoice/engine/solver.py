@@ -30,7 +30,8 @@ import torch
 
 from convtts.config import FlowConfig
 from convtts.speak.base import is_out_of_memory
-from convtts.speak.cosyvoice.engine.estimator import padded_forward
+from convtts.speak.cosyvoice.engine import flow_attention
+from convtts.speak.cosyvoice.engine.estimator import first_attention, padded_forward
 from convtts.speak.cosyvoice.engine.precision import is_reduced, matmul_mode, part_module
 
 log = logging.getLogger(__name__)
@@ -276,8 +277,10 @@ class Solver:
         frame_buckets: int = 8,
         capture_after: int = 1,
         row_buckets: tuple[int, ...] = ROW_BUCKETS,
+        attention: str = "torch",
     ):
-        """`bucket` None: bucketed on a GPU with graphs or compile; True pads to buckets anywhere (tests)."""
+        """`bucket` None: bucketed on a GPU with graphs or compile; True pads to buckets anywhere (tests).
+        `attention`: tts.cosyvoice.flow.attention."""
         self.decoder = decoder
         self.frame_buckets, self.row_buckets = frame_buckets, row_buckets
         self.precision = precision
@@ -287,7 +290,8 @@ class Solver:
         # v3's rotary angles stay fp32: bf16 positions are not whole numbers past 256 frames
         keep = ("rotary_embed",) if hasattr(decoder.estimator, "rotary_embed") else ()
         self.estimator = part_module(decoder.estimator, precision, keep)
-        self.safe = padded_forward(self.estimator, owned=is_reduced(precision))
+        self.kernel = self._kernel(attention, device)
+        self.safe = padded_forward(self.estimator, owned=is_reduced(precision), kernel=self.kernel)
         if self.safe is None:
             log.warning(
                 "unknown flow estimator %s: padded passes use upstream's forward", type(decoder.estimator).__name__
@@ -299,6 +303,21 @@ class Solver:
             self.safe = compiled(self.safe)
         self.graphs = GraphCache(self._step, max_graphs if graphs and on_gpu else 0, capture_after)
         self.times: dict = {}  # (device, dtype): the steps' (t, dt)
+
+    def _kernel(self, choice: str, device) -> bool:
+        """Whether the flow's attention reads each row's own frames (flow_attention.py): asked for or auto, where
+        Triton runs and the kernel passes its check for the estimator's head width and format."""
+        runs = flow_attention.available(torch.device(device))
+        if choice == "triton" and not runs:
+            log.warning("tts.cosyvoice.flow.attention=triton needs a GPU with Triton: its attention runs in torch")
+        attn = first_attention(self.estimator)
+        if not runs or choice == "torch" or attn is None:
+            return False
+        dim = attn.to_q.weight.shape[0] // attn.heads
+        if not flow_attention.works(str(device), dim, attn.to_q.weight.dtype):
+            return False
+        log.info("the flow's attention: the kernel, over each row's own frames")
+        return True
 
     def solve(self, x, mask, mu, spks, cond, frames: list[int]) -> torch.Tensor:
         """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
