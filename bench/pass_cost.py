@@ -13,6 +13,9 @@ work (synchronised).
     python3 bench/pass_cost.py --model-dir /tmp/cv300m --out "$OUT/pass-cost.json"
     python3 bench/pass_cost.py --model-dir /tmp/tiny --rows 1,2 --seconds 0.5 --out /tmp/p.json   # CPU check
 
+`--attention triton` runs the flow's attention as the kernel over each row's own frames
+(tts.cosyvoice.flow.attention); the figures then name it.
+
 With --profile, the GPU's kernels of one eager flow pass and one vocoder pass are listed too (torch.profiler;
 a replayed graph's kernels are the eager pass's): time by kind (matrix products, attention, norms,
 elementwise, convolutions) and the costliest kernels.
@@ -31,7 +34,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def flow_times(model, chunk, tokens, precision: str, repeat: int) -> dict:
+def flow_times(model, chunk, tokens, precision: str, repeat: int, attention: str = "torch") -> dict:
     """Seconds of an eager pass (at its own size, after a warm-up pass), of the pass that captures the
     shape's step (padded to its bucket), and the median of a few that replay it; and how far the
     replayed mels are from the eager ones (largest absolute difference)."""
@@ -42,7 +45,7 @@ def flow_times(model, chunk, tokens, precision: str, repeat: int) -> dict:
 
     inner = model.model
     on_gpu = torch.device(inner.device).type == "cuda"
-    wide = dict(spread=100.0, tail_spread=100.0)
+    wide = dict(spread=100.0, tail_spread=100.0, attention=attention)
     eager = Flow(inner.flow, precision, inner.device, graphs=False, **wide)
     graphed = Flow(inner.flow, precision, inner.device, graphs=on_gpu, **wide)
     graphed.solver.graphs.warm = True  # the eager passes below do the process's lazy set-up
@@ -140,7 +143,7 @@ def kernel_profile(fn, top: int = 12) -> dict:
     }
 
 
-def profiles(model, chunk, tokens, precision: str) -> dict:
+def profiles(model, chunk, tokens, precision: str, attention: str = "torch") -> dict:
     """kernel_profile of one eager flow pass (after a warm-up) and one vocoder pass of these rows."""
     import torch
 
@@ -149,7 +152,7 @@ def profiles(model, chunk, tokens, precision: str) -> dict:
     from convtts.testing.flow_vocoder import make_rows
 
     inner = model.model
-    flow = Flow(inner.flow, precision, inner.device, graphs=False, spread=100.0, tail_spread=100.0)
+    flow = Flow(inner.flow, precision, inner.device, graphs=False, spread=100.0, tail_spread=100.0, attention=attention)
     with torch.inference_mode():
         mels = flow.mels(make_rows(chunk, tokens))
         vocoder = Vocoder(inner.hift, precision, max_rows=max(2, len(tokens)), max_mb=1 << 20)
@@ -171,6 +174,7 @@ def main() -> int:
     p.add_argument("--prompt-seconds", type=float, default=4.0, help="v2/v3: the zero-shot prompt's length")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="also list each pass's GPU kernels")
+    p.add_argument("--attention", choices=("torch", "triton"), default="torch", help="tts.cosyvoice.flow.attention")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -185,15 +189,15 @@ def main() -> int:
     model = load_model(cosy)
     chunk = flow_inputs(model, args.prompt_seconds)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    results = {"device": device, "precision": args.precision, "passes": []}
+    results = {"device": device, "precision": args.precision, "attention": args.attention, "passes": []}
     for seconds in (float(s) for s in args.seconds.split(",")):
         for rows in (int(r) for r in args.rows.split(",")):
             tokens = token_lists(model, [seconds] * rows)
             figures = {"rows": rows, "seconds": seconds, "audio_s": rows * seconds}
-            figures["flow"] = flow_times(model, chunk, tokens, args.precision, args.repeat)
+            figures["flow"] = flow_times(model, chunk, tokens, args.precision, args.repeat, args.attention)
             figures["vocoder"] = vocoder_times(model, chunk, tokens, args.precision, args.repeat)
             if args.profile:
-                figures["kernels"] = profiles(model, chunk, tokens, args.precision)
+                figures["kernels"] = profiles(model, chunk, tokens, args.precision, args.attention)
             results["passes"].append(figures)
             print(orjson.dumps(figures).decode(), flush=True)
             Path(args.out).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
