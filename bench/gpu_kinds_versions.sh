@@ -12,7 +12,8 @@
 # Knobs (defaults in brackets): VERSIONS ["3"], CONVERSATIONS [300] (short-turn ones; the long text
 # matches their words), BENCH_CONVERSATIONS [unset] (Q&A ones: with CONVERSATIONS set too each job takes
 # its own count, e.g. 1000 and 1480 for about the same audio; alone, the short-turn job matches its words), JOB_LIMIT [200] (seconds per job, cut to fit DEADLINE [560] seconds for the whole
-# script), SETS [""] (group.key=value items added to every command), GPUS [every GPU], SETUP [1] (0: the
+# script), SETS [""] (group.key=value items added to every command), COMPARE [""] (group.key=value items:
+# each job runs again with them, right after, text_kinds.py --compare), GPUS [every GPU], SETUP [1] (0: the
 # wheels are installed already), MODEL_SIZE [full] (tiny for a dry run), WHEELS [.whl], PYTHON [python3].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,8 +43,9 @@ for i in "${!versions[@]}"; do
 done
 echo "models written at $((SECONDS - started)) s"
 
+jobs=2 && [[ -n "${COMPARE:-}" ]] && jobs=4  # each version's jobs: both texts, compared or not
 limit_for() {  # versions left: this one's per-job limit, JOB_LIMIT or less to end by DEADLINE
-  local share=$(((deadline - (SECONDS - started)) / (2 * $1) - 20))
+  local share=$(((deadline - (SECONDS - started)) / (jobs * $1) - 20))
   ((share < job_limit)) && echo $((share > 30 ? share : 30)) || echo "$job_limit"
 }
 
@@ -51,13 +53,14 @@ run_kinds() {  # version, versions left after it
   local version="$1" work="/tmp/convtts-kinds-v$1" limit sets=() gpus=() counts=()
   limit="$(limit_for "$2")"
   for item in ${SETS:-}; do sets+=(--set "$item"); done
+  for item in ${COMPARE:-}; do sets+=(--compare "$item"); done
   [[ -n "${GPUS:-}" ]] && gpus=(--gpus "$GPUS")
   [[ -n "${CONVERSATIONS:-}" || -z "${BENCH_CONVERSATIONS:-}" ]] && counts=(--conversations "${CONVERSATIONS:-300}")
   [[ -n "${BENCH_CONVERSATIONS:-}" ]] && counts+=(--bench-conversations "$BENCH_CONVERSATIONS")
   rm -rf "$work"
   echo "== v$version: ${counts[*]}, jobs limited to $limit s, at $((SECONDS - started)) s"
   local root=(env) && [[ $version == 1 ]] && root=(env -u COSYVOICE_ROOT)  # v1 on the installed package
-  "${root[@]}" timeout -k 20 $((2 * limit + 200)) "$python" bench/text_kinds.py --version "$version" \
+  "${root[@]}" timeout -k 20 $((jobs * limit + 200)) "$python" bench/text_kinds.py --version "$version" \
     --model-dir "/tmp/cv-$size-v$version" "${counts[@]}" --job-limit "$limit" \
     --work "$work" --out "$out/kinds-v$version.json" "${gpus[@]}" "${sets[@]}" 2>&1 | tee "$out/kinds-v$version.txt" \
     || echo "v$version: text_kinds exited ${PIPESTATUS[0]}"

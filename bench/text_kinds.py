@@ -17,6 +17,13 @@ matched.
     python3 bench/text_kinds.py --size tiny --model-dir /tmp/tiny --conversations 6 --gpus cpu:2 --work /tmp/k
     python3 bench/text_kinds.py --version 3 --model-dir /tmp/cv-v3 --conversations 300 --job-limit 240
 
+--compare group.key=value (repeatable) runs each job a second time with those settings added, right after
+the first (the same call and machine, so a change is set against the shipped settings beside it), and
+prints both ratios:
+
+    python3 bench/text_kinds.py --model-dir /tmp/cv300m --bench-conversations 1000 --conversations 1480 \
+        --compare tts.cosyvoice.flow.attention=triton
+
 --version 2 or 3 runs CosyVoice2 or CosyVoice3 (its config, the runtime of --runtime-root or $COSYVOICE_ROOT,
 the config's voices on a quiet-noise prompt); --job-limit stops a job that runs too long, its processes'
 stacks dumped into their logs, and goes on to the next (bench/e2e.py).
@@ -58,18 +65,30 @@ def matching_count(target: int, work: Path, text: str = "bench", largest: int = 
     return low
 
 
-def job(args, text: str, count: int) -> dict:
-    """One kind's job in its own folder: e2e.run on `count` conversations of `text`."""
-    work = Path(args.work) / text
+def job(args, text: str, count: int, extra: list[str] = (), label: str = "") -> dict:
+    """One kind's job in its own folder: e2e.run on `count` conversations of `text`, `extra` settings added."""
+    work = Path(args.work) / (f"{text}-{label}" if label else text)
     work.mkdir(parents=True)
     source = work / f"conversations-{count}.json"
     e2e.make_conversations(count, source, text)
-    run_args = argparse.Namespace(**{**vars(args), "work": str(work)})
+    run_args = argparse.Namespace(**{**vars(args), "work": str(work), "set": [*args.set, *extra]})
     figures = e2e.run(args.engine, run_args, source)
-    figures.update(text=text, conversations=count, words=words(source))
-    print(f"== {text}: {count} conversations, {figures['words']} words", flush=True)
+    figures.update(text=text, conversations=count, words=words(source), settings=list(extra))
+    named = f" ({label}: {' '.join(extra)})" if label else ""
+    print(f"== {text}{named}: {count} conversations, {figures['words']} words", flush=True)
     print(e2e.report(figures), flush=True)
     return figures
+
+
+def ratio_line(runs: list[dict], label: str = "") -> tuple[float | None, str]:
+    """Short over long end to end, and the line that says it."""
+    short, long = (r["end_to_end_audio_s_per_s"] for r in runs)
+    ratio = round(short / long, 3) if short and long else None
+    prefix = f"{label}: " if label else ""
+    return ratio, (
+        f"{prefix}short turns {short} audio s/s ({runs[0]['audio_seconds']} s of audio), long answers {long} "
+        f"({runs[1]['audio_seconds']} s): ratio {ratio}"
+    )
 
 
 def counts(args, work: Path) -> tuple[int, int]:
@@ -103,22 +122,29 @@ def main() -> int:
     p.add_argument("--ray-address", default="local")
     e2e.add_version_args(p)
     p.add_argument("--set", action="append", default=[], help="group.key=value added to both commands")
+    p.add_argument(
+        "--compare", action="append", default=[], help="group.key=value: each job again with it, after the first"
+    )
     p.add_argument("--work", default="/tmp/convtts-kinds", help="a fresh folder")
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args()
     work = e2e.fresh_work(p, args)
     short_count, long_count = counts(args, work)
-    results = [job(args, "short", short_count), job(args, "bench", long_count)]
-    short, long = (r["end_to_end_audio_s_per_s"] for r in results)
-    ratio = round(short / long, 3) if short and long else None
-    print(
-        f"short turns {short} audio s/s ({results[0]['audio_seconds']} s of audio), long answers {long} "
-        f"({results[1]['audio_seconds']} s): ratio {ratio}",
-        flush=True,
-    )
+    results, compared = [], []
+    for text, count in (("short", short_count), ("bench", long_count)):
+        results.append(job(args, text, count))
+        if args.compare:  # in turns, so that a drift of the machine's speed falls on both alike
+            compared.append(job(args, text, count, args.compare, "compared"))
+    ratio, line = ratio_line(results)
+    print(line, flush=True)
+    figures: dict = {"ratio": ratio, "runs": results}
+    if compared:
+        figures["compared"] = {"settings": args.compare, "runs": compared}
+        figures["compared"]["ratio"], line = ratio_line(compared, " ".join(args.compare))
+        print(line, flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"ratio": ratio, "runs": results}, indent=2))
-    return 0 if all(r["exit_code"] == 0 for r in results) else 1
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+    return 0 if all(r["exit_code"] == 0 for r in results + compared) else 1
 
 
 if __name__ == "__main__":

@@ -3,9 +3,15 @@ has written, so a worker that holds its takes for the gate's batch is not charge
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from conftest import REPO, need, script_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -182,3 +188,35 @@ def test_the_text_kinds_bench_matches_words_unless_both_counts_are_given(tmp_pat
     text_kinds.e2e.make_conversations(short - 1, tmp_path / "s1.json", "short")
     target = text_kinds.words(tmp_path / "q.json")
     assert text_kinds.words(tmp_path / "s1.json") < target <= text_kinds.words(tmp_path / "s.json")
+
+
+@pytest.mark.e2e
+@pytest.mark.cosyvoice
+def test_the_text_kinds_bench_runs_each_job_again_with_the_compared_settings(tmp_path):
+    """--compare: each text's job runs a second time, right after the first, with the settings added; the
+    workers of those jobs alone take them (on a CPU the flow attention kernel is refused, with a warning);
+    both ratios are written."""
+    need("cosyvoice", "cosyvoice")
+    setting, work, out = "tts.cosyvoice.flow.attention=triton", tmp_path / "work", tmp_path / "kinds.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "text_kinds.py"), "--size", "tiny", "--model-dir", str(tmp_path / "m")]
+        + ["--conversations", "2", "--bench-conversations", "1", "--gpus", "cpu:1", "--work", str(work)]
+        + ["--compare", setting, "--out", str(out)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    runs, compared = figures["runs"], figures["compared"]["runs"]
+    assert [r["text"] for r in runs] == [r["text"] for r in compared] == ["short", "bench"]
+    assert [r["settings"] for r in runs] == [[], []] and [r["settings"] for r in compared] == [[setting]] * 2
+    assert all(r["exit_code"] == 0 and r["utterances"] > 0 for r in runs + compared)
+    assert figures["ratio"] > 0 and figures["compared"]["ratio"] > 0
+    for text in ("short", "bench"):
+        warned = [
+            "flow.attention=triton needs a GPU" in "".join(p.read_text() for p in (work / folder).rglob("*.log"))
+            for folder in (text, f"{text}-compared")
+        ]
+        assert warned == [False, True], text
