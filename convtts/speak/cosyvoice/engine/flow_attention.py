@@ -68,7 +68,8 @@ if triton is not None:
         n = tl.load(LENGTHS + row)
         m = block * BLOCK_T + tl.arange(0, BLOCK_T)
         d = tl.arange(0, DIM)
-        q = tl.load(Q + row * stride_qb + head * stride_qh + m[:, None] * stride_qt + d[None, :], mask=m[:, None] < n)
+        q_at = Q + row * stride_qb + head * stride_qh + m[:, None] * stride_qt + d[None, :]
+        q = tl.load(q_at, mask=m[:, None] < n, other=0.0)  # queries past the row's end: zeros, not what memory holds
         k_base = K + row * stride_kb + head * stride_kh
         v_base = V + row * stride_vb + head * stride_vh
         best = tl.full((BLOCK_T,), float("-inf"), tl.float32)
