@@ -17,7 +17,9 @@ The blocks are re-driven too, for the GPU's memory traffic rather than for the p
 as much elementwise work over (rows x frames x channels) as matrix products. v3's DiT blocks
 (dit_blocks) and the U-Nets' transformer blocks (unet_transformer) take each residual with the next
 norm in one kernel (modulate.py) and q, k and v in one product; v1's resnet blocks run each
-convolution's bias, group norm, Mish, time embedding, mask and residual in one (groupnorm.py).
+convolution's bias, group norm, Mish, time embedding, mask and residual in one (groupnorm.py). With
+tts.cosyvoice.flow.attention, the re-driven blocks' attention reads each row's own frames only
+(flow_attention.py), where torch's reads the pass's whole width with the padding masked.
 
 Everything else (convolutions, which see zeros past a row's end as in the solo pass; the causal
 layers; the feed-forwards) is upstream's own modules.
@@ -53,7 +55,7 @@ def padded_forward(estimator, owned: bool = False, kernel: bool = False) -> Call
 
 
 def first_attention(estimator):
-    """The estimator's first self-attention module (diffusers' or x_transformers' Attention), or None."""
+    """The estimator's first self-attention module (diffusers' Attention in the U-Nets, the DiT's own), or None."""
     if type(estimator).__name__ == "DiT":
         return estimator.transformer_blocks[0].attn
     blocks = getattr(estimator, "down_blocks", None)
