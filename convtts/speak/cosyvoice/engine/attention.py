@@ -273,6 +273,19 @@ def works(device: str, dim: int, dtype: torch.dtype, group: int = 1, relative: b
     return kernel_agrees("the decode attention kernel", "the step's attention", dtype, measure)
 
 
+def kernel_chosen(choice: str, device, setting: str, part: str, works) -> bool:
+    """Whether `part` runs its kernel: the setting's `choice` (auto, triton or torch) asks for it or leaves it
+    to auto, Triton runs on `device`, and `works()` (the kernel's check) passes. triton where Triton does
+    not run says so: the part runs in torch."""
+    runs = available(torch.device(device))
+    if choice == "triton" and not runs:
+        log.warning("%s=triton needs a GPU with Triton: %s runs in torch", setting, part)
+    if not runs or choice == "torch" or not works():
+        return False
+    log.info("%s: the kernel (%s=%s)", part, setting, choice)
+    return True
+
+
 def kernel_agrees(kernel: str, part: str, dtype: torch.dtype, measure) -> bool:
     """Whether a kernel compiles and agrees with its torch path here: `measure()` runs both on a small case and
     gives their largest gap. A compiler or a driver that refuses the kernel, or a gap past the format's

@@ -157,15 +157,13 @@ class StaticRunner(Runner):
     def _kernel(self, choice: str) -> bool:
         """Whether the step's attention runs as attention.py's kernel (each row's own positions): asked for or
         auto, where Triton runs and the kernel passes its check for this head size and format."""
-        runs = attention.available(torch.device(self.device))
-        if choice == "triton" and not runs:
-            log.warning("tts.cosyvoice.attention=triton needs a GPU with Triton: the step's attention runs in torch")
-        if not runs or choice == "torch":
-            return False
-        if not attention.works(str(self.device), self.shape[2], self.dtype, self.query_group, self.relative):
-            return False
-        log.info("the decode step's attention: the kernel, over each row's own positions")
-        return True
+        return attention.kernel_chosen(
+            choice,
+            self.device,
+            "tts.cosyvoice.attention",
+            "the step's attention",
+            lambda: attention.works(str(self.device), self.shape[2], self.dtype, self.query_group, self.relative),
+        )
 
     def prepare(self, rows: int, sampler=None) -> None:
         """Allocate the cache for `rows` rows (again only if that changed); `sampler` builds a GpuSampler or is None."""

@@ -31,6 +31,7 @@ import torch
 from convtts.config import FlowConfig
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine import flow_attention
+from convtts.speak.cosyvoice.engine.attention import kernel_chosen
 from convtts.speak.cosyvoice.engine.estimator import first_attention, padded_forward
 from convtts.speak.cosyvoice.engine.precision import is_reduced, matmul_mode, part_module
 
@@ -307,17 +308,17 @@ class Solver:
     def _kernel(self, choice: str, device) -> bool:
         """Whether the flow's attention reads each row's own frames (flow_attention.py): asked for or auto, where
         Triton runs and the kernel passes its check for the estimator's head width and format."""
-        runs = flow_attention.available(torch.device(device))
-        if choice == "triton" and not runs:
-            log.warning("tts.cosyvoice.flow.attention=triton needs a GPU with Triton: its attention runs in torch")
         attn = first_attention(self.estimator)
-        if not runs or choice == "torch" or attn is None:
+        if attn is None:
             return False
         dim = attn.to_q.weight.shape[0] // attn.heads
-        if not flow_attention.works(str(device), dim, attn.to_q.weight.dtype):
-            return False
-        log.info("the flow's attention: the kernel, over each row's own frames")
-        return True
+        return kernel_chosen(
+            choice,
+            device,
+            "tts.cosyvoice.flow.attention",
+            "the flow's attention",
+            lambda: flow_attention.works(str(device), dim, attn.to_q.weight.dtype),
+        )
 
     def solve(self, x, mask, mu, spks, cond, frames: list[int]) -> torch.Tensor:
         """x after the ten steps, for rows padded to x's width; `frames` are each row's own."""
