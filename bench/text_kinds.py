@@ -22,7 +22,7 @@ the first (the same call and machine, so a change is set against the shipped set
 prints both ratios:
 
     python3 bench/text_kinds.py --model-dir /tmp/cv300m --bench-conversations 1000 --conversations 1480 \
-        --compare tts.cosyvoice.flow.attention=triton
+        --compare tts.cosyvoice.flow.attention=torch
 
 --version 2 or 3 runs CosyVoice2 or CosyVoice3 (its config, the runtime of --runtime-root or $COSYVOICE_ROOT,
 the config's voices on a quiet-noise prompt); --job-limit stops a job that runs too long, its processes'

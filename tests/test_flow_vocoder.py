@@ -347,7 +347,7 @@ def test_the_released_widths_are_the_architectures():
 def test_flow_settings_are_checked_up_front():
     cosy = load_config(None, ["tts.cosyvoice.flow.vocoder_rows=4", "tts.cosyvoice.cuda_graphs=false"]).tts.cosyvoice
     assert cosy.flow.vocoder_rows == 4 and cosy.cuda_graphs is False and cosy.flow.max_graphs == 32
-    assert cosy.flow.attention == "torch"
+    assert cosy.flow.attention == "auto"
     fine = load_config(None, ["tts.cosyvoice.flow.row_buckets=[1, 2, 3, 4, 6, 8]"]).tts.cosyvoice.flow
     assert fine.row_buckets == (1, 2, 3, 4, 6, 8)
     for bad, key in (

@@ -14,9 +14,9 @@ them). Scores and the softmax are fp32; the products run on the tensor cores in 
 (IEEE fp32 for fp32 inputs).
 
 The rows' masks are padding masks: a row's frames first, its padding after (what a flow pass is).
-Used where Triton runs, tts.cosyvoice.flow.attention asks for it and the kernel, once a process,
-compiled and agreed with torch on a small case (`works`); the torch attention stays the reference,
-and tests run the kernel in Triton's interpreter on a CPU.
+Used where Triton runs, tts.cosyvoice.flow.attention asks for it (auto, the default, or triton) and
+the kernel, once a process, compiled and agreed with torch on a small case (`works`); the torch
+attention stays the reference, and tests run the kernel in Triton's interpreter on a CPU.
 """
 
 from __future__ import annotations
