@@ -13,8 +13,9 @@ work (synchronised).
     python3 bench/pass_cost.py --model-dir /tmp/cv300m --out "$OUT/pass-cost.json"
     python3 bench/pass_cost.py --model-dir /tmp/tiny --rows 1,2 --seconds 0.5 --out /tmp/p.json   # CPU check
 
-`--attention triton` runs the flow's attention as the kernel over each row's own frames
-(tts.cosyvoice.flow.attention); the figures then name it.
+`--attention` is tts.cosyvoice.flow.attention: auto (shipped) runs the flow's attention as the kernel
+over each row's own frames where Triton runs, torch as torch's attention over the padded width; each
+pass's figures say which ran (`kernel`).
 
 With --profile, the GPU's kernels of one eager flow pass and one vocoder pass are listed too (torch.profiler;
 a replayed graph's kernels are the eager pass's): time by kind (matrix products, attention, norms,
@@ -32,9 +33,10 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from convtts.config import ATTENTIONS
 
 
-def flow_times(model, chunk, tokens, precision: str, repeat: int, attention: str = "torch") -> dict:
+def flow_times(model, chunk, tokens, precision: str, repeat: int, attention: str = "auto") -> dict:
     """Seconds of an eager pass (at its own size, after a warm-up pass), of the pass that captures the
     shape's step (padded to its bucket), and the median of a few that replay it; and how far the
     replayed mels are from the eager ones (largest absolute difference)."""
@@ -58,6 +60,7 @@ def flow_times(model, chunk, tokens, precision: str, repeat: int, attention: str
         "capture_s": round(graph_runs[0][1], 4) if on_gpu else None,
         "replay_s": round(statistics.median(run[1] for run in graph_runs[1:]), 4) if on_gpu else None,
         "graphs": graphed.solver.graphs.counts(),
+        "kernel": graphed.solver.kernel,
         "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(reference, replayed)),
     }
 
@@ -143,7 +146,7 @@ def kernel_profile(fn, top: int = 12) -> dict:
     }
 
 
-def profiles(model, chunk, tokens, precision: str, attention: str = "torch") -> dict:
+def profiles(model, chunk, tokens, precision: str, attention: str = "auto") -> dict:
     """kernel_profile of one eager flow pass (after a warm-up) and one vocoder pass of these rows."""
     import torch
 
@@ -174,7 +177,7 @@ def main() -> int:
     p.add_argument("--prompt-seconds", type=float, default=4.0, help="v2/v3: the zero-shot prompt's length")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="also list each pass's GPU kernels")
-    p.add_argument("--attention", choices=("torch", "triton"), default="torch", help="tts.cosyvoice.flow.attention")
+    p.add_argument("--attention", choices=ATTENTIONS, default="auto", help="tts.cosyvoice.flow.attention")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 

@@ -525,6 +525,7 @@ def test_the_pass_cost_bench_lists_what_a_pass_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (figures,) = json.loads(out.read_text())["passes"]
     assert figures["flow"]["eager_s"] > 0 and figures["vocoder"]["one_pass_s"] > 0
+    assert figures["flow"]["kernel"] is False  # the shipped auto, on a CPU: torch's attention
     for part in ("flow", "vocoder"):
         listed = figures["kernels"][part]
         assert listed["cpu_ms"] > 0 and listed["launches"] > 100, listed
