@@ -273,14 +273,14 @@ def works(device: str, dim: int, dtype: torch.dtype, group: int = 1, relative: b
     return kernel_agrees("the decode attention kernel", "the step's attention", dtype, measure)
 
 
-def kernel_chosen(choice: str, device, setting: str, part: str, works) -> bool:
+def kernel_chosen(choice: str, device, setting: str, part: str, check) -> bool:
     """Whether `part` runs its kernel: the setting's `choice` (auto, triton or torch) asks for it or leaves it
-    to auto, Triton runs on `device`, and `works()` (the kernel's check) passes. triton where Triton does
+    to auto, Triton runs on `device`, and `check()` (the kernel's works) passes. triton where Triton does
     not run says so: the part runs in torch."""
     runs = available(torch.device(device))
     if choice == "triton" and not runs:
         log.warning("%s=triton needs a GPU with Triton: %s runs in torch", setting, part)
-    if not runs or choice == "torch" or not works():
+    if not runs or choice == "torch" or not check():
         return False
     log.info("%s: the kernel (%s=%s)", part, setting, choice)
     return True
