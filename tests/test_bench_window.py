@@ -220,3 +220,32 @@ def test_the_text_kinds_bench_runs_each_job_again_with_the_compared_settings(tmp
             for folder in (text, f"{text}-compared")
         ]
         assert warned == [False, True], text
+
+
+@pytest.mark.cosyvoice
+def test_the_part_account_counts_each_parts_work_against_the_machines_rates(tmp_path):
+    """bench/part_account.py on a tiny v1: every part timed and counted; a decode step reads the LLM's
+    weights once whatever its rows, so its bytes grow by the rows' caches alone while its operations
+    double with the rows; a flow pass of twice the rows does twice the work."""
+    need("cosyvoice", "cosyvoice")
+    out = tmp_path / "account.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "part_account.py"), "--size", "tiny"]
+        + ["--decode-rows", "2,4", "--prefill-rows", "1,2", "--flow-rows", "2,4", "--seconds", "0.5"]
+        + ["--repeat", "1", "--out", str(out)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["machine"]["bf16_matmul_tflops"] > 0 and figures["machine"]["copy_gbps"] > 0
+    for part in ("decode", "prefill", "flow", "vocoder"):
+        assert len(figures[part]) == 2 and all(f["ms"] > 0 and f["flop"] > 0 for f in figures[part]), part
+    two, four = figures["decode"]
+    assert two["weights_mb"] == four["weights_mb"] > 0
+    assert four["flop"] == pytest.approx(2 * two["flop"], rel=0.05)
+    assert two["weights_mb"] < two["mb_read"] < four["mb_read"]
+    one, double = figures["flow"]
+    assert double["flop"] == pytest.approx(2 * one["flop"], rel=0.05)
