@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 
 from convtts.config import PLAN_GROUPS, Config, SelectConfig, to_dict
-from convtts.plan.reader import InputError, json_type, read_spans, records
+from convtts.plan.reader import InputError, conversation_turns, json_type, read_spans, records
 from convtts.plan.textclean import clean, split_segments
 from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
 from convtts.state.layout import Layout, shard_name
@@ -153,7 +153,7 @@ def plan_conversation(
     casting = casting or Casting.of(config.speakers)
     voices = casting.sides(cid)
     segments, skipped = [], []
-    for turn, item in enumerate(record["conversations"]):
+    for turn, item in enumerate(conversation_turns(record)):
         role = item.get("from", item.get("role")) if isinstance(item, dict) else None
         side = ROLES.get(role.strip().lower()) if isinstance(role, str) else None
         reason = turn_problem(item, side, config)

@@ -199,13 +199,21 @@ def with_source_text(row: dict, segment: dict) -> dict:
 
 
 def with_audio(item: dict, turns: dict) -> dict:
-    """The input record in its own shape, each turn given `audio`: its segments' files in order."""
+    """The input record in its own shape, each turn given `audio`: its segments' files in order.
+
+    An Alpaca record, whose turns are fields, gets `audio`: {"instruction": [...], "output": [...]}
+    (the instruction's list speaks its input too)."""
     record = item["record"]
-    if isinstance(record, dict) and isinstance(record.get("conversations"), list):
+    if not isinstance(record, dict):
+        return record
+    key = next((k for k in ("conversations", "messages") if k in record), None)
+    if key is None and "instruction" in record:
+        return {**record, "audio": {"instruction": turns.get(0, []), "output": turns.get(1, [])}}
+    if key is not None and isinstance(record[key], list):
         record = dict(record)
-        record["conversations"] = [
+        record[key] = [
             {**turn, "audio": turns.get(index, [])} if isinstance(turn, dict) else turn
-            for index, turn in enumerate(record["conversations"])
+            for index, turn in enumerate(record[key])
         ]
     return record
 

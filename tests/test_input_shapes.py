@@ -1,0 +1,158 @@
+"""The shapes of input people bring, read as conversations: OpenAI / LLaMA-Factory `messages`, Alpaca's
+instruction / input / output, and any of them gzip'ed or zstd'ed."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from conftest import DATA, assert_complete, read_jsonl, run_all
+from convtts.config import load_config
+from convtts.plan.planner import make_plan
+from convtts.state.layout import Layout
+
+
+def planned(out) -> tuple[list[dict], list[dict], list[dict]]:
+    """(segment rows, conversation lines, skipped lines) of the plan in `out`."""
+    layout = Layout(out)
+    rows = [r for s in layout.shard_names() for r in read_jsonl(layout.shard_file(s))]
+    conversations = [c for s in layout.shard_names() for c in read_jsonl(layout.shard_conversations(s))]
+    return rows, conversations, read_jsonl(layout.skipped_file)
+
+
+def turn_texts(rows: list[dict]) -> dict[tuple[str, int], str]:
+    """{(conversation, turn): the turn's text as planned}, from its first segment's source_text."""
+    return {(r["conversation_id"], r["turn"]): r["source_text"] for r in rows if "source_text" in r}
+
+
+def text_of(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p["text"] for p in content if p.get("type") == "text")
+
+
+# --- messages --------------------------------------------------------------------------------------
+
+
+def test_messages_records_are_planned_turn_by_turn_with_their_text_parts(tmp_path):
+    source = DATA / "messages_style.jsonl"
+    records = read_jsonl(source)
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    rows, conversations, skipped = planned(tmp_path / "out")
+    assert plan["conversations"] == len(records) and plan["skipped_records"] == 0
+    by_id = {c["conversation_id"]: c["record"] for c in conversations}
+    texts = turn_texts(rows)
+    spoken = {key[0] for key in texts}
+    assert spoken == set(by_id)  # every record spoke
+    for cid, record in by_id.items():
+        for turn, message in enumerate(record["messages"]):
+            if message["role"] == "system":
+                assert (cid, turn) not in texts  # not in text.speak_roles by default
+                continue
+            assert texts[cid, turn] == text_of(message["content"])
+            assert "image_url" not in texts[cid, turn] and "COCO_val2014" not in texts[cid, turn]
+    assert {r["side"] for r in rows} == {"human", "assistant"}
+    systems = [s for s in skipped if s["role"] == "system"]
+    assert len(systems) == sum(m["role"] == "system" for r in records for m in r["messages"]) > 0
+    assert {s["reason"] for s in systems} == {"role system is not in text.speak_roles"}
+    # the record kept is the input's, content parts and all, not the turns read from it
+    lines = source.read_bytes().splitlines()
+    assert [orjson.dumps(c["record"]) for c in conversations] == [orjson.dumps(orjson.loads(x)) for x in lines]
+
+
+def test_system_messages_speak_when_speak_roles_has_system(tmp_path):
+    config = load_config(None, ["text.speak_roles=[human,assistant,system]"])
+    make_plan(DATA / "messages_style.jsonl", Layout(tmp_path / "out"), config)
+    rows, _, skipped = planned(tmp_path / "out")
+    assert "system" in {r["side"] for r in rows} and not [s for s in skipped if s["role"] == "system"]
+
+
+# --- Alpaca ----------------------------------------------------------------------------------------
+
+
+def test_alpaca_records_speak_instruction_and_input_then_output(tmp_path):
+    source = DATA / "alpaca_zh_style.json"
+    records = orjson.loads(source.read_bytes())
+    assert any(r["input"] for r in records) and any(not r["input"] for r in records)
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    rows, conversations, _ = planned(tmp_path / "out")
+    assert plan["conversations"] == len(records) == len(conversations)
+    assert [c["record"] for c in conversations] == records  # the records as they came, in file order
+    texts = turn_texts(rows)
+    for item in conversations:
+        cid, record = item["conversation_id"], item["record"]
+        prompt = record["instruction"] + ("\n" + record["input"] if record["input"] else "")
+        assert texts[cid, 0] == prompt and texts[cid, 1] == record["output"]
+    assert {(r["turn"], r["role"], r["side"]) for r in rows} == {(0, "human", "human"), (1, "gpt", "assistant")}
+
+
+def test_instruction_output_lines_without_input_are_alpaca_too(tmp_path):
+    # LLaVA-Instruct's GPT-4 Q&A file: {"id", "image", "instruction", "output", "type"}, each id three times
+    source = DATA / "llava_gpt4_qa_30x3.jsonl"
+    records = read_jsonl(source)
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    rows, conversations, _ = planned(tmp_path / "out")
+    assert plan["conversations"] == len(records) == 90
+    ids = [c["conversation_id"] for c in conversations]
+    assert len(set(ids)) == 90 and ids[:3] == [f"{records[0]['id']}-{n}" for n in (1, 2, 3)]
+    texts = turn_texts(rows)
+    assert [texts[cid, 0] for cid in ids] == [r["instruction"] for r in records]
+    assert [texts[cid, 1] for cid in ids] == [r["output"] for r in records]
+
+
+BAD_RECORDS = [
+    ({"id": 1, "messages": []}, "'messages' is empty"),
+    ({"id": 2, "messages": "hello"}, "'messages' is a string, not a list"),
+    ({"id": 3, "instruction": "Say hi."}, "Alpaca record's 'output' is null, not a string"),
+    ({"id": 4, "instruction": "Say hi.", "input": 5, "output": "Hi."}, "Alpaca record's 'input' is a number"),
+    ({"id": 5, "text": "hi"}, "record has no 'conversations' or 'messages' list, nor Alpaca's"),
+]
+
+
+def test_unusable_records_of_each_shape_are_skipped_with_their_reason(tmp_path):
+    good = read_jsonl(DATA / "messages_style.jsonl")[:1]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [*good, *(r for r, _ in BAD_RECORDS)]))
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    _, _, skipped = planned(tmp_path / "out")
+    reasons = {s["source_id"]: s["reason"] for s in skipped if s["turn"] is None}
+    assert plan["conversations"] == 1 and plan["skipped_records"] == len(BAD_RECORDS)
+    for record, reason in BAD_RECORDS:
+        assert reasons[record["id"]].startswith(reason), reasons[record["id"]]
+
+
+@pytest.mark.parametrize("record", [r for r, _ in BAD_RECORDS])
+def test_a_file_of_only_unusable_records_names_the_accepted_shapes(tmp_path, record):
+    from convtts.plan.reader import InputError
+
+    source = tmp_path / "in.json"
+    source.write_bytes(orjson.dumps([record]))
+    with pytest.raises(InputError, match="a 'conversations' or 'messages' list, or Alpaca's 'instruction' and 'output'"):
+        make_plan(source, Layout(tmp_path / "out"), load_config(None))
+
+
+@pytest.mark.e2e
+def test_conversations_json_gives_each_shape_its_audio_in_its_own_shape(tmp_path):
+    alpaca = orjson.loads((DATA / "alpaca_zh_style.json").read_bytes())
+    records = read_jsonl(DATA / "messages_style.jsonl")[:2] + alpaca[:2]
+    source = tmp_path / "mixed.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    out = tmp_path / "out"
+    result = run_all("--input", source, "--output-dir", out, "--gpus", "cpu:1", "--set", "tts.backend=silence")
+    assert result.returncode == 0, result.stderr
+    rows = assert_complete(out)
+    audio = {}
+    for row in rows:
+        audio.setdefault((row["conversation_id"], row["turn"]), []).append(row["audio"])
+    ids = [c["conversation_id"] for c in planned(out)[1]]
+    merged = orjson.loads((out / "conversations.json").read_bytes())
+    assert len(merged) == len(records)
+    for cid, record, given in zip(ids, records, merged):
+        if "messages" in record:
+            assert [{k: v for k, v in m.items() if k != "audio"} for m in given["messages"]] == record["messages"]
+            turns = range(len(record["messages"]))
+            assert [m["audio"] for m in given["messages"]] == [audio.get((cid, t), []) for t in turns]
+            assert all(bool(m["audio"]) == (m["role"] != "system") for m in given["messages"])
+        else:
+            assert {k: v for k, v in given.items() if k != "audio"} == record
+            assert given["audio"] == {"instruction": audio[cid, 0], "output": audio[cid, 1]}
