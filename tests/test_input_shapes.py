@@ -3,13 +3,31 @@ instruction / input / output, and any of them gzip'ed or zstd'ed."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
 import orjson
 import pytest
 
-from conftest import DATA, assert_complete, read_jsonl, run_all
+from conftest import REPO, DATA, assert_complete, need, read_jsonl, run_all, script_env
 from convtts.config import load_config
 from convtts.plan.planner import make_plan
+from convtts.plan import reader
+from convtts.plan.reader import InputError
 from convtts.state.layout import Layout
+
+
+def preprocess(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def planned(out) -> tuple[list[dict], list[dict], list[dict]]:
@@ -123,8 +141,6 @@ def test_unusable_records_of_each_shape_are_skipped_with_their_reason(tmp_path):
 
 @pytest.mark.parametrize("record", [r for r, _ in BAD_RECORDS])
 def test_a_file_of_only_unusable_records_names_the_accepted_shapes(tmp_path, record):
-    from convtts.plan.reader import InputError
-
     source = tmp_path / "in.json"
     source.write_bytes(orjson.dumps([record]))
     with pytest.raises(InputError, match="a 'conversations' or 'messages' list, or Alpaca's 'instruction' and 'output'"):
@@ -156,3 +172,98 @@ def test_conversations_json_gives_each_shape_its_audio_in_its_own_shape(tmp_path
         else:
             assert {k: v for k, v in given.items() if k != "audio"} == record
             assert given["audio"] == {"instruction": audio[cid, 0], "output": audio[cid, 1]}
+
+
+# --- compressed inputs ----------------------------------------------------------------------------
+
+
+def compress(data: bytes, kind: str) -> bytes:
+    if kind == "gz":
+        return gzip.compress(data)
+    zstandard = need("zstandard", "zstd")
+    return zstandard.ZstdCompressor(level=3).compress(data)
+
+
+def plain_and_compressed(tmp_path, data: bytes, kind: str, name: str) -> tuple[Path, Path]:
+    plain = tmp_path / name
+    plain.write_bytes(data)
+    packed = tmp_path / f"{name}.{kind}"
+    packed.write_bytes(compress(data, kind))
+    return plain, packed
+
+
+SOURCES = ["llava_style.json", "sharegpt_style.jsonl", "messages_style.jsonl", "alpaca_zh_style.json"]
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+@pytest.mark.parametrize("name", SOURCES)
+def test_a_compressed_input_plans_as_its_plain_bytes_do(tmp_path, kind, name):
+    plain, packed = plain_and_compressed(tmp_path, (DATA / name).read_bytes(), kind, name)
+    config = load_config(None, ["shards.segments_per_shard=40", "select.fraction=0.8"])
+    first = make_plan(plain, Layout(tmp_path / "plain"), config)
+    second = make_plan(packed, Layout(tmp_path / "packed"), config)
+    assert planned(tmp_path / "plain") == planned(tmp_path / "packed")
+    assert first["shards"] == second["shards"] and first["segments"] == second["segments"] > 0
+    # the plan knows its input by the file's own bytes, compressed as they are
+    assert second["input"]["sha256"] == hashlib.sha256(packed.read_bytes()).hexdigest() != first["input"]["sha256"]
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_a_compressed_file_is_known_by_its_bytes_not_its_name(tmp_path, kind):
+    # compressed under a plain name, in two members or frames one after another (`cat a.gz b.gz`)
+    lines = (DATA / "sharegpt_style.jsonl").read_bytes().splitlines(keepends=True)
+    source = tmp_path / "conversations.jsonl"
+    source.write_bytes(compress(b"".join(lines[:5]), kind) + compress(b"".join(lines[5:]), kind))
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    assert plan["records"] == len(lines)
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_a_compressed_array_longer_than_the_read_window_plans_as_the_plain_one(tmp_path, kind):
+    # Over 8 MiB decompressed (reader.CHUNK): records across window edges; a tenth chosen, the rest skipped.
+    base = orjson.loads((DATA / "llava_style.json").read_bytes())
+    records = [{**r, "id": f"{r['id']}-{n}"} for n in range(260) for r in base]
+    data = orjson.dumps(records, option=orjson.OPT_INDENT_2)
+    assert len(data) > reader.CHUNK
+    plain, packed = plain_and_compressed(tmp_path, data, kind, "big.json")
+    config = load_config(None, ["select.fraction=0.1", "shards.segments_per_shard=500"])
+    make_plan(plain, Layout(tmp_path / "plain"), config)
+    make_plan(packed, Layout(tmp_path / "packed"), config)
+    assert planned(tmp_path / "plain") == planned(tmp_path / "packed")
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_a_cut_off_compressed_input_is_refused_by_name(tmp_path, kind):
+    packed = compress((DATA / "llava_style.json").read_bytes(), kind)
+    source = tmp_path / f"in.json.{kind}"
+    source.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(InputError, match=f"the {'gzip' if kind == 'gz' else 'zstd'} data is damaged or cut off"):
+        make_plan(source, Layout(tmp_path / "out"), load_config(None))
+
+
+def test_an_invalid_line_in_a_compressed_input_names_its_line(tmp_path):
+    lines = (DATA / "sharegpt_style.jsonl").read_bytes().splitlines(keepends=True)
+    lines[3] = lines[3][:40] + b"\n"
+    source = tmp_path / "in.jsonl.gz"
+    source.write_bytes(gzip.compress(b"".join(lines)))
+    result = preprocess("--input", source, "--output-dir", tmp_path / "out")
+    assert result.returncode == 2 and "invalid JSON on line 4" in result.stderr, result.stderr
+
+
+def test_a_zstd_input_without_zstandard_names_the_extra(tmp_path):
+    zstandard = need("zstandard", "zstd")
+    source = tmp_path / "in.jsonl.zst"
+    source.write_bytes(zstandard.ZstdCompressor().compress((DATA / "sharegpt_style.jsonl").read_bytes()))
+    code = (
+        "import sys; sys.modules['zstandard'] = None; sys.modules['compression.zstd'] = None\n"
+        "from convtts.plan.command import main; sys.exit(main(sys.argv[1:]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "--input", str(source), "--output-dir", str(tmp_path / "out")],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "needs the zstandard package (pip install 'convtts[zstd]')" in result.stderr

@@ -33,7 +33,12 @@ log = logging.getLogger("preprocess")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--input", required=True, help="LLaVA / ShareGPT conversations: a JSON array or JSON lines")
+    parser.add_argument(
+        "--input",
+        required=True,
+        help="conversations (LLaVA / ShareGPT `conversations`, OpenAI `messages`, or Alpaca records): "
+        "a JSON array or JSON lines, plain, gzip'ed or zstd'ed",
+    )
     parser.add_argument("--output-dir", required=True, help="where plan/, work/ and audio/ go")
     add_config_args(parser)
     chosen = parser.add_mutually_exclusive_group()
