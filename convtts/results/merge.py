@@ -127,12 +127,16 @@ def write_outputs(layout: Layout, run_id, check_audio: bool, manifest, failures,
     for row in read_jsonl(layout.skipped_file):
         failures.write(orjson.dumps(row) + b"\n")
         totals.skipped_turns += 1
+    # {conversation: {turn: audio}} of the conversations whose record is still to come: one longer
+    # than a shard has its turns in consecutive shards and its record in the shard of its last turn.
+    audio_by_turn: dict = {}
     for shard in layout.shard_names():
         done = load_done(layout, shard, paths=listing.manifests(shard), check_audio=check_audio)
         failed = load_failures(layout, shard, listing.failure_files(shard))
-        audio_by_turn = merge_shard(layout, shard, (done, failed), run_id, totals, manifest, failures)
+        for cid, turns in merge_shard(layout, shard, (done, failed), run_id, totals, manifest, failures).items():
+            audio_by_turn.setdefault(cid, {}).update(turns)
         for item in read_jsonl(layout.shard_conversations(shard)):
-            record = with_audio(item, audio_by_turn.get(item["conversation_id"], {}))
+            record = with_audio(item, audio_by_turn.pop(item["conversation_id"], {}))
             conversations.write((b"" if first else b",") + b"\n" + orjson.dumps(record))
             first = False
             totals.conversations += 1
