@@ -267,3 +267,19 @@ def test_a_zstd_input_without_zstandard_names_the_extra(tmp_path):
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "needs the zstandard package (pip install 'convtts[zstd]')" in result.stderr
+
+
+@pytest.mark.e2e
+def test_a_gzipped_input_runs_through_run_all_and_resumes(tmp_path):
+    source = tmp_path / "alpaca_zh.json.gz"
+    source.write_bytes(gzip.compress((DATA / "alpaca_zh_style.json").read_bytes()))
+    out = tmp_path / "out"
+    args = ["--input", source, "--output-dir", out, "--gpus", "cpu:1", "--set", "tts.backend=silence"]
+    assert (first := run_all(*args)).returncode == 0, first.stderr
+    rows = assert_complete(out)
+    merged = orjson.loads((out / "conversations.json").read_bytes())
+    assert [{k: v for k, v in c.items() if k != "audio"} for c in merged] == orjson.loads((DATA / "alpaca_zh_style.json").read_bytes())
+    assert sum(len(c["audio"]["instruction"]) + len(c["audio"]["output"]) for c in merged) == len(rows)
+    again = run_all(*args)  # the same compressed bytes: the plan stands, nothing is spoken again
+    assert again.returncode == 0, again.stderr
+    assert orjson.loads((out / "summary.json").read_bytes())["this_run"]["utterances"] == 0
