@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import REPO, DATA, assert_complete, need, read_jsonl, run_all, script_env
+from conftest import DATA, REPO, assert_complete, need, read_jsonl, run_all, script_env
 from convtts.config import load_config
-from convtts.plan.planner import make_plan
 from convtts.plan import reader
+from convtts.plan.planner import make_plan
 from convtts.plan.reader import InputError
 from convtts.state.layout import Layout
 
@@ -143,7 +143,8 @@ def test_unusable_records_of_each_shape_are_skipped_with_their_reason(tmp_path):
 def test_a_file_of_only_unusable_records_names_the_accepted_shapes(tmp_path, record):
     source = tmp_path / "in.json"
     source.write_bytes(orjson.dumps([record]))
-    with pytest.raises(InputError, match="a 'conversations' or 'messages' list, or Alpaca's 'instruction' and 'output'"):
+    shapes = "a 'conversations' or 'messages' list, or Alpaca's 'instruction' and 'output'"
+    with pytest.raises(InputError, match=shapes):
         make_plan(source, Layout(tmp_path / "out"), load_config(None))
 
 
@@ -278,7 +279,8 @@ def test_a_gzipped_input_runs_through_run_all_and_resumes(tmp_path):
     assert (first := run_all(*args)).returncode == 0, first.stderr
     rows = assert_complete(out)
     merged = orjson.loads((out / "conversations.json").read_bytes())
-    assert [{k: v for k, v in c.items() if k != "audio"} for c in merged] == orjson.loads((DATA / "alpaca_zh_style.json").read_bytes())
+    records = orjson.loads((DATA / "alpaca_zh_style.json").read_bytes())
+    assert [{k: v for k, v in c.items() if k != "audio"} for c in merged] == records
     assert sum(len(c["audio"]["instruction"]) + len(c["audio"]["output"]) for c in merged) == len(rows)
     again = run_all(*args)  # the same compressed bytes: the plan stands, nothing is spoken again
     assert again.returncode == 0, again.stderr

@@ -33,8 +33,8 @@ def shard_contents(layout: Layout) -> list[tuple[list[dict], list[dict]]]:
 
 
 def test_a_long_conversation_is_cut_between_turns_across_shards(tmp_path):
-    layout = Layout(tmp_path / "out")
-    plan = make_plan(write_input(tmp_path / "in.json", records()), layout, load_config(None, [f"shards.segments_per_shard={TARGET}"]))
+    layout, config = Layout(tmp_path / "out"), load_config(None, [f"shards.segments_per_shard={TARGET}"])
+    plan = make_plan(write_input(tmp_path / "in.json", records()), layout, config)
     shards = shard_contents(layout)
     cid = "coco-gpt4-qa"
     long_rows = [r for rows, _ in shards for r in rows if r["conversation_id"] == cid]
@@ -62,8 +62,8 @@ def test_a_long_conversation_is_cut_between_turns_across_shards(tmp_path):
 
 
 def test_conversations_that_fit_a_shard_stay_whole(tmp_path):
-    layout = Layout(tmp_path / "out")
-    make_plan(write_input(tmp_path / "in.json", llava_conversations()), layout, load_config(None, ["shards.segments_per_shard=30"]))
+    layout, config = Layout(tmp_path / "out"), load_config(None, ["shards.segments_per_shard=30"])
+    make_plan(write_input(tmp_path / "in.json", llava_conversations()), layout, config)
     shards = shard_contents(layout)
     for rows, convs in shards:
         assert {r["conversation_id"] for r in rows} == {c["conversation_id"] for c in convs}

@@ -444,7 +444,8 @@ def test_preprocess_runs_on_through_bad_items_and_replans_only_when_needed(tmp_p
     Layout(out).work_dir.mkdir()
     Layout(out).manifest("shard-00000").write_text("{}\n")
     blocked = preprocess("--input", source, "--output-dir", out, "--count", "5")
-    assert blocked.returncode == 2 and "--force-replan" in blocked.stderr and "different" in blocked.stderr
+    assert blocked.returncode == 2 and "--force-replan" in blocked.stderr
+    assert "changed since: select.count: 6 -> 5; select.seed: 3 -> 0; use" in blocked.stderr  # --seed not given
     forced = preprocess("--input", source, "--output-dir", out, "--count", "5", "--force-replan")
     assert forced.returncode == 0, forced.stderr
     assert len(plan_conversations(out)) == 5 and not Layout(out).work_dir.exists()

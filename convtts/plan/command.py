@@ -13,13 +13,13 @@ from convtts import EXIT_DISK_FULL, EXIT_OK
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
+from convtts.plan.changes import plan_changes
 from convtts.plan.planner import (
     CONTENT_SINCE,
     PLAN_VERSION,
     earlier_version_with_same_ids,
     make_plan,
     missing_plan_files,
-    plan_changes,
     plan_is_fresh,
     plan_matches,
 )
