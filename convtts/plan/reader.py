@@ -182,7 +182,8 @@ GZIP_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 
 
 def _open(path: str | Path):
-    """The file's bytes, decompressed when it is gzip or zstd: read straight through, not seekable."""
+    """The file's bytes, decompressed when it is gzip or zstd (such a stream reads straight through
+    and does not seek)."""
     try:
         raw = open(path, "rb", buffering=1 << 20)
     except FileNotFoundError:
