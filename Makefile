@@ -34,7 +34,7 @@ $(TEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q torch==2.9.1 'torchaudio==2.9.*'
 	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q --no-deps cosyvoice2-eu==0.2.8 nemo-toolkit==3.0.0
-	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q -e '.[cosyvoice,test,export,export-test,ray,validate]'
+	$(TEST_VENV)/bin/pip install $(PIP_FLAGS) -q -e '.[cosyvoice,test,export,export-test,ray,validate,zstd]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -374,7 +374,7 @@ def test_bad_input_keeps_the_old_plan_whole(tmp_path):
     make_plan(source, layout, config)
     before = {p: p.read_bytes() for p in layout.plan_dir.rglob("*") if p.is_file()}
     source.write_bytes(b'[{"id": 1, "conversations": []}, {"id": 2}]')
-    with pytest.raises(InputError, match="no record has a usable 'conversations' list"):
+    with pytest.raises(InputError, match="no record has a usable conversation"):
         make_plan(source, layout, config)
     assert {p: p.read_bytes() for p in layout.plan_dir.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in layout.root.iterdir()) == ["plan"]  # no staging directory left
@@ -389,7 +389,8 @@ BAD_INPUTS = [
     (b"[1, 2, 3]", "found no object"),
     (b'"just a string"', "found no object"),
     (b"[]", "no records"),
-    (b'[{"id": 1, "messages": []}]', "no record has a usable 'conversations' list"),
+    (b'[{"id": 1, "messages": []}]', "no record has a usable conversation"),
+    (b'[{"id": 1, "text": "hi"}]', "record 0: record has no 'conversations' or 'messages' list"),
     (
         b'[{"id": 1, "conversations": [{"from": "human", "value": "<image>"}]}]',
         "nothing to speak: the one selected conversation has no turn with speakable text (1 turn skipped",
@@ -443,7 +444,8 @@ def test_preprocess_runs_on_through_bad_items_and_replans_only_when_needed(tmp_p
     Layout(out).work_dir.mkdir()
     Layout(out).manifest("shard-00000").write_text("{}\n")
     blocked = preprocess("--input", source, "--output-dir", out, "--count", "5")
-    assert blocked.returncode == 2 and "--force-replan" in blocked.stderr and "different" in blocked.stderr
+    assert blocked.returncode == 2 and "--force-replan" in blocked.stderr
+    assert "changed since: select.count: 6 -> 5; select.seed: 3 -> 0; use" in blocked.stderr  # --seed not given
     forced = preprocess("--input", source, "--output-dir", out, "--count", "5", "--force-replan")
     assert forced.returncode == 0, forced.stderr
     assert len(plan_conversations(out)) == 5 and not Layout(out).work_dir.exists()

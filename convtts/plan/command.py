@@ -13,6 +13,7 @@ from convtts import EXIT_DISK_FULL, EXIT_OK
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
+from convtts.plan.changes import plan_changes
 from convtts.plan.planner import (
     CONTENT_SINCE,
     PLAN_VERSION,
@@ -33,7 +34,12 @@ log = logging.getLogger("preprocess")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--input", required=True, help="LLaVA / ShareGPT conversations: a JSON array or JSON lines")
+    parser.add_argument(
+        "--input",
+        required=True,
+        help="conversations (LLaVA / ShareGPT `conversations`, OpenAI `messages`, or Alpaca records): "
+        "a JSON array or JSON lines, plain, gzip'ed or zstd'ed",
+    )
     parser.add_argument("--output-dir", required=True, help="where plan/, work/ and audio/ go")
     add_config_args(parser)
     chosen = parser.add_mutually_exclusive_group()
@@ -132,8 +138,9 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
     stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
     version = plan_version(layout)
     compare = bool(stale_work) and not force and version < CONTENT_SINCE
+    changes = plan_changes(source, layout, config) if stale_work and not force else []
     if stale_work and not force and not compare:
-        refuse(layout, stale_work)
+        refuse(layout, stale_work, changes)
 
     def before_install(staging: Layout) -> None:
         if compare and not same_shards(staging, layout):
@@ -145,7 +152,7 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
     try:
         plan = make_plan(source, layout, config, before_install=before_install)
     except DifferentPlan:
-        refuse(layout, stale_work)
+        refuse(layout, stale_work, changes)
     except (InputError, OSError) as exc:
         if created:
             shutil.rmtree(layout.root, ignore_errors=True)
@@ -163,12 +170,15 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
     return plan
 
 
-def refuse(layout: Layout, stale_work: list[Path]) -> None:
-    fail(
-        f"{layout.root} holds synthesis work ({plural(len(stale_work), 'shard manifest')}) from a different input "
-        "or different plan settings (select, text, speakers, shards); use a new --output-dir, "
-        "or --force-replan to replan and delete that work"
-    )
+def refuse(layout: Layout, stale_work: list[Path], changes: list[str]) -> None:
+    """Say what changed since the plan the work was spoken for, on one line: run_all.sh shows the
+    error lines of preprocess's log."""
+    work = f"{layout.root} holds synthesis work ({plural(len(stale_work), 'shard manifest')})"
+    if changes:
+        told = f"{work} spoken for another plan; changed since: {'; '.join(changes)}"
+    else:
+        told = f"{work} from a different input or different plan settings (select, text, speakers, shards)"
+    fail(f"{told}; use a new --output-dir, or --force-replan to replan and delete that work")
 
 
 def plan_version(layout: Layout) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 
 from convtts.config import PLAN_GROUPS, Config, SelectConfig, to_dict
-from convtts.plan.reader import InputError, json_type, read_spans, records
+from convtts.plan.reader import InputError, conversation_turns, json_type, read_spans, records
 from convtts.plan.textclean import clean, split_segments
 from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
 from convtts.state.layout import Layout, shard_name
@@ -153,7 +153,7 @@ def plan_conversation(
     casting = casting or Casting.of(config.speakers)
     voices = casting.sides(cid)
     segments, skipped = [], []
-    for turn, item in enumerate(record["conversations"]):
+    for turn, item in enumerate(conversation_turns(record)):
         role = item.get("from", item.get("role")) if isinstance(item, dict) else None
         side = ROLES.get(role.strip().lower()) if isinstance(role, str) else None
         reason = turn_problem(item, side, config)
@@ -201,7 +201,8 @@ BATCH = 500  # conversations sent to a worker at a time
 
 
 def plan_batch(batch: list[tuple[str, bytes]], config: Config, casting: Casting) -> list[tuple]:
-    """Plan raw records: (segments, segment lines, conversation line, skipped lines, turns, words, skipped)."""
+    """Plan raw records: (segments, segment lines, conversation line, skipped lines, turns, words, skipped,
+    segments of each spoken turn)."""
     out = []
     for cid, raw in batch:
         try:
@@ -221,6 +222,7 @@ def plan_batch(batch: list[tuple[str, bytes]], config: Config, casting: Casting)
                 len({s["turn"] for s in segments}),
                 sum(s["words"] for s in segments),
                 len(skipped),
+                list(Counter(s["turn"] for s in segments).values()),
             )
         )
     return out
@@ -271,7 +273,8 @@ def _planned(items, config: Config, total: int, workers: int):
 
 
 class ShardWriter:
-    """Packs whole conversations, in order, into shards of about `target` segments."""
+    """Packs conversations, in order, into shards of about `target` segments: whole when they fit in
+    one, else cut between turns across consecutive shards, the record in the shard of its last turn."""
 
     def __init__(self, layout: Layout, target: int):
         self.layout, self.target = layout, target
@@ -279,14 +282,28 @@ class ShardWriter:
         self.count = 0
         self.segments_fh = self.records_fh = None
 
-    def add(self, segments: int, segment_lines: bytes, conversation_line: bytes) -> None:
+    def add(self, segments: int, segment_lines: bytes, conversation_line: bytes, turn_sizes: list[int]) -> None:
+        """`turn_sizes`: the segments of each spoken turn, in order (they add up to `segments`)."""
         # A conversation that would overfill a started shard opens the next one; one with no
-        # segments rides along so that it still reaches the final conversations file.
+        # segments rides along so that it still reaches the final conversations file. One longer
+        # than a shard would leave every slot but one idle while it is spoken: its turns spread.
+        if segments <= self.target or len(turn_sizes) < 2:
+            self._make_room(segments)
+            self.segments_fh.write(segment_lines)
+            self.count += segments
+        else:
+            lines = segment_lines.splitlines(keepends=True)
+            start = 0
+            for size in turn_sizes:
+                self._make_room(size)
+                self.segments_fh.write(b"".join(lines[start : start + size]))
+                self.count += size
+                start += size
+        self.records_fh.write(conversation_line)
+
+    def _make_room(self, segments: int) -> None:
         if self.segments_fh is None or (self.count and self.count + segments > self.target):
             self._next()
-        self.segments_fh.write(segment_lines)
-        self.records_fh.write(conversation_line)
-        self.count += segments
 
     def _next(self) -> None:
         self.close()
@@ -495,10 +512,10 @@ def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter,
     raws = read_spans(path, ((offsets[i], lengths[i]) for i in chosen))
     items = zip((ids[i] for i in chosen), raws)
     totals = [0, 0, 0, 0, 0]  # conversations, segments, turns, words, skipped turns
-    for segments, segment_lines, conversation_line, skipped_lines, turns, words, skips in _planned(
+    for segments, segment_lines, conversation_line, skipped_lines, turns, words, skips, turn_sizes in _planned(
         items, config, len(chosen), workers
     ):
-        writer.add(segments, segment_lines, conversation_line)
+        writer.add(segments, segment_lines, conversation_line, turn_sizes)
         skipped.write(skipped_lines)
         for i, n in enumerate((1, segments, turns, words, skips)):
             totals[i] += n
@@ -532,6 +549,7 @@ def _summary(fp: str, info: dict, counts: Counter, shards: list[str], config: Co
         "segments": counts["segments"],
         "words": counts["words"],
         "estimated_hours": round(counts["words"] / config.text.words_per_minute / 60, 3),
+        "settings": plan_settings(config),  # what a refused rerun names the changes against
         "shards": shards,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

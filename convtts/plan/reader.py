@@ -1,8 +1,12 @@
-"""Stream records out of a JSON array or JSON lines file, with their byte spans, in bounded memory."""
+"""Stream records out of a JSON array or JSON lines file, with their byte spans, in bounded memory;
+and read each record's turns, whichever of the accepted shapes it has."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -42,14 +46,14 @@ def scan(path: str | Path) -> Iterator[tuple[int, int, object]]:
     """Yield (byte offset, byte length, parsed value) for each top-level record, in file order.
 
     A file whose first non-blank byte is '[' is one JSON array; anything else is read as JSON
-    lines, one value a line (blank lines are ignored).
+    lines, one value a line (blank lines are ignored). A gzip or zstd file is read through its
+    decompressed bytes, which the offsets count.
     """
     with _open(path) as fh:
-        head = fh.read(4096)
-        first = head.lstrip(_BOM + b" \t\r\n")[:1]
-        fh.seek(0)
-        if not first:
-            raise InputError(f"{path}: the input file is empty")
+        first = fh.read(4096).lstrip(_BOM + b" \t\r\n")[:1]
+    if not first:
+        raise InputError(f"{path}: the input file is empty")
+    with _open(path) as fh:  # opened again: a compressed stream does not seek back
         yield from (_scan_array(fh, path) if first == b"[" else _scan_lines(fh, path))
 
 
@@ -77,7 +81,8 @@ def records(path: str | Path) -> Iterator[tuple[int, int, int, object, str | Non
         )
     if not usable:
         raise InputError(
-            f"{path}: no record has a usable 'conversations' list ({sum(kinds.values())} read; {first_problem})"
+            f"{path}: no record has a usable conversation: a 'conversations' or 'messages' list, or Alpaca's "
+            f"'instruction' and 'output' ({sum(kinds.values())} read; {first_problem})"
         )
 
 
@@ -85,12 +90,51 @@ def record_problem(value) -> str | None:
     """Why a top-level value cannot be a conversation record, or None."""
     if not isinstance(value, dict):
         return f"record is {json_type(value)}, not an object"
-    turns = value.get("conversations")
-    if turns is None:
-        return "record has no 'conversations' list"
-    if not isinstance(turns, list):
-        return f"'conversations' is {json_type(turns)}, not a list"
-    return None if turns else "'conversations' is empty"
+    for key in TURN_LISTS:
+        if key in value:
+            turns = value[key]
+            if not isinstance(turns, list):
+                return f"{key!r} is {json_type(turns)}, not a list"
+            return None if turns else f"{key!r} is empty"
+    if "instruction" in value or "output" in value:
+        return _alpaca_problem(value)
+    return "record has no 'conversations' or 'messages' list, nor Alpaca's 'instruction' and 'output'"
+
+
+def _alpaca_problem(value: dict) -> str | None:
+    for key in ("instruction", "output"):
+        if not isinstance(value.get(key), str):
+            return f"Alpaca record's {key!r} is {json_type(value.get(key))}, not a string"
+    extra = value.get("input")
+    return None if extra is None or isinstance(extra, str) else f"Alpaca record's 'input' is {json_type(extra)}"
+
+
+# The lists a record's turns may come in, in this order: ShareGPT / LLaVA's, then OpenAI's chat
+# format (LLaMA-Factory's sharegpt with `messages`, role / content).
+TURN_LISTS = ("conversations", "messages")
+
+
+def conversation_turns(record: dict) -> list:
+    """The record's turns, one for each item of its turn list (so a turn's number is its place there).
+
+    `conversations` as it is; `messages` with each content given as text: a list of parts
+    ([{"type": "text", "text": "..."}, {"type": "image_url", ...}]) becomes its text parts joined by a
+    line break. An Alpaca record {"instruction", "input", "output"} is two turns: instruction and input
+    (a line apart, as LLaMA-Factory joins them) from the human, output from gpt.
+    """
+    if "conversations" in record:
+        return record["conversations"]
+    if "messages" in record:
+        return [_message_turn(item) for item in record["messages"]]
+    prompt = record["instruction"] + ("\n" + record["input"] if record.get("input") else "")
+    return [{"from": "human", "value": prompt}, {"from": "gpt", "value": record["output"]}]
+
+
+def _message_turn(item):
+    if not isinstance(item, dict) or not isinstance(item.get("content"), list):
+        return item
+    texts = [p.get("text") for p in item["content"] if isinstance(p, dict) and p.get("type") == "text"]
+    return {**item, "content": "\n".join(t for t in texts if isinstance(t, str))}
 
 
 _JSON_TYPES = {
@@ -111,23 +155,132 @@ def json_type(value) -> str:
 def read_spans(path: str | Path, spans: Iterable[tuple[int, int]]) -> Iterator[bytes]:
     """The raw bytes of the records at the given (offset, length) spans, as found by `scan`.
 
-    Spans in file order read sequentially: a seek inside the read buffer costs no system call.
+    Spans in file order read sequentially: a seek inside the read buffer costs no system call. A
+    compressed file is decompressed again on the way, the bytes between spans read and dropped.
     """
     with _open(path) as fh:
+        position = 0
         for offset, length in spans:
-            fh.seek(offset)
+            if fh.seekable():
+                fh.seek(offset)
+            else:
+                _skip(fh, offset - position)
+            position = offset + length
             yield fh.read(length)
 
 
+def _skip(fh, size: int) -> None:
+    while size > 0:
+        block = fh.read(min(size, CHUNK))
+        if not block:
+            return
+        size -= len(block)
+
+
+# The first bytes of a compressed file, whatever its name: a .json that is gzip'ed reads as well.
+GZIP_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
+
+
 def _open(path: str | Path):
+    """The file's bytes, decompressed when it is gzip or zstd (such a stream reads straight through
+    and does not seek)."""
     try:
-        return open(path, "rb", buffering=1 << 20)
+        raw = open(path, "rb", buffering=1 << 20)
     except FileNotFoundError:
         raise InputError(f"input file not found: {path}") from None
     except IsADirectoryError:
         raise InputError(f"input path is a directory, not a file: {path}") from None
     except OSError as exc:
         raise InputError(f"cannot read input file {path}: {exc.strerror or exc}") from None
+    magic = raw.peek(4)[:4]
+    if magic.startswith(GZIP_MAGIC):
+        stream = _Decompressed(gzip.GzipFile(fileobj=raw, mode="rb"), raw, path, "gzip", _GZIP_ERRORS)
+    elif magic == ZSTD_MAGIC:
+        reader, errors = _zstd_reader(raw, path)
+        stream = _Decompressed(reader, raw, path, "zstd", errors)
+    else:
+        return raw
+    return io.BufferedReader(stream, 1 << 20)
+
+
+_GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def _zstd_reader(raw, path) -> tuple:
+    """(decompressing reader, its errors): Python's own zstd (3.14 on), else zstandard's."""
+    try:
+        from compression import zstd
+
+        return zstd.ZstdFile(raw), (EOFError, zstd.ZstdError)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raw.close()
+        raise InputError(
+            f"{path} is zstd-compressed: reading it needs the zstandard package "
+            "(pip install 'convtts[zstd]'), or decompress it first (zstd -d)"
+        ) from None
+    return _ZstdFrames(raw, zstandard), (EOFError, zstandard.ZstdError)
+
+
+class _ZstdFrames(io.RawIOBase):
+    """zstandard's decompression of frame after frame (`cat a.zst b.zst`), which, unlike its
+    stream_reader, tells a file cut off inside a frame from one that ends."""
+
+    def __init__(self, raw, zstandard):
+        self.raw, self.frame = raw, zstandard.ZstdDecompressor(max_window_size=1 << 31).decompressobj
+        self.obj, self.inside = self.frame(), False
+        self.out, self.at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.at == len(self.out):
+            data = self.raw.read(1 << 20)
+            if not data:
+                if self.inside:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0
+            self.out, self.at = self._decompress(data), 0
+        size = min(len(buffer), len(self.out) - self.at)
+        buffer[:size] = memoryview(self.out)[self.at : self.at + size]
+        self.at += size
+        return size
+
+    def _decompress(self, data: bytes) -> bytes:
+        parts = []
+        while data:
+            if self.obj.eof:
+                self.obj = self.frame()
+            parts.append(self.obj.decompress(data))
+            data = self.obj.unused_data if self.obj.eof else b""
+        self.inside = not self.obj.eof
+        return b"".join(parts)
+
+
+class _Decompressed(io.RawIOBase):
+    """A decompressing reader whose damaged or cut-off data is an InputError naming the file."""
+
+    def __init__(self, stream, raw, path, kind: str, errors: tuple):
+        self.stream, self.raw, self.path, self.kind, self.errors = stream, raw, path, kind, errors
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        try:
+            return self.stream.readinto(buffer)
+        except self.errors as exc:
+            raise InputError(f"{self.path}: the {self.kind} data is damaged or cut off ({exc})") from None
+
+    def close(self) -> None:
+        if not self.closed:
+            self.stream.close()
+            self.raw.close()
+        super().close()
 
 
 def _scan_lines(fh, path) -> Iterator[tuple[int, int, object]]:
@@ -249,7 +402,7 @@ def _expect_end(win: _Window, pos: int) -> None:
 def where(path: str | Path, offset: int) -> str:
     """'at line 12, column 5 (byte 301)': count the lines only when there is an error to report."""
     line, last_newline, done = 1, -1, 0
-    with open(path, "rb") as fh:
+    with _open(path) as fh:
         while done < offset:
             block = fh.read(min(CHUNK, offset - done))
             if not block:

@@ -127,12 +127,16 @@ def write_outputs(layout: Layout, run_id, check_audio: bool, manifest, failures,
     for row in read_jsonl(layout.skipped_file):
         failures.write(orjson.dumps(row) + b"\n")
         totals.skipped_turns += 1
+    # {conversation: {turn: audio}} of the conversations whose record is still to come: one longer
+    # than a shard has its turns in consecutive shards and its record in the shard of its last turn.
+    audio_by_turn: dict = {}
     for shard in layout.shard_names():
         done = load_done(layout, shard, paths=listing.manifests(shard), check_audio=check_audio)
         failed = load_failures(layout, shard, listing.failure_files(shard))
-        audio_by_turn = merge_shard(layout, shard, (done, failed), run_id, totals, manifest, failures)
+        for cid, turns in merge_shard(layout, shard, (done, failed), run_id, totals, manifest, failures).items():
+            audio_by_turn.setdefault(cid, {}).update(turns)
         for item in read_jsonl(layout.shard_conversations(shard)):
-            record = with_audio(item, audio_by_turn.get(item["conversation_id"], {}))
+            record = with_audio(item, audio_by_turn.pop(item["conversation_id"], {}))
             conversations.write((b"" if first else b",") + b"\n" + orjson.dumps(record))
             first = False
             totals.conversations += 1
@@ -199,13 +203,21 @@ def with_source_text(row: dict, segment: dict) -> dict:
 
 
 def with_audio(item: dict, turns: dict) -> dict:
-    """The input record in its own shape, each turn given `audio`: its segments' files in order."""
+    """The input record in its own shape, each turn given `audio`: its segments' files in order.
+
+    An Alpaca record, whose turns are fields, gets `audio`: {"instruction": [...], "output": [...]}
+    (the instruction's list speaks its input too)."""
     record = item["record"]
-    if isinstance(record, dict) and isinstance(record.get("conversations"), list):
+    if not isinstance(record, dict):
+        return record
+    key = next((k for k in ("conversations", "messages") if k in record), None)
+    if key is None and "instruction" in record:
+        return {**record, "audio": {"instruction": turns.get(0, []), "output": turns.get(1, [])}}
+    if key is not None and isinstance(record[key], list):
         record = dict(record)
-        record["conversations"] = [
+        record[key] = [
             {**turn, "audio": turns.get(index, [])} if isinstance(turn, dict) else turn
-            for index, turn in enumerate(record["conversations"])
+            for index, turn in enumerate(record[key])
         ]
     return record
 
