@@ -6,7 +6,9 @@ import html
 import math
 import re
 
-from convtts.plan import spoken
+from convtts.config import SpokenPhrases
+from convtts.plan import math_words, operators, spoken
+from convtts.plan.vocabulary import is_chinese, words
 
 # --- cleaning ---------------------------------------------------------------------------------
 
@@ -68,18 +70,27 @@ _SPACE_BEFORE_PUNCT = re.compile(r" +(?=[.,;:!?]+(?:[\s\"')\]]|$))")
 _SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit, in any script
 
 
-def clean(text: str, link_phrase: str | None = None) -> tuple[str, str | None]:
+def clean(
+    text: str, link_phrase: str | None = None, language: str = "en", phrases: SpokenPhrases | None = None
+) -> tuple[str, str | None]:
     """Return (speakable text, None), or (whatever is left, reason) when no letter or digit remains.
 
     Links are said as their domain ('nodejs dot org'), or as link_phrase when one is given; e-mail
-    addresses, IP addresses and file paths as words (convtts/plan/spoken.py). A turn that is
-    nothing but links is skipped. Lines are kept apart by newlines: a list item or a heading stays
-    its own sentence. Every rule is guarded by a cheap substring test: most chat text needs only a
-    few of them.
+    addresses, IP addresses and file paths as words (convtts/plan/spoken.py); math, operators and
+    amounts of money as words of the turn's language (ISO 639-1: Chinese for 'zh', English for the
+    rest; convtts/plan/math_words.py, operators.py); a code block or a drawing as a phrase
+    (phrases). A turn that is nothing but links is skipped. Lines are kept apart by newlines: a
+    list item or a heading stays its own sentence. Every rule is guarded by a cheap substring test:
+    most chat text needs only a few of them.
     """
+    said = phrases or SpokenPhrases()
     out = _plain_chars(text)
+    if "<<" in out or "####" in out:
+        out = operators.speak_calculator_notes(out, language)
     if "```" in out or "~~~" in out:
-        out = _FENCE.sub("\n", out)
+        out = _bridge_code(out, said.code or words(language)["code_phrase"], language)
+    if "$" in out or "\\" in out or "[asy]" in out:
+        out = math_words.speak_math(out, language, said.figure, said.dense_math, said.dense_math_words)
     if "<" in out:
         out = _PLACEHOLDER.sub(" ", out)
         out = _HTML_SCRIPT.sub("", _HTML_COMMENT.sub("", out))
@@ -101,12 +112,36 @@ def clean(text: str, link_phrase: str | None = None) -> tuple[str, str | None]:
         out = spoken.speak_paths(out)
     if any(line.lstrip()[:1] in _LINE_MARKUP for line in out.split("\n")):
         out = _markdown_lines(out)
+    if any(mark in out for mark in _OPERATOR_MARKS):
+        out = operators.speak_operators(out, language)  # before emphasis: '2 * 3' is not markup
     if any(mark in out for mark in "`*_~\\"):
-        out = _markdown_inline(out)
+        out = _markdown_inline(out, words(language)["inline_code"])
     out = _tidy(out)
     if _SPEAKABLE.search(out):
         return out, None
     return out, _reason(text)
+
+
+_OPERATOR_MARKS = "-+*/×÷=<>^%$≤≥≠≈·–"
+
+
+def _bridge_code(text: str, phrase: str, language: str) -> str:
+    """A fenced code block leaves a phrase, joined to the line that led into it: 'Run this:' ->
+    'Run this, as shown in the code.' A turn of nothing but code keeps no phrase (it is skipped)."""
+    if not _SPEAKABLE.search(_PLACEHOLDER.sub("", _FENCE.sub("", text))):
+        return _FENCE.sub("\n", text)
+    zh = is_chinese(language)
+    pieces, last = [], 0
+    for match in _FENCE.finditer(text):
+        before = text[last : match.start()].rstrip()
+        if before.endswith((":", "：")):
+            pieces.append(before[:-1] + (f"，{phrase}。" if zh else f", {phrase}."))
+        else:
+            line = f"{phrase}。" if zh else f"{phrase[:1].upper()}{phrase[1:]}."
+            pieces.append(f"{before}\n{line}" if before else line)
+        last = match.end()
+    pieces.append(text[last:])
+    return "\n".join(pieces)
 
 
 def _plain_chars(text: str) -> str:
@@ -138,10 +173,10 @@ def _markdown_lines(text: str) -> str:
     return text
 
 
-def _markdown_inline(text: str) -> str:
+def _markdown_inline(text: str, code_words: str = spoken.CODE_WORDS) -> str:
     """Inline markdown keeps its words: `code`, **bold**, *italic*, _italic_, ~~struck~~."""
     if "`" in text:
-        text = spoken.speak_inline_code(text).replace("`", "")
+        text = spoken.speak_inline_code(text, code_words).replace("`", "")
     if "*" in text or "__" in text:
         text = _MD_BOLD.sub(r"\2", text)
         text = _MD_ITALIC.sub(r"\1", text)
@@ -255,8 +290,8 @@ def _ends_sentence(line: str, start: int, end: int) -> bool:
         return True
     word_start = line.rfind(" ", 0, start) + 1
     word = line[word_start:start]
-    if word.lower() in _NEVER_END or _INITIALS.fullmatch(word):
-        return False
+    if word.lower() in _NEVER_END or (_INITIALS.fullmatch(word) and not (len(word) == 1 and word.islower())):
+        return False  # 'J. Smith', 'the U.S. Army'; but 'each value of n.' ends there
     return not (word_start == 0 and word.isdigit())  # '1. The cat' is a list number
 
 
