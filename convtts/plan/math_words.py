@@ -35,6 +35,7 @@ _TOKEN = re.compile(
     r"\\[A-Za-z]+|\\.|\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?|\.\d+|[A-Za-z]+|\x01\d+\x02|\s+|.", re.S
 )
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_THIN_SPACES = re.compile(r"\\[!,;: ]|~")
 _ORDINAL = re.compile(r"(?:\\text(?:rm)?\{)?\s*(st|nd|rd|th)\}?")
 _MATRICES = frozenset("matrix pmatrix bmatrix Bmatrix vmatrix Vmatrix smallmatrix".split())
 
@@ -69,20 +70,59 @@ def speak_math(text: str, language: str = "en", figure_phrase: str = "", dense_p
     """Every math span in text said as words, drawing code as figure_phrase (or the language's own)."""
     vocab = words(language)
     if "[asy]" in text or "[ASY]" in text:
-        text = _ASY.sub(lambda m: f" {figure_phrase or vocab['figure_phrase']} ", text)
+        text = bridge_blocks(text, _ASY, figure_phrase or vocab["figure_phrase"], language)
     if "$" not in text and "\\" not in text:
         return text
     return _SPAN.sub(lambda m: _say_span(m, language, dense_phrase or vocab["dense_math_phrase"], dense_words), text)
 
 
+def bridge_blocks(text: str, block: re.Pattern, phrase: str, language: str) -> str:
+    """Each block (code, a drawing) said as phrase, joined to what led into it: 'Run this:' ->
+    'Run this, as shown in the code.'; after a finished sentence, a sentence of its own."""
+    zh = is_chinese(language)
+    pieces, last = [], 0
+    for match in block.finditer(text):
+        before = text[last : match.start()]
+        lead = before.rstrip()
+        new_line = "\n" in before[len(lead) :]
+        if lead.endswith((":", "：")) or (lead[-1:].isalnum() and not new_line):
+            lead = lead.removesuffix(":").removesuffix("：")
+            pieces.append(lead + (f"，{phrase}。" if zh else f", {phrase}."))
+        else:
+            sentence = f"{phrase}。" if zh else f"{phrase[:1].upper()}{phrase[1:]}."
+            pieces.append(f"{lead}{chr(10) if new_line else ' '}{sentence}" if lead else sentence)
+        last = match.end()
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
 def _say_span(match: re.Match, language: str, dense_phrase: str, dense_words: int) -> str:
+    said = _said_span(match, language, dense_phrase, dense_words)
+    before, after = match.string[max(0, match.start() - 40) : match.start()], match.string[match.end() : match.end() + 1]
+    if not is_chinese(language):
+        said = _without_repeat(before, said)
+    left = " " if before[-1:].isalnum() or before[-1:] in ",.;:!?)" else ""
+    right = " " if after.isalnum() or after in "(" and after else ""
+    return f"{left}{said}{right}"
+
+
+def _without_repeat(before: str, said: str) -> str:
+    """'the triangle $\\triangle ABC$' says 'triangle' once, 'in the set $\\{1, 2\\}$' 'the set' once."""
+    told, saying = before.lower().split()[-2:], said.split()
+    for size in (2, 1):
+        if len(saying) > size and told[-size:] == [w.lower() for w in saying[:size]]:
+            return " ".join(saying[size:])
+    return said
+
+
+def _said_span(match: re.Match, language: str, dense_phrase: str, dense_words: int) -> str:
     source = next(g for g in (match.group("dd"), match.group("db"), match.group("ib"), match.group("env"), match.group("id")) if g is not None)
     said, boxed = say_latex(source, language)
     if len(said.split()) + (len(said) // 4 if is_chinese(language) else 0) > dense_words:
         vocab = words(language)
         answer = (", " if not is_chinese(language) else "，") + vocab["answer_clause"].format(x=boxed[-1]) if boxed else ""
         said = dense_phrase + answer
-    return f" {said} "
+    return said
 
 
 def say_latex(source: str, language: str = "en") -> tuple[str, list[str]]:
@@ -94,6 +134,7 @@ def say_latex(source: str, language: str = "en") -> tuple[str, list[str]]:
         if replaced == source:
             break
         source = replaced
+    source = _THIN_SPACES.sub(lambda m: "" if m.group() == "\\!" else " ", source)  # '1,\\!000' is '1,000'
     reader = _Reader(_TOKEN.findall(source), language, envs)
     said = _tidy(join(reader.sequence(), language))
     return said, boxed + reader.boxed
@@ -116,9 +157,20 @@ def _say_environment(match: re.Match, language: str, boxed: list[str]) -> str:
         if all(len(row) == 1 for row in rows):
             return join([vocab["vector"], comma.join(row[0] for row in rows)], language)
         return join([vocab["matrix"], "; ".join(comma.join(row) for row in rows)], language)
-    stop = "。" if is_chinese(language) else ". "
-    lines = [join(row, language).rstrip(" ,.;，。") for row in rows]
-    return stop.join(line for line in lines if line)
+    stop = "。" if is_chinese(language) else "."
+    said = ""
+    for row in rows:
+        line = join(row, language).rstrip(" ,.;，。")
+        if said and not _continues(line, language):
+            said += stop
+        said = join([said, line], language) if said else line
+    return said + stop if len(rows) > 1 else said
+
+
+def _continues(row: str, language: str) -> bool:
+    """A row that starts with its relation ('&= 180 - ...') goes on the sentence of the row above."""
+    vocab = words(language)
+    return any(row.startswith(vocab[key]) for key in ("equals", "le", "ge", "less", "greater", "approx", "ne", "plus", "minus", "times", "implies"))
 
 
 def _said(source: str, language: str, boxed: list[str]) -> str:
@@ -143,6 +195,7 @@ class _Reader:
         self.vocab = words(language)
         self.envs = envs
         self.boxed: list[str] = []
+        self.open_bars: list[str] = []
 
     def sequence(self, stop: str | None = None) -> list[str]:
         out: list[str] = []
@@ -188,7 +241,10 @@ class _Reader:
         return source
 
     def token(self, token: str, out: list[str]) -> None:
-        if token.isspace() or token in "&|~":
+        if token.isspace() or token in ("&", "~"):
+            return
+        if token in ("|", "\\|"):
+            self.bars(token, out)
             return
         if token.startswith("\\"):
             self.command(token[1:], out)
@@ -196,6 +252,8 @@ class _Reader:
             out.append(self.number(token))
         elif token[0].isalpha():
             out.extend([token] if self.zh or len(token) > 4 and not token.isupper() else list(token))
+            if token in ("f", "g", "h") and self.tokens[self.i : self.i + 1] == ["("] and not self.zh:
+                out.append(self.vocab["of"])  # 'f(x)': 'f of x'
         elif token[0] == "\x01":
             out.append(self.envs[int(token[1:-1])])
         elif token == "^":
@@ -211,6 +269,14 @@ class _Reader:
             out.append(self.vocab[_CHARS[token]])
         elif token in ",;.()[]":
             out.append(token)
+
+    def bars(self, token: str, out: list[str]) -> None:
+        """'|x|' the absolute value of x, '\\|v\\|' the norm of v: said where the bars open."""
+        if self.open_bars and self.open_bars[-1] == token:
+            self.open_bars.pop()
+            return
+        self.open_bars.append(token)
+        out.append(self.vocab["norm" if token == "\\|" else "abs"])
 
     def _is_operator(self, piece: str) -> bool:
         return any(piece == self.vocab[key] for key in _OPERATORS)
@@ -257,7 +323,7 @@ class _Reader:
         elif name == "{":
             out.append(self.vocab["set"])
         elif name in ("left", "right", "bigl", "bigr", "Bigl", "Bigr") and self.i < len(self.tokens):
-            if self.tokens[self.i] in (".", "\\|", "|"):
+            if self.tokens[self.i] == ".":
                 self.i += 1
         elif name == "\\":
             out.append(".")
@@ -283,7 +349,7 @@ class _Reader:
         if self.zh:
             out.append(f"{_chinese(bottom, self.language)}分之{_chinese(top, self.language)}")
             return
-        comma = [","] if len(top) > 1 else []
+        comma = [","] if any(self._is_operator(p) for p in top) else []  # 'a plus b, over 2'
         out.extend([*top, *comma, self.vocab["over"], *bottom])
 
     def root(self, out: list[str]) -> None:
@@ -293,6 +359,12 @@ class _Reader:
             degree = "".join(self.tokens[self.i + 1 : end]).strip()
             self.i = end + 1
         pieces = self.argument()[1]
+        factor = bool(out) and not self.zh and (out[-1][-1:].isalnum() or out[-1] == ")") and not self._is_operator(out[-1])
+        if factor and not degree and len(pieces) == 1:
+            out.extend(["root", *pieces])  # '3\\sqrt{6}': 'three root six'
+            return
+        if factor:
+            out.append(self.vocab["times"])
         if not degree or degree == "2":
             head = self.vocab["sqrt"]
         elif self.zh:

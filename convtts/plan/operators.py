@@ -25,26 +25,29 @@ _ANNOTATION = re.compile(r"<<[^<>\n]{0,300}>>")  # GSM8K's calculator note: '48/
 _ANSWER = re.compile(r"^[ \t]*####[ \t]*(-?\$?[\d.,/]+%?|[^\s#][^\n#]{0,40}?)[ \t]*$", re.M)
 
 _NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
-_OPERAND = rf"(?:\$ ?{_NUMBER}|{_NUMBER}%?|\.\d+|(?<![\w'$])[a-z](?![\w']))"
-_OPERATOR = r"(?:\*\*|<=|>=|[-+*/×÷=<>^≤≥≠≈·])"
+_OPERAND = rf"(?:\$ ?{_NUMBER}|\d+[a-z](?![\w'])|{_NUMBER}%?|\.\d+|(?<![\w'$])[a-z](?![\w']))"
+_OPERATOR = r"(?:\*\*|<=|>=|[-+*/×÷=<>^≤≥≠≈·−])"
 # '48/2 = 24', '3*2=6', '(n-2)/2', '100 - 50 - 30 = $5', 'x+5': operands joined by operators
 _RUN = re.compile(
     rf"(?<![\w.,:/\\-])\(?-?{_OPERAND}\)?(?:[ \t]*{_OPERATOR}[ \t]*\(?-?{_OPERAND}\)?)+(?![\w/]|\.\d)"
 )
-_PIECE = re.compile(rf"\$ ?{_NUMBER}|{_NUMBER}%?|\.\d+|\*\*|<=|>=|[a-z]|[-+*/×÷=<>^≤≥≠≈·()]")
-_TIMES_X = re.compile(r"(?<=\d) x (?=\$?\d)")  # '0.2 x 50'
+_PIECE = re.compile(rf"\$ ?{_NUMBER}|\d+[a-z](?![\w'])|{_NUMBER}%?|\.\d+|\*\*|<=|>=|[a-z]|[-+*/×÷=<>^≤≥≠≈·−()]")
+_TIMES_X = re.compile(r"(?<=\w) x (?=\$?\d)")  # '0.2 x 50', '$60/large painting x 8'
 _TIME = r"\d{1,2}(?::\d{2})?(?: ?[ap]\.?m\.?)?"
 _TIME_RANGE = re.compile(rf"(?<![\w:])(\d{{1,2}}:\d{{2}}(?: ?[ap]\.?m\.?)?|{_TIME})[ \t]?[-–][ \t]?({_TIME})(?![\w:])", re.I)
 _DASH_RANGE = re.compile(rf"(?<![\w.])({_NUMBER})–({_NUMBER})(?!\w|\.\d)")
 _MONEY = re.compile(rf"\$ ?({_NUMBER})(?: ?(thousand|million|billion|trillion)\b)?")
 _PERCENT = re.compile(rf"({_NUMBER}) ?%")
-_SPACED = re.compile(r"(?<=\S) ([*×=÷]) (?=\S)")
+_SPACED = re.compile(r"(?<=\S) ([*×=÷+]) (?=\S)")
+_SPACED_MINUS = re.compile(r"(?<=\w) - (?=\$?\d)")  # '840 pieces - 825 pieces = 15 pieces'
+_PER = re.compile(r"(\d[\d,.]*\s+[A-Za-z]+)/([A-Za-z]{2,})\b")  # '14 pieces/house', '1000 ml/liter'
+_LEADING_POINT = re.compile(r"(?<![\w.])\.(?=\d)")  # '.75' -> '0.75'
 _NEGATIVE = re.compile(r"(?:(?<=[\s(])|^)-(?=\d)", re.M)
 _STRAY_DOLLAR = re.compile(r"\$(?! ?\d)")
 _DECIMAL = re.compile(r"(?<![\d.])(\d+)\.(\d+)(?![\d.])")
 
 _WORD = {
-    "+": "plus", "*": "times", "×": "times", "·": "times", "÷": "divided", "=": "equals", "<": "less",
+    "+": "plus", "−": "minus", "*": "times", "×": "times", "·": "times", "÷": "divided", "=": "equals", "<": "less",
     ">": "greater", "<=": "le", ">=": "ge", "≤": "le", "≥": "ge", "≠": "ne", "≈": "approx",
 }
 
@@ -67,7 +70,11 @@ def speak_operators(text: str, language: str = "en") -> str:
         text = _DASH_RANGE.sub(lambda m: _range(m, vocab, language), text) if "–" in text else text
     if " x " in text:
         text = _TIMES_X.sub(" × ", text)
-    if any(mark in text for mark in "-+*/×÷=<>^≤≥≠≈·"):
+    if " - " in text and "=" in text:
+        text = "\n".join(_SPACED_MINUS.sub(" − ", line) if "=" in line else line for line in text.split("\n"))
+    if "." in text:
+        text = _LEADING_POINT.sub("0.", text)
+    if any(mark in text for mark in "-+*/×÷=<>^≤≥≠≈·−"):
         text = _RUN.sub(lambda m: _say_run(m.group(), language), text)
         if " " in text:
             text = _SPACED.sub(lambda m: f" {vocab[_WORD[m.group(1)]]} ", text)
@@ -78,6 +85,8 @@ def speak_operators(text: str, language: str = "en") -> str:
     if "$" in text:
         text = _MONEY.sub(lambda m: say_money(m.group(1), m.group(2), language), text)
         text = _STRAY_DOLLAR.sub("", text)
+    if "/" in text:
+        text = _PER.sub(lambda m: join([m.group(1), vocab["per"], m.group(2)], language), text)
     if is_chinese(language) and "." in text:
         text = _DECIMAL.sub(r"\1点\2", text)
     return text

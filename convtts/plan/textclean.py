@@ -8,7 +8,7 @@ import re
 
 from convtts.config import SpokenPhrases
 from convtts.plan import math_words, operators, spoken
-from convtts.plan.vocabulary import is_chinese, words
+from convtts.plan.vocabulary import words
 
 # --- cleaning ---------------------------------------------------------------------------------
 
@@ -108,12 +108,12 @@ def clean(
         out = _plain_chars(html.unescape(out))  # '&nbsp;', '&#128512;'
     if "." in out or ":" in out:
         out = spoken.speak_addresses(out)
+    if any(mark in out for mark in _OPERATOR_MARKS):
+        out = operators.speak_operators(out, language)  # before paths ('(n-2)/2') and emphasis ('2 * 3')
     if "/" in out or "\\" in out:
         out = spoken.speak_paths(out)
     if any(line.lstrip()[:1] in _LINE_MARKUP for line in out.split("\n")):
         out = _markdown_lines(out)
-    if any(mark in out for mark in _OPERATOR_MARKS):
-        out = operators.speak_operators(out, language)  # before emphasis: '2 * 3' is not markup
     if any(mark in out for mark in "`*_~\\"):
         out = _markdown_inline(out, words(language)["inline_code"])
     out = _tidy(out)
@@ -130,18 +130,7 @@ def _bridge_code(text: str, phrase: str, language: str) -> str:
     'Run this, as shown in the code.' A turn of nothing but code keeps no phrase (it is skipped)."""
     if not _SPEAKABLE.search(_PLACEHOLDER.sub("", _FENCE.sub("", text))):
         return _FENCE.sub("\n", text)
-    zh = is_chinese(language)
-    pieces, last = [], 0
-    for match in _FENCE.finditer(text):
-        before = text[last : match.start()].rstrip()
-        if before.endswith((":", "：")):
-            pieces.append(before[:-1] + (f"，{phrase}。" if zh else f", {phrase}."))
-        else:
-            line = f"{phrase}。" if zh else f"{phrase[:1].upper()}{phrase[1:]}."
-            pieces.append(f"{before}\n{line}" if before else line)
-        last = match.end()
-    pieces.append(text[last:])
-    return "\n".join(pieces)
+    return math_words.bridge_blocks(text, _FENCE, phrase, language)
 
 
 def _plain_chars(text: str) -> str:

@@ -70,6 +70,9 @@ EN = {
     "dense_math_phrase": "a long expression",
     "inline_code": "this code",
     "dot": "dot",
+    "per": "per",
+    "norm": "the norm of",
+    "abs": "the absolute value of",
 }
 
 ZH = {
@@ -136,6 +139,9 @@ ZH = {
     "dense_math_phrase": "一个很长的算式",
     "inline_code": "这段代码",
     "dot": "点",
+    "per": "每",
+    "norm": "范数",
+    "abs": "绝对值",
 }
 
 # \sin, \cos ... said as their names; a speaker says 'sine theta', not 'sin theta'.
