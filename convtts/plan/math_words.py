@@ -404,9 +404,13 @@ class _Reader:
         if not self.zh or not out:
             out.append(self.vocab["over"])
             return
-        top = out.pop()
+        start = len(out) - 1
+        if out[-1] == ")" and "(" in out:  # '(-7+2)/2': the whole bracket is the numerator
+            start = len(out) - 1 - out[::-1].index("(")
+        top = out[start:]
+        del out[start:]
         _, bottom = self.argument()
-        out.append(f"{_chinese(bottom, self.language)}分之{_chinese([top], self.language)}")
+        out.append(f"{_chinese(bottom, self.language)}分之{_chinese(top, self.language)}")
 
     def overline(self, out: list[str]) -> None:
         source, pieces = self.argument()

@@ -38,7 +38,7 @@ _TIME_RANGE = re.compile(rf"(?<![\w:])(\d{{1,2}}:\d{{2}}(?: ?[ap]\.?m\.?)?|{_TIM
 _DASH_RANGE = re.compile(rf"(?<![\w.])({_NUMBER})–({_NUMBER})(?!\w|\.\d)")
 _MONEY = re.compile(rf"\$ ?({_NUMBER})(?: ?(thousand|million|billion|trillion)\b)?")
 _PERCENT = re.compile(rf"({_NUMBER}) ?%")
-_SPACED = re.compile(r"(?<=\S) ([*×=÷+]) (?=\S)")
+_SPACED = re.compile(r"(?<=\S) ([*×=÷+−]) (?=\S)")
 _SPACED_MINUS = re.compile(r"(?<=\w) - (?=\$?\d)")  # '840 pieces - 825 pieces = 15 pieces'
 _PER = re.compile(r"(\d[\d,.]*\s+[A-Za-z]+)/([A-Za-z]{2,})\b")  # '14 pieces/house', '1000 ml/liter'
 _LEADING_POINT = re.compile(r"(?<![\w.])\.(?=\d)")  # '.75' -> '0.75'
@@ -46,6 +46,7 @@ _NEGATIVE = re.compile(r"(?:(?<=[\s(])|^)-(?=\d)", re.M)
 _STRAY_DOLLAR = re.compile(r"\$(?! ?\d)")
 _DECIMAL = re.compile(r"(?<![\d.])(\d+)\.(\d+)(?![\d.])")
 
+_OTHER_SCRIPT = re.compile("[\u0400-\u1cff\u3040-\u30ff\uac00-\ud7af]")  # Cyrillic to Indic, kana, Hangul
 _WORD = {
     "+": "plus", "−": "minus", "*": "times", "×": "times", "·": "times", "÷": "divided", "=": "equals", "<": "less",
     ">": "greater", "<=": "le", ">=": "ge", "≤": "le", "≥": "ge", "≠": "ne", "≈": "approx",
@@ -63,7 +64,12 @@ def speak_calculator_notes(text: str, language: str = "en") -> str:
 
 
 def speak_operators(text: str, language: str = "en") -> str:
-    """Operators between numbers, ranges, percentages and amounts of money as words; a stray '$' goes."""
+    """Operators between numbers, ranges, percentages and amounts of money as words; a stray '$' goes.
+
+    A turn written in another script (Cyrillic, Arabic, kana, Hangul ...) keeps its symbols: English
+    words in a Russian sentence read worse than '70–80' read by a Russian voice."""
+    if not is_chinese(language) and _OTHER_SCRIPT.search(text):
+        return text
     vocab = words(language)
     if "-" in text or "–" in text:
         text = _TIME_RANGE.sub(lambda m: _range(m, vocab, language), text) if ":" in text or "m" in text else text
