@@ -35,6 +35,7 @@ _TOKEN = re.compile(
     r"\\[A-Za-z]+|\\.|\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?|\.\d+|[A-Za-z]+|\x01\d+\x02|\s+|.", re.S
 )
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_CHINESE_MARKS = {",": "，", ";": "；", ".": "。"}
 _THIN_SPACES = re.compile(r"\\[!,;: ]|~")
 _ORDINAL = re.compile(r"(?:\\text(?:rm)?\{)?\s*(st|nd|rd|th)\}?")
 _MATRICES = frozenset("matrix pmatrix bmatrix Bmatrix vmatrix Vmatrix smallmatrix".split())
@@ -99,11 +100,27 @@ def bridge_blocks(text: str, block: re.Pattern, phrase: str, language: str) -> s
 def _say_span(match: re.Match, language: str, dense_phrase: str, dense_words: int) -> str:
     said = _said_span(match, language, dense_phrase, dense_words)
     before, after = match.string[max(0, match.start() - 40) : match.start()], match.string[match.end() : match.end() + 1]
-    if not is_chinese(language):
-        said = _without_repeat(before, said)
+    if is_chinese(language):  # a space only between two Latin letters or digits
+        said = _without_repeat_zh(before, said)
+        left = " " if _latin(before[-1:]) and _latin(said[:1]) else ""
+        right = " " if _latin(after) and _latin(said[-1:]) else ""
+        return f"{left}{said}{right}"
+    said = _without_repeat(before, said)
     left = " " if before[-1:].isalnum() or before[-1:] in ",.;:!?)" else ""
-    right = " " if after.isalnum() or after in "(" and after else ""
+    right = " " if after.isalnum() or after == "(" else ""
     return f"{left}{said}{right}"
+
+
+def _latin(char: str) -> bool:
+    return char.isascii() and char.isalnum()
+
+
+def _without_repeat_zh(before: str, said: str) -> str:
+    """'向量$\\begin{pmatrix}...$' says '向量' once, '角$\\angle A$' '角' once."""
+    for word in ("向量", "矩阵", "三角形", "集合", "角"):
+        if said.startswith(word) and before.endswith(word):
+            return said[len(word) :].lstrip("，")
+    return said
 
 
 def _without_repeat(before: str, said: str) -> str:
@@ -254,6 +271,9 @@ class _Reader:
             out.extend([token] if self.zh or len(token) > 4 and not token.isupper() else list(token))
             if token in ("f", "g", "h") and self.tokens[self.i : self.i + 1] == ["("] and not self.zh:
                 out.append(self.vocab["of"])  # 'f(x)': 'f of x'
+                if self.tokens[self.i + 2 : self.i + 3] == [")"] and not self.tokens[self.i + 1].isspace():
+                    self.token(self.tokens[self.i + 1], out)
+                    self.i += 3
         elif token[0] == "\x01":
             out.append(self.envs[int(token[1:-1])])
         elif token == "^":
@@ -268,7 +288,7 @@ class _Reader:
         elif token in _CHARS:
             out.append(self.vocab[_CHARS[token]])
         elif token in ",;.()[]":
-            out.append(token)
+            out.append(_CHINESE_MARKS.get(token, token) if self.zh else token)
 
     def bars(self, token: str, out: list[str]) -> None:
         """'|x|' the absolute value of x, '\\|v\\|' the norm of v: said where the bars open."""

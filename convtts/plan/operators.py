@@ -25,24 +25,24 @@ _ANNOTATION = re.compile(r"<<[^<>\n]{0,300}>>")  # GSM8K's calculator note: '48/
 _ANSWER = re.compile(r"^[ \t]*####[ \t]*(-?\$?[\d.,/]+%?|[^\s#][^\n#]{0,40}?)[ \t]*$", re.M)
 
 _NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
-_OPERAND = rf"(?:\$ ?{_NUMBER}|\d+[a-z](?![\w'])|{_NUMBER}%?|\.\d+|(?<![\w'$])[a-z](?![\w']))"
+_OPERAND = rf"(?:\$ ?{_NUMBER}|\d+[a-z](?![\w'])|{_NUMBER}%?|\.\d+|(?<![A-Za-z0-9_'$])[a-z](?![A-Za-z0-9_']))"
 _OPERATOR = r"(?:\*\*|<=|>=|[-+*/×÷=<>^≤≥≠≈·−])"
 # '48/2 = 24', '3*2=6', '(n-2)/2', '100 - 50 - 30 = $5', 'x+5': operands joined by operators
 _RUN = re.compile(
-    rf"(?<![\w.,:/\\-])\(?-?{_OPERAND}\)?(?:[ \t]*{_OPERATOR}[ \t]*\(?-?{_OPERAND}\)?)+(?![\w/]|\.\d)"
+    rf"(?<![A-Za-z0-9_.,:/\\-])\(?-?{_OPERAND}\)?(?:[ \t]*{_OPERATOR}[ \t]*\(?-?{_OPERAND}\)?)+(?![A-Za-z0-9_/]|\.\d)"
 )
 _PIECE = re.compile(rf"\$ ?{_NUMBER}|\d+[a-z](?![\w'])|{_NUMBER}%?|\.\d+|\*\*|<=|>=|[a-z]|[-+*/×÷=<>^≤≥≠≈·−()]")
 _TIMES_X = re.compile(r"(?<=\w) x (?=\$?\d)")  # '0.2 x 50', '$60/large painting x 8'
 _TIME = r"\d{1,2}(?::\d{2})?(?: ?[ap]\.?m\.?)?"
-_TIME_RANGE = re.compile(rf"(?<![\w:])(\d{{1,2}}:\d{{2}}(?: ?[ap]\.?m\.?)?|{_TIME})[ \t]?[-–][ \t]?({_TIME})(?![\w:])", re.I)
-_DASH_RANGE = re.compile(rf"(?<![\w.])({_NUMBER})–({_NUMBER})(?!\w|\.\d)")
+_TIME_RANGE = re.compile(rf"(?<![A-Za-z0-9_:])({_TIME})[ \t]?[-–][ \t]?({_TIME})(?![A-Za-z0-9_:])", re.I)
+_DASH_RANGE = re.compile(rf"(?<![A-Za-z0-9_.])({_NUMBER})–({_NUMBER})(?![A-Za-z0-9_]|\.\d)")
 _MONEY = re.compile(rf"\$ ?({_NUMBER})(?: ?(thousand|million|billion|trillion)\b)?")
 _PERCENT = re.compile(rf"({_NUMBER}) ?%")
 _SPACED = re.compile(r"(?<=\S) ([*×=÷+−]) (?=\S)")
 _SPACED_MINUS = re.compile(r"(?<=\w) - (?=\$?\d)")  # '840 pieces - 825 pieces = 15 pieces'
 _PER = re.compile(r"(\d[\d,.]*\s+[A-Za-z]+)/([A-Za-z]{2,})\b")  # '14 pieces/house', '1000 ml/liter'
 _LEADING_POINT = re.compile(r"(?<![\w.])\.(?=\d)")  # '.75' -> '0.75'
-_NEGATIVE = re.compile(r"(?:(?<=[\s(])|^)-(?=\d)", re.M)
+_NEGATIVE = re.compile(r"(?<![A-Za-z0-9_)\].,:/-])-(?=\d)")  # '-40 degrees', '是-5度'; not 'F-16' or '3-4'
 _STRAY_DOLLAR = re.compile(r"\$(?! ?\d)")
 _DECIMAL = re.compile(r"(?<![\d.])(\d+)\.(\d+)(?![\d.])")
 

@@ -8,7 +8,7 @@ import re
 
 from convtts.config import SpokenPhrases
 from convtts.plan import math_words, operators, spoken
-from convtts.plan.vocabulary import words
+from convtts.plan.vocabulary import is_chinese, words
 
 # --- cleaning ---------------------------------------------------------------------------------
 
@@ -108,7 +108,7 @@ def clean(
         out = _plain_chars(html.unescape(out))  # '&nbsp;', '&#128512;'
     if "." in out or ":" in out:
         out = spoken.speak_addresses(out)
-    if any(mark in out for mark in _OPERATOR_MARKS):
+    if any(mark in out for mark in _OPERATOR_MARKS) or ("." in out and is_chinese(language)):
         out = operators.speak_operators(out, language)  # before paths ('(n-2)/2') and emphasis ('2 * 3')
     if "/" in out or "\\" in out:
         out = spoken.speak_paths(out)
@@ -188,7 +188,15 @@ def _tidy(text: str) -> str:
         text = _SPACES.sub(" ", text)
     if _SPACE_BEFORE_PUNCT.search(text):
         text = _SPACE_BEFORE_PUNCT.sub("", text)
-    return "\n".join(line for line in map(str.strip, text.split("\n")) if _SPEAKABLE.search(line))
+    lines = [line for line in map(str.strip, text.split("\n")) if _SPEAKABLE.search(line)]
+    if len(lines) > 1 and any(line[-1] in _CLOSERS for line in lines[:-1]):
+        # '- Mix the flour (about 200 g)': a list item or heading ends in a full stop, like one ending in a word
+        lines = [line + "." if i < len(lines) - 1 and line[-1] in _CLOSERS and line[-2:-1] not in _STOPS else line for i, line in enumerate(lines)]
+    return "\n".join(lines)
+
+
+_CLOSERS = frozenset(")]\"'”’")
+_STOPS = frozenset(".!?。！？")
 
 
 # Each step removes one kind of unspeakable content; the first one that leaves no letter or
