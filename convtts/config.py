@@ -71,7 +71,9 @@ class TextConfig:
         for key in ("code_phrase", "figure_phrase", "dense_math_phrase"):
             value = getattr(self, key)
             if value and not _SPOKEN_PHRASE.fullmatch(value):
-                raise ConfigError(f"text.{key} must be empty or one to eight words of letters (a voice says it), got {value!r}")
+                raise ConfigError(
+                    f"text.{key} must be empty or one to eight words of letters (a voice says it), got {value!r}"
+                )
         if self.dense_math_words < 5:
             raise ConfigError(f"text.dense_math_words must be at least 5, got {self.dense_math_words}")
 

@@ -120,7 +120,9 @@ def test_empty_code_only_and_unspoken_turns_are_skipped_with_a_reason(sharegpt):
 
 def test_code_blocks_links_and_markdown_are_removed_and_numbers_kept(sharegpt):
     code = spoken(sharegpt, cid_of(sharegpt, "conv 7"), 1)
-    assert code.startswith("Multiply the Celsius value by 9 over 5 and add 32. Here is a small function that does it, as")
+    assert code.startswith(
+        "Multiply the Celsius value by 9 over 5 and add 32. Here is a small function that does it, as"
+    )
     assert "20°C becomes 68°F, and the boiling point of water, 100°C, becomes 212°F." in code
     assert not any(gone in code for gone in ("`", "def ", "return", "print", "https", "docs.python.org"))
     assert "The tutorial at python dot org explains" in code  # a link is said as its domain
@@ -132,7 +134,17 @@ def test_code_blocks_links_and_markdown_are_removed_and_numbers_kept(sharegpt):
 
     packs = cid_of(sharegpt, "team/alpha/12")
     text = " ".join(spoken(sharegpt, packs, turn) for turn in range(4))
-    for kept in ("3.5 kg", "89 dollars and 99 cents", "129 dollars", "39 dollars and 1 cent", "2.3 kg", "50 percent", "1,024 ml", "25°C", "50 to 65 liters"):
+    for kept in (
+        "3.5 kg",
+        "89 dollars and 99 cents",
+        "129 dollars",
+        "39 dollars and 1 cent",
+        "2.3 kg",
+        "50 percent",
+        "1,024 ml",
+        "25°C",
+        "50 to 65 liters",
+    ):
         assert kept in text
     assert "Weight adds up. Saving 2.3 kg" in text and "*" not in text and " - " not in text
 
@@ -192,5 +204,16 @@ def test_long_answers_lists_and_units_in_the_llava_file(llava):
     texts = " ".join(r["text"] for r in llava["rows"])
     assert "*" not in texts and all(r["words"] <= 30 for r in llava["rows"])
     assert "1. Clean and oil the chain. A dirty chain" in texts  # '1. **Clean and oil the chain.** A dirty ...'
-    for kept in ("12 dollars and 99 cents", "3.5 kg", "50 percent", "20°C", "minus 20°C", "1,500", "8,000", "€1.80", "6.4 kW", "06:45"):
+    for kept in (
+        "12 dollars and 99 cents",
+        "3.5 kg",
+        "50 percent",
+        "20°C",
+        "minus 20°C",
+        "1,500",
+        "8,000",
+        "€1.80",
+        "6.4 kW",
+        "06:45",
+    ):
         assert kept in texts

@@ -62,7 +62,10 @@ CLEAN_CASES = [
     ("Non\u00a0breaking\u3000spaces.", "Non breaking spaces."),
     ('Keep: commas, colons; quotes "yes" and (parens)!', 'Keep: commas, colons; quotes "yes" and (parens)!'),
     ("Café, naïve, Straße, 東京, Москва.", "Café, naïve, Straße, 東京, Москва."),
-    ("It costs $3.50 (about 3.5 euros), 50% off.", "It costs 3 dollars and 50 cents (about 3.5 euros), 50 percent off."),
+    (
+        "It costs $3.50 (about 3.5 euros), 50% off.",
+        "It costs 3 dollars and 50 cents (about 3.5 euros), 50 percent off.",
+    ),
 ]
 
 

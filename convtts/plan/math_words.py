@@ -31,9 +31,7 @@ _SPAN = re.compile(
 )
 _ASY = re.compile(r"\[asy\].*?(?:\[/asy\]|\Z)", re.S | re.I)
 _ENV = re.compile(r"\\begin\{([A-Za-z]+)\*?\}(?:\{[^{}]*\})?(.*?)\\end\{\1\*?\}", re.S)
-_TOKEN = re.compile(
-    r"\\[A-Za-z]+|\\.|\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?|\.\d+|[A-Za-z]+|\x01\d+\x02|\s+|.", re.S
-)
+_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?|\.\d+|[A-Za-z]+|\x01\d+\x02|\s+|.", re.S)
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 _CHINESE_MARKS = {",": "，", ";": "；", ".": "。"}
 _THIN_SPACES = re.compile(r"\\[!,;: ]|~")
@@ -52,22 +50,65 @@ _SILENT = frozenset(
     "nolimits hline noindent label nonumber notag tag cr".split()
 )
 _SYMBOLS = {
-    "cdot": "times", "times": "times", "ast": "times", "div": "divided", "le": "le", "leq": "le",
-    "leqslant": "le", "ge": "ge", "geq": "ge", "geqslant": "ge", "ne": "ne", "neq": "ne",
-    "approx": "approx", "sim": "approx", "pm": "pm", "mp": "pm", "equiv": "equiv", "in": "in",
-    "implies": "implies", "Rightarrow": "implies", "Longrightarrow": "implies", "iff": "iff",
-    "Leftrightarrow": "iff", "to": "approaches", "rightarrow": "to", "infty": "infinity",
-    "angle": "angle", "measuredangle": "angle", "triangle": "triangle", "circ": "degrees",
-    "degree": "degrees", "ldots": "etc", "dots": "etc", "cdots": "etc", "lt": "less", "gt": "greater",
-    "bmod": "mod", "mod": "mod", "prime": "prime",
+    "cdot": "times",
+    "times": "times",
+    "ast": "times",
+    "div": "divided",
+    "le": "le",
+    "leq": "le",
+    "leqslant": "le",
+    "ge": "ge",
+    "geq": "ge",
+    "geqslant": "ge",
+    "ne": "ne",
+    "neq": "ne",
+    "approx": "approx",
+    "sim": "approx",
+    "pm": "pm",
+    "mp": "pm",
+    "equiv": "equiv",
+    "in": "in",
+    "implies": "implies",
+    "Rightarrow": "implies",
+    "Longrightarrow": "implies",
+    "iff": "iff",
+    "Leftrightarrow": "iff",
+    "to": "approaches",
+    "rightarrow": "to",
+    "infty": "infinity",
+    "angle": "angle",
+    "measuredangle": "angle",
+    "triangle": "triangle",
+    "circ": "degrees",
+    "degree": "degrees",
+    "ldots": "etc",
+    "dots": "etc",
+    "cdots": "etc",
+    "lt": "less",
+    "gt": "greater",
+    "bmod": "mod",
+    "mod": "mod",
+    "prime": "prime",
 }
-_CHARS = {"+": "plus", "=": "equals", "<": "less", ">": "greater", "*": "times", "!": "factorial", "'": "prime", ":": "ratio"}
+_CHARS = {
+    "+": "plus",
+    "=": "equals",
+    "<": "less",
+    ">": "greater",
+    "*": "times",
+    "!": "factorial",
+    "'": "prime",
+    ":": "ratio",
+}
 _OPERATORS = frozenset(
-    "plus minus negative times divided over equals less greater le ge ne approx pm equiv in implies iff to approaches mod ratio".split()
+    "plus minus negative times divided over equals less greater le ge ne approx pm equiv in implies iff to "
+    "approaches mod ratio".split()
 )
 
 
-def speak_math(text: str, language: str = "en", figure_phrase: str = "", dense_phrase: str = "", dense_words: int = 60) -> str:
+def speak_math(
+    text: str, language: str = "en", figure_phrase: str = "", dense_phrase: str = "", dense_words: int = 60
+) -> str:
     """Every math span in text said as words, drawing code as figure_phrase (or the language's own)."""
     vocab = words(language)
     if "[asy]" in text or "[ASY]" in text:
@@ -99,7 +140,10 @@ def bridge_blocks(text: str, block: re.Pattern, phrase: str, language: str) -> s
 
 def _say_span(match: re.Match, language: str, dense_phrase: str, dense_words: int) -> str:
     said = _said_span(match, language, dense_phrase, dense_words)
-    before, after = match.string[max(0, match.start() - 40) : match.start()], match.string[match.end() : match.end() + 1]
+    before, after = (
+        match.string[max(0, match.start() - 40) : match.start()],
+        match.string[match.end() : match.end() + 1],
+    )
     if is_chinese(language):  # a space only between two Latin letters or digits
         said = _without_repeat_zh(before, said)
         left = " " if _latin(before[-1:]) and _latin(said[:1]) else ""
@@ -133,11 +177,17 @@ def _without_repeat(before: str, said: str) -> str:
 
 
 def _said_span(match: re.Match, language: str, dense_phrase: str, dense_words: int) -> str:
-    source = next(g for g in (match.group("dd"), match.group("db"), match.group("ib"), match.group("env"), match.group("id")) if g is not None)
+    source = next(
+        g
+        for g in (match.group("dd"), match.group("db"), match.group("ib"), match.group("env"), match.group("id"))
+        if g is not None
+    )
     said, boxed = say_latex(source, language)
     if len(said.split()) + (len(said) // 4 if is_chinese(language) else 0) > dense_words:
         vocab = words(language)
-        answer = (", " if not is_chinese(language) else "，") + vocab["answer_clause"].format(x=boxed[-1]) if boxed else ""
+        answer = (
+            (", " if not is_chinese(language) else "，") + vocab["answer_clause"].format(x=boxed[-1]) if boxed else ""
+        )
         said = dense_phrase + answer
     return said
 
@@ -187,7 +237,10 @@ def _say_environment(match: re.Match, language: str, boxed: list[str]) -> str:
 def _continues(row: str, language: str) -> bool:
     """A row that starts with its relation ('&= 180 - ...') goes on the sentence of the row above."""
     vocab = words(language)
-    return any(row.startswith(vocab[key]) for key in ("equals", "le", "ge", "less", "greater", "approx", "ne", "plus", "minus", "times", "implies"))
+    return any(
+        row.startswith(vocab[key])
+        for key in ("equals", "le", "ge", "less", "greater", "approx", "ne", "plus", "minus", "times", "implies")
+    )
 
 
 def _said(source: str, language: str, boxed: list[str]) -> str:
@@ -379,7 +432,9 @@ class _Reader:
             degree = "".join(self.tokens[self.i + 1 : end]).strip()
             self.i = end + 1
         pieces = self.argument()[1]
-        factor = bool(out) and not self.zh and (out[-1][-1:].isalnum() or out[-1] == ")") and not self._is_operator(out[-1])
+        factor = (
+            bool(out) and not self.zh and (out[-1][-1:].isalnum() or out[-1] == ")") and not self._is_operator(out[-1])
+        )
         if factor and not degree and len(pieces) == 1:
             out.extend(["root", *pieces])  # '3\\sqrt{6}': 'three root six'
             return

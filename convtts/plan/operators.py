@@ -46,10 +46,24 @@ _NEGATIVE = re.compile(r"(?<![A-Za-z0-9_)\].,:/-])-(?=\d)")  # '-40 degrees', '�
 _STRAY_DOLLAR = re.compile(r"\$(?! ?\d)")
 _DECIMAL = re.compile(r"(?<![\d.])(\d+)\.(\d+)(?![\d.])")
 
+_WORK = re.compile(r"\d|\s[*×=÷+−]\s|\$")  # every rule needs a digit, a spaced operator or a dollar sign
 _OTHER_SCRIPT = re.compile("[\u0400-\u1cff\u3040-\u30ff\uac00-\ud7af]")  # Cyrillic to Indic, kana, Hangul
 _WORD = {
-    "+": "plus", "−": "minus", "*": "times", "×": "times", "·": "times", "÷": "divided", "=": "equals", "<": "less",
-    ">": "greater", "<=": "le", ">=": "ge", "≤": "le", "≥": "ge", "≠": "ne", "≈": "approx",
+    "+": "plus",
+    "−": "minus",
+    "*": "times",
+    "×": "times",
+    "·": "times",
+    "÷": "divided",
+    "=": "equals",
+    "<": "less",
+    ">": "greater",
+    "<=": "le",
+    ">=": "ge",
+    "≤": "le",
+    "≥": "ge",
+    "≠": "ne",
+    "≈": "approx",
 }
 
 
@@ -68,11 +82,11 @@ def speak_operators(text: str, language: str = "en") -> str:
 
     A turn written in another script (Cyrillic, Arabic, kana, Hangul ...) keeps its symbols: English
     words in a Russian sentence read worse than '70–80' read by a Russian voice."""
-    if not is_chinese(language) and _OTHER_SCRIPT.search(text):
+    if not _WORK.search(text) or (not is_chinese(language) and _OTHER_SCRIPT.search(text)):
         return text
     vocab = words(language)
     if "-" in text or "–" in text:
-        text = _TIME_RANGE.sub(lambda m: _range(m, vocab, language), text) if ":" in text or "m" in text else text
+        text = _TIME_RANGE.sub(lambda m: _range(m, vocab, language), text) if ":" in text or "m-" in text else text
         text = _DASH_RANGE.sub(lambda m: _range(m, vocab, language), text) if "–" in text else text
     if " x " in text:
         text = _TIMES_X.sub(" × ", text)
@@ -110,17 +124,19 @@ def _say_run(run: str, language: str) -> str:
     if _kept_as_written(pieces, operators, run):
         return run
     vocab = words(language)
+    zh = is_chinese(language)
     relation = any(p in ("=", "<", ">", "<=", ">=", "≤", "≥", "≠", "≈") for p in pieces)
+    spoken_operators = _SPOKEN_OPERATORS[id(vocab)]
     out: list[str] = []
     power = False
     for i, piece in enumerate(pieces):
-        unary = not out or out[-1] == "(" or out[-1] in _spoken_operators(vocab)
+        unary = not out or out[-1] == "(" or out[-1] in spoken_operators
         if power:
             power = False
             if piece in ("2", "3"):
                 out.append(vocab["squared" if piece == "2" else "cubed"])
                 continue
-            if is_chinese(language):
+            if zh:
                 out.append(vocab["power"].format(n=piece))
                 continue
         if piece == "-" and operators == ["-"] and not relation and _bare_range(pieces, run):
@@ -128,10 +144,10 @@ def _say_run(run: str, language: str) -> str:
         elif piece == "-":
             out.append(vocab["negative" if unary else "minus"])
         elif piece == "/":
-            out.append(vocab["divided" if relation or is_chinese(language) else "over"])
+            out.append(vocab["divided" if relation or zh else "over"])
         elif piece in ("^", "**"):
             power = True
-            if not is_chinese(language) and pieces[i + 1 : i + 2] not in (["2"], ["3"]):
+            if not zh and pieces[i + 1 : i + 2] not in (["2"], ["3"]):
                 out.append(vocab["power"])
         elif piece in _WORD:
             out.append(vocab[_WORD[piece]])
@@ -156,8 +172,8 @@ def _bare_range(pieces: list[str], run: str) -> bool:
     return len(pieces) == 3 and " " not in run and all(p[0].isdigit() for p in (pieces[0], pieces[2]))
 
 
-def _spoken_operators(vocab: dict[str, str]) -> set[str]:
-    return {vocab[key] for key in ("plus", "minus", "times", "divided", "over", "equals", "less", "greater", "le", "ge", "negative")}
+_OPERATOR_KEYS = ("plus", "minus", "times", "divided", "over", "equals", "less", "greater", "le", "ge", "negative")
+_SPOKEN_OPERATORS = {id(table): frozenset(table[key] for key in _OPERATOR_KEYS) for table in (words("en"), words("zh"))}
 
 
 def _percent(number: str, language: str) -> str:
@@ -167,7 +183,8 @@ def _percent(number: str, language: str) -> str:
 
 
 def say_money(number: str, scale: str | None, language: str) -> str:
-    """'20' -> '20 dollars', '1' -> '1 dollar', '3.50' -> '3 dollars and 50 cents', '0.75' -> '75 cents' (zh: '20美元')."""
+    """'20' -> '20 dollars', '1' -> '1 dollar', '3.50' -> '3 dollars and 50 cents', '0.75' -> '75 cents'
+    (zh: '20美元')."""
     vocab = words(language)
     if is_chinese(language):
         return join([number.replace(".", "点") + (scale or ""), vocab["dollars"]], language)

@@ -143,4 +143,3 @@ def _say_code(code: str, unreadable: str) -> str:
 
 
 _CODE_DOT = re.compile(r"(?<=[A-Za-z_])\.(?=[A-Za-z_])")  # 'np.array', 'os.path.join'; not '3.5' or 'v1.2'
-

@@ -8,7 +8,8 @@ import re
 
 from convtts.config import SpokenPhrases
 from convtts.plan import math_words, operators, spoken
-from convtts.plan.vocabulary import is_chinese, words
+from convtts.plan.vocabulary import is_chinese
+from convtts.plan.vocabulary import words as vocabulary
 
 # --- cleaning ---------------------------------------------------------------------------------
 
@@ -83,12 +84,12 @@ def clean(
     list item or a heading stays its own sentence. Every rule is guarded by a cheap substring test:
     most chat text needs only a few of them.
     """
-    said = phrases or SpokenPhrases()
+    said = phrases or _DEFAULT_PHRASES
     out = _plain_chars(text)
     if "<<" in out or "####" in out:
         out = operators.speak_calculator_notes(out, language)
     if "```" in out or "~~~" in out:
-        out = _bridge_code(out, said.code or words(language)["code_phrase"], language)
+        out = _bridge_code(out, said.code or vocabulary(language)["code_phrase"], language)
     if "$" in out or "\\" in out or "[asy]" in out:
         out = math_words.speak_math(out, language, said.figure, said.dense_math, said.dense_math_words)
     if "<" in out:
@@ -108,21 +109,22 @@ def clean(
         out = _plain_chars(html.unescape(out))  # '&nbsp;', '&#128512;'
     if "." in out or ":" in out:
         out = spoken.speak_addresses(out)
-    if any(mark in out for mark in _OPERATOR_MARKS) or ("." in out and is_chinese(language)):
+    if _OPERATOR_MARK.search(out) or ("." in out and language != "en" and is_chinese(language)):
         out = operators.speak_operators(out, language)  # before paths ('(n-2)/2') and emphasis ('2 * 3')
     if "/" in out or "\\" in out:
         out = spoken.speak_paths(out)
     if any(line.lstrip()[:1] in _LINE_MARKUP for line in out.split("\n")):
         out = _markdown_lines(out)
     if any(mark in out for mark in "`*_~\\"):
-        out = _markdown_inline(out, words(language)["inline_code"])
+        out = _markdown_inline(out, vocabulary(language)["inline_code"])
     out = _tidy(out)
     if _SPEAKABLE.search(out):
         return out, None
     return out, _reason(text)
 
 
-_OPERATOR_MARKS = "-+*/×÷=<>^%$≤≥≠≈·–"
+_OPERATOR_MARK = re.compile("[-+*/×÷=<>^%$≤≥≠≈·–−]")
+_DEFAULT_PHRASES = SpokenPhrases()
 
 
 def _bridge_code(text: str, phrase: str, language: str) -> str:
@@ -191,7 +193,10 @@ def _tidy(text: str) -> str:
     lines = [line for line in map(str.strip, text.split("\n")) if _SPEAKABLE.search(line)]
     if len(lines) > 1 and any(line[-1] in _CLOSERS for line in lines[:-1]):
         # '- Mix the flour (about 200 g)': a list item or heading ends in a full stop, like one ending in a word
-        lines = [line + "." if i < len(lines) - 1 and line[-1] in _CLOSERS and line[-2:-1] not in _STOPS else line for i, line in enumerate(lines)]
+        lines = [
+            line + "." if i < len(lines) - 1 and line[-1] in _CLOSERS and line[-2:-1] not in _STOPS else line
+            for i, line in enumerate(lines)
+        ]
     return "\n".join(lines)
 
 

@@ -147,30 +147,80 @@ ZH = {
 # \sin, \cos ... said as their names; a speaker says 'sine theta', not 'sin theta'.
 FUNCTIONS = {
     "en": {
-        "sin": "sine", "cos": "cosine", "tan": "tangent", "cot": "cotangent", "sec": "secant",
-        "csc": "cosecant", "log": "log", "ln": "natural log", "exp": "exp", "max": "max", "min": "min",
-        "gcd": "gcd", "lcm": "lcm", "det": "determinant", "arcsin": "arcsine", "arccos": "arccosine",
+        "sin": "sine",
+        "cos": "cosine",
+        "tan": "tangent",
+        "cot": "cotangent",
+        "sec": "secant",
+        "csc": "cosecant",
+        "log": "log",
+        "ln": "natural log",
+        "exp": "exp",
+        "max": "max",
+        "min": "min",
+        "gcd": "gcd",
+        "lcm": "lcm",
+        "det": "determinant",
+        "arcsin": "arcsine",
+        "arccos": "arccosine",
         "arctan": "arctangent",
     },
     "zh": {
-        "sin": "正弦", "cos": "余弦", "tan": "正切", "cot": "余切", "sec": "正割", "csc": "余割",
-        "log": "对数", "ln": "自然对数", "exp": "指数", "max": "最大值", "min": "最小值",
-        "gcd": "最大公约数", "lcm": "最小公倍数", "det": "行列式", "arcsin": "反正弦", "arccos": "反余弦",
+        "sin": "正弦",
+        "cos": "余弦",
+        "tan": "正切",
+        "cot": "余切",
+        "sec": "正割",
+        "csc": "余割",
+        "log": "对数",
+        "ln": "自然对数",
+        "exp": "指数",
+        "max": "最大值",
+        "min": "最小值",
+        "gcd": "最大公约数",
+        "lcm": "最小公倍数",
+        "det": "行列式",
+        "arcsin": "反正弦",
+        "arccos": "反余弦",
         "arctan": "反正切",
     },
 }
 
 GREEK = {
-    "alpha": ("alpha", "阿尔法"), "beta": ("beta", "贝塔"), "gamma": ("gamma", "伽马"),
-    "delta": ("delta", "德尔塔"), "epsilon": ("epsilon", "艾普西龙"), "varepsilon": ("epsilon", "艾普西龙"),
-    "zeta": ("zeta", "泽塔"), "eta": ("eta", "伊塔"), "theta": ("theta", "西塔"), "vartheta": ("theta", "西塔"),
-    "iota": ("iota", "约塔"), "kappa": ("kappa", "卡帕"), "lambda": ("lambda", "兰姆达"), "mu": ("mu", "缪"),
-    "nu": ("nu", "纽"), "xi": ("xi", "克西"), "pi": ("pi", "派"), "rho": ("rho", "柔"),
-    "sigma": ("sigma", "西格玛"), "tau": ("tau", "陶"), "upsilon": ("upsilon", "宇普西龙"),
-    "phi": ("phi", "斐"), "varphi": ("phi", "斐"), "chi": ("chi", "希"), "psi": ("psi", "普西"),
-    "omega": ("omega", "欧米伽"), "Gamma": ("capital gamma", "大伽马"), "Delta": ("capital delta", "大德尔塔"),
-    "Theta": ("capital theta", "大西塔"), "Lambda": ("capital lambda", "大兰姆达"), "Pi": ("capital pi", "大派"),
-    "Sigma": ("capital sigma", "大西格玛"), "Phi": ("capital phi", "大斐"), "Omega": ("capital omega", "大欧米伽"),
+    "alpha": ("alpha", "阿尔法"),
+    "beta": ("beta", "贝塔"),
+    "gamma": ("gamma", "伽马"),
+    "delta": ("delta", "德尔塔"),
+    "epsilon": ("epsilon", "艾普西龙"),
+    "varepsilon": ("epsilon", "艾普西龙"),
+    "zeta": ("zeta", "泽塔"),
+    "eta": ("eta", "伊塔"),
+    "theta": ("theta", "西塔"),
+    "vartheta": ("theta", "西塔"),
+    "iota": ("iota", "约塔"),
+    "kappa": ("kappa", "卡帕"),
+    "lambda": ("lambda", "兰姆达"),
+    "mu": ("mu", "缪"),
+    "nu": ("nu", "纽"),
+    "xi": ("xi", "克西"),
+    "pi": ("pi", "派"),
+    "rho": ("rho", "柔"),
+    "sigma": ("sigma", "西格玛"),
+    "tau": ("tau", "陶"),
+    "upsilon": ("upsilon", "宇普西龙"),
+    "phi": ("phi", "斐"),
+    "varphi": ("phi", "斐"),
+    "chi": ("chi", "希"),
+    "psi": ("psi", "普西"),
+    "omega": ("omega", "欧米伽"),
+    "Gamma": ("capital gamma", "大伽马"),
+    "Delta": ("capital delta", "大德尔塔"),
+    "Theta": ("capital theta", "大西塔"),
+    "Lambda": ("capital lambda", "大兰姆达"),
+    "Pi": ("capital pi", "大派"),
+    "Sigma": ("capital sigma", "大西格玛"),
+    "Phi": ("capital phi", "大斐"),
+    "Omega": ("capital omega", "大欧米伽"),
 }
 
 
@@ -180,7 +230,8 @@ def words(language: str) -> dict[str, str]:
 
 
 def is_chinese(language: str) -> bool:
-    return language.lower().split("-")[0] == "zh"
+    """'zh', 'zh-Hans', 'zh_TW'."""
+    return language[:2].lower() == "zh" and language[2:3] in ("", "-", "_")
 
 
 _DIGITS = "零一二三四五六七八九"
@@ -203,7 +254,8 @@ def chinese_integer(number: int, leading: bool = True) -> str:
 
 
 def join(pieces: list[str], language: str) -> str:
-    """Words joined as the language writes them: spaces in English; in Chinese only between two Latin letters or digits."""
+    """Words joined as the language writes them: spaces in English; in Chinese only between two Latin
+    letters or digits."""
     pieces = [p for p in pieces if p]
     if not is_chinese(language):
         return " ".join(pieces)
