@@ -125,6 +125,8 @@ ENGLISH = [
     ("# Results\n## Step 1: Add\n- Mix the flour (about 200 g)", "Results\nStep 1: Add\nMix the flour (about 200 g)"),
     ("He paid 3 * $4 = $12.", "He paid 3 times 4 dollars equals 12 dollars."),
     ("Use x = 3 here.", "Use x equals 3 here."),
+    ("Area = πr² and V = s³ here.", "Area equals πr squared and V equals s cubed here."),
+    ("Match `$` at the end.", "Match this code at the end."),
 ]
 
 CHINESE = [
@@ -168,6 +170,10 @@ CHINESE = [
     ("调用`print()`即可。", "调用print即可。"),
     ("运行`ls -la | grep log`查看。", "运行这段代码查看。"),
     ("比较5 < 6。", "比较5小于6。"),
+    ("面积 = π × 半径²", "面积等于π乘以半径²"),
+    ("面积 ≈ 78.5", "面积约等于78点5"),
+    ("增长率达到8.7%。", "增长率达到百分之8点7。"),
+    ("总时间是40 * 52 = 2080个小时。", "总时间是40乘以52等于2080个小时。"),
 ]
 
 

@@ -26,7 +26,7 @@ from convtts.plan.vocabulary import FUNCTIONS, GREEK, chinese_integer, is_chines
 _SPAN = re.compile(
     r"\$\$(?P<dd>.+?)\$\$|\\\[(?P<db>.+?)\\\]|\\\((?P<ib>.+?)\\\)"
     r"|(?P<env>\\begin\{(?P<name>[A-Za-z]+\*?)\}.*?\\end\{(?P=name)\})"
-    r"|(?<![\\$])\$(?![\s$])(?P<id>(?:[^$\\\n]|\\.|\n(?![ \t]*\n)){1,2000}?)(?<![\s\\])\$(?!\d)",
+    r"|(?<![\\$])\$(?![\s$])(?P<id>(?:[^$\\\n`]|\\.|\n(?![ \t]*\n)){1,2000}?)(?<![\s\\])\$(?!\d)",
     re.S,
 )
 _ASY = re.compile(r"\[asy\].*?(?:\[/asy\]|\Z)", re.S | re.I)

@@ -38,15 +38,16 @@ _TIME_RANGE = re.compile(rf"(?<![A-Za-z0-9_:])({_TIME})[ \t]?[-–][ \t]?({_TIME
 _DASH_RANGE = re.compile(rf"(?<![A-Za-z0-9_.])({_NUMBER})–({_NUMBER})(?![A-Za-z0-9_]|\.\d)")
 _MONEY = re.compile(rf"\$ ?({_NUMBER})(?: ?(thousand|million|billion|trillion)\b)?")
 _PERCENT = re.compile(rf"({_NUMBER}) ?%")
-_SPACED = re.compile(r"(?<=\S) ([*×=÷+−]) (?=\S)")
+_SPACED = re.compile(r"(?<=\S) ([*×=÷+−≈≤≥≠]) (?=\S)")
+_SUPERSCRIPT = re.compile("[²³]")
 _SPACED_MINUS = re.compile(r"(?<=\w) - (?=\$?\d)")  # '840 pieces - 825 pieces = 15 pieces'
 _PER = re.compile(r"(\d[\d,.]*\s+[A-Za-z]+)/([A-Za-z]{2,})\b")  # '14 pieces/house', '1000 ml/liter'
 _LEADING_POINT = re.compile(r"(?<![\w.])\.(?=\d)")  # '.75' -> '0.75'
 _NEGATIVE = re.compile(r"(?<![A-Za-z0-9_)\].,:/-])-(?=\d)")  # '-40 degrees', '是-5度'; not 'F-16' or '3-4'
-_STRAY_DOLLAR = re.compile(r"\$(?! ?\d)")
+_STRAY_DOLLAR = re.compile(r"(?<!`)\$(?! ?\d)(?!`)")  # a math delimiter left alone; not `$` in code
 _DECIMAL = re.compile(r"(?<![\d.])(\d+)\.(\d+)(?![\d.])")
 
-_WORK = re.compile(r"\d|\s[*×=÷+−]\s|\$")  # every rule needs a digit, a spaced operator or a dollar sign
+_WORK = re.compile(r"\d|\s[*×=÷+−≈≤≥≠]\s|\$|[²³]")  # every rule needs a digit, a spaced operator or a dollar sign
 _OTHER_SCRIPT = re.compile("[\u0400-\u1cff\u3040-\u30ff\uac00-\ud7af]")  # Cyrillic to Indic, kana, Hangul
 _WORD = {
     "+": "plus",
@@ -97,9 +98,12 @@ def speak_operators(text: str, language: str = "en") -> str:
     if any(mark in text for mark in "-+*/×÷=<>^≤≥≠≈·−"):
         text = _RUN.sub(lambda m: _say_run(m.group(), language), text)
         if " " in text:
-            text = _SPACED.sub(lambda m: f" {vocab[_WORD[m.group(1)]]} ", text)
+            gap = "" if is_chinese(language) else " "
+            text = _SPACED.sub(lambda m: f"{gap}{vocab[_WORD[m.group(1)]]}{gap}", text)
         if "-" in text:
             text = _NEGATIVE.sub(vocab["negative"] + ("" if is_chinese(language) else " "), text)
+    if ("²" in text or "³" in text) and not is_chinese(language):  # CosyVoice's Chinese frontend says these itself
+        text = _SUPERSCRIPT.sub(lambda m: " " + vocab["squared" if m.group() == "²" else "cubed"], text)
     if "%" in text:
         text = _PERCENT.sub(lambda m: _percent(m.group(1), language), text)
     if "$" in text:
