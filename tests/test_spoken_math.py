@@ -75,7 +75,7 @@ ENGLISH = [
         "Then $\\|\\mathbf{v}\\| = 7$ and $|x| = 2$.",
         "Then the norm of v equals 7 and the absolute value of x equals 2.",
     ),
-    ("Let $f(x) = 2x - 3$.", "Let f of x equals 2 x minus 3."),
+    ("Let $f(x) = 2x - 3$.", "Let f of x equals 2 times x minus 3."),
     ("So $\\sin^2 \\theta + \\cos^2 \\theta = 1$.", "So sine squared theta plus cosine squared theta equals 1."),
     ("Then $\\tan^{-1} x$ is small.", "Then inverse tangent x is small."),
     ("The set $\\{1, 2, \\ldots, 9\\}$ is finite.", "The set 1, 2, and so on, 9 is finite."),

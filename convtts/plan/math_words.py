@@ -321,6 +321,8 @@ class _Reader:
         elif token[0].isdigit() or (token[0] == "." and token[1:].isdigit()):
             out.append(self.number(token))
         elif token[0].isalpha():
+            if token[0] == "x" and out and out[-1][-1:].isdigit() and not self.zh:
+                out.append(self.vocab["times"])  # wetext reads '3 x' as 'three times': '3 times x' keeps the x
             out.extend([token] if self.zh or len(token) > 4 and not token.isupper() else list(token))
             if token in ("f", "g", "h") and self.tokens[self.i : self.i + 1] == ["("] and not self.zh:
                 out.append(self.vocab["of"])  # 'f(x)': 'f of x'

@@ -9,10 +9,15 @@ grammars) when installed. Measured with wetext 0.1.8 on a 2-core machine: 16 ms 
 (GSM8K answers, 274 characters on average) and 5.5 ms a turn of Chinese (alpaca_zh, 103
 characters); a million conversations of two to four turns would take hours, against the planner's
 four minutes. It also fails on English input with Chinese in it. The rules here only turn symbols
-into words, which wetext leaves alone: normalising our text once or twice gives the same words
-(every one of its outputs we tried was a fixed point), and numbers, times and units are still read
-by wetext where it runs. Without wetext, CosyVoice spells digit runs itself ('3.5' -> 'three.five'),
-so a Chinese decimal is written '3点5' here, which both read alike.
+into words, which wetext leaves alone; numbers, times and units are still read by wetext where it
+runs. On the cleaned MATH-500, GSM8K and alpaca_zh test conversations wetext dropped none of our
+words and normalising twice gave what normalising once gave (but for lines with a double quote,
+which wetext escapes again each pass). It reads '3 x' as 'three times', so '3x' is said '3 times x'.
+Without wetext, CosyVoice spells digit runs itself ('3.5' -> 'three.five'), so a Chinese decimal is
+written '3点5' here, which both read alike.
+
+Cleaning with these rules costs 35 to 45 µs a turn of ordinary chat text on that machine (25 to 40
+without them), 190 µs a GSM8K turn and 450 µs a MATH-500 turn.
 """
 
 from __future__ import annotations
@@ -157,6 +162,8 @@ def _say_run(run: str, language: str) -> str:
             out.append(vocab[_WORD[piece]])
         elif piece.startswith("$"):
             out.append(say_money(piece.lstrip("$ "), None, language))
+        elif piece[-1] == "x" and piece[0].isdigit() and not zh:
+            out.extend([piece[:-1], vocab["times"], "x"])  # '3x' read by wetext is 'three times'; keep the x
         elif piece.endswith("%"):
             out.append(_percent(piece[:-1], language))
         else:
