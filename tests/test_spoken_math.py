@@ -127,6 +127,7 @@ ENGLISH = [
     ("Use x = 3 here.", "Use x equals 3 here."),
     ("Area = πr² and V = s³ here.", "Area equals πr squared and V equals s cubed here."),
     ("Match `$` at the end.", "Match this code at the end."),
+    ("The ratio is 4:3 at 10:30.", "The ratio is 4 to 3 at 10:30."),
 ]
 
 CHINESE = [
@@ -174,6 +175,7 @@ CHINESE = [
     ("面积 ≈ 78.5", "面积约等于78点5"),
     ("增长率达到8.7%。", "增长率达到百分之8点7。"),
     ("总时间是40 * 52 = 2080个小时。", "总时间是40乘以52等于2080个小时。"),
+    ("比例是4:3。", "比例是4比3。"),
 ]
 
 

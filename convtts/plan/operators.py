@@ -41,6 +41,7 @@ _TIMES_X = re.compile(r"(?<=\w) x (?=\$?\d)")  # '0.2 x 50', '$60/large painting
 _TIME = r"\d{1,2}(?::\d{2})?(?: ?[ap]\.?m\.?)?"
 _TIME_RANGE = re.compile(rf"(?<![A-Za-z0-9_:])({_TIME})[ \t]?[-–][ \t]?({_TIME})(?![A-Za-z0-9_:])", re.I)
 _DASH_RANGE = re.compile(rf"(?<![A-Za-z0-9_.])({_NUMBER})–({_NUMBER})(?![A-Za-z0-9_]|\.\d)")
+_RATIO = re.compile(r"(?<![\d:.])(\d{1,3}):(\d)(?![\d:])")  # '4:3', '16:9'; a time has two digits after the colon
 _MONEY = re.compile(rf"\$ ?({_NUMBER})(?: ?(thousand|million|billion|trillion)\b)?")
 _PERCENT = re.compile(rf"({_NUMBER}) ?%")
 _SPACED = re.compile(r"(?<=\S) ([*×=÷+−≈≤≥≠]) (?=\S)")
@@ -94,6 +95,8 @@ def speak_operators(text: str, language: str = "en") -> str:
     if "-" in text or "–" in text:
         text = _TIME_RANGE.sub(lambda m: _range(m, vocab, language), text) if ":" in text or "m-" in text else text
         text = _DASH_RANGE.sub(lambda m: _range(m, vocab, language), text) if "–" in text else text
+    if ":" in text:
+        text = _RATIO.sub(lambda m: join([m.group(1), vocab["ratio"], m.group(2)], language), text)
     if " x " in text:
         text = _TIMES_X.sub(" × ", text)
     if " - " in text and "=" in text:

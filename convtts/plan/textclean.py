@@ -123,7 +123,7 @@ def clean(
     return out, _reason(text)
 
 
-_OPERATOR_MARK = re.compile("[-+*/×÷=<>^%$≤≥≠≈·–−²³]")
+_OPERATOR_MARK = re.compile("[-+*/×÷=<>^%$≤≥≠≈·–−²³:]")
 _DEFAULT_PHRASES = SpokenPhrases()
 
 
