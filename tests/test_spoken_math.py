@@ -128,6 +128,7 @@ ENGLISH = [
     ("Area = πr² and V = s³ here.", "Area equals πr squared and V equals s cubed here."),
     ("Match `$` at the end.", "Match this code at the end."),
     ("The ratio is 4:3 at 10:30.", "The ratio is 4 to 3 at 10:30."),
+    ("It drove 23 total meters – 13 meters = 10 meters.", "It drove 23 total meters minus 13 meters equals 10 meters."),
 ]
 
 CHINESE = [

@@ -46,7 +46,7 @@ _MONEY = re.compile(rf"\$ ?({_NUMBER})(?: ?(thousand|million|billion|trillion)\b
 _PERCENT = re.compile(rf"({_NUMBER}) ?%")
 _SPACED = re.compile(r"(?<=\S) ([*×=÷+−≈≤≥≠]) (?=\S)")
 _SUPERSCRIPT = re.compile("[²³]")
-_SPACED_MINUS = re.compile(r"(?<=\w) - (?=\$?\d)")  # '840 pieces - 825 pieces = 15 pieces'
+_SPACED_MINUS = re.compile(r"(?<=\w) [-–] (?=\$?\d)")  # '840 pieces - 825 pieces = 15 pieces'
 _PER = re.compile(r"(\d[\d,.]*\s+[A-Za-z]+)/([A-Za-z]{2,})\b")  # '14 pieces/house', '1000 ml/liter'
 _LEADING_POINT = re.compile(r"(?<![\w.])\.(?=\d)")  # '.75' -> '0.75'
 _NEGATIVE = re.compile(r"(?<![A-Za-z0-9_)\].,:/-])-(?=\d)")  # '-40 degrees', '是-5度'; not 'F-16' or '3-4'
@@ -99,7 +99,7 @@ def speak_operators(text: str, language: str = "en") -> str:
         text = _RATIO.sub(lambda m: join([m.group(1), vocab["ratio"], m.group(2)], language), text)
     if " x " in text:
         text = _TIMES_X.sub(" × ", text)
-    if " - " in text and "=" in text:
+    if (" - " in text or " – " in text) and "=" in text:
         text = "\n".join(_SPACED_MINUS.sub(" − ", line) if "=" in line else line for line in text.split("\n"))
     if "." in text:
         text = _LEADING_POINT.sub("0.", text)
