@@ -303,3 +303,21 @@ def test_the_plan_says_code_drawings_and_dense_math_as_text_asks():
 def test_phrase_settings_are_checked_up_front(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\\[" * 50_000,  # display math that never closes: each opener must not search the rest again
+        "$a " * 33_000,
+        "$$" * 50_000,
+        "\\[" + "\\begin{a}" * 10_000 + "\\]",
+        "<<" * 50_000,
+        "1-" * 50_000,
+        "[asy]" * 20_000,
+    ],
+)
+def test_pathological_math_is_fast(text):
+    start = time.perf_counter()
+    clean(text)
+    assert time.perf_counter() - start < 2.0

@@ -1,4 +1,4 @@
-"""LaTeX math said as words: '$\\frac{x}{4} = 1$' -> 'x over 4 equals 1' (zh: '4分之x等于1').
+"""LaTeX math said as words: '$\\frac{x}{4} = 1$' -> 'x over 4 equals 1' (zh: '四分之x等于1').
 
 Inline math ($...$, \\(...\\)), display math ($$...$$, \\[...\\]) and bare environments
 (\\begin{align*} ... \\end{align*}) are found in a turn and each is read by a small recursive reader:
@@ -22,13 +22,10 @@ import re
 
 from convtts.plan.vocabulary import FUNCTIONS, GREEK, chinese_integer, is_chinese, join, words
 
-# $$...$$, \[...\], \(...\), a bare \begin{env}...\end{env}, or inline $...$ (the pandoc rule).
-_SPAN = re.compile(
-    r"\$\$(?P<dd>.+?)\$\$|\\\[(?P<db>.+?)\\\]|\\\((?P<ib>.+?)\\\)"
-    r"|(?P<env>\\begin\{(?P<name>[A-Za-z]+\*?)\}.*?\\end\{(?P=name)\})"
-    r"|(?<![\\$])\$(?![\s$])(?P<id>(?:[^$\\\n`]|\\.|\n(?![ \t]*\n)){1,2000}?)(?<![\s\\])\$(?!\d)",
-    re.S,
-)
+# Where math opens: $$, \[, \(, \begin{env}, or a $ (inline, by the pandoc rule below).
+_OPENER = re.compile(r"\$\$|\\\[|\\\(|\\begin\{([A-Za-z]+\*?)\}|(?<![\\$])\$(?![\s$])")
+_CLOSERS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)"}
+_INLINE = re.compile(r"\$((?:[^$\\\n`]|\\.|\n(?![ \t]*\n)){1,2000}?)(?<![\s\\])\$(?!\d)")
 _ASY = re.compile(r"\[asy\].*?(?:\[/asy\]|\Z)", re.S | re.I)
 _ENV = re.compile(r"\\begin\{([A-Za-z]+)\*?\}(?:\{[^{}]*\})?(.*?)\\end\{\1\*?\}", re.S)
 _TOKEN = re.compile(r"\\[A-Za-z]+|\\.|\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?|\.\d+|[A-Za-z]+|\x01\d+\x02|\s+|.", re.S)
@@ -45,10 +42,6 @@ _CONTENT = frozenset(
     "underline cancel bcancel xcancel displaystyle textstyle phantom".split()
 )
 _BIG = {"sum": "sum", "prod": "product", "int": "integral", "iint": "integral", "lim": "limit"}
-_SILENT = frozenset(
-    "left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr middle quad qquad displaystyle limits "
-    "nolimits hline noindent label nonumber notag tag cr".split()
-)
 _SYMBOLS = {
     "cdot": "times",
     "times": "times",
@@ -115,7 +108,38 @@ def speak_math(
         text = bridge_blocks(text, _ASY, figure_phrase or vocab["figure_phrase"], language)
     if "$" not in text and "\\" not in text:
         return text
-    return _SPAN.sub(lambda m: _say_span(m, language, dense_phrase or vocab["dense_math_phrase"], dense_words), text)
+    dense_phrase = dense_phrase or vocab["dense_math_phrase"]
+    pieces, last = [], 0
+    for start, end, source in _spans(text):
+        pieces += [text[last:start], _say_span(text, start, end, source, language, dense_phrase, dense_words)]
+        last = end
+    return "".join(pieces) + text[last:]
+
+
+def _spans(text: str):
+    """(start, end, LaTeX source) of each math span, left to right, in one pass: a delimiter whose
+    closing one is nowhere after it is never looked for again, so that unclosed '\\[' stays linear."""
+    unclosed: set[str] = set()
+    position = 0
+    while match := _OPENER.search(text, position):
+        opener = match.group()
+        if opener == "$":
+            inline = _INLINE.match(text, match.start())
+            if inline:
+                yield match.start(), inline.end(), inline.group(1)
+                position = inline.end()
+            else:
+                position = match.end()
+            continue
+        closer = _CLOSERS.get(opener) or f"\\end{{{match.group(1)}}}"
+        end = -1 if closer in unclosed else text.find(closer, match.end())
+        if end < 0:
+            unclosed.add(closer)
+            position = match.end()
+            continue
+        inner = text[match.end() : end] if opener in _CLOSERS else text[match.start() : end + len(closer)]
+        yield match.start(), end + len(closer), inner
+        position = end + len(closer)
 
 
 def bridge_blocks(text: str, block: re.Pattern, phrase: str, language: str) -> str:
@@ -138,12 +162,9 @@ def bridge_blocks(text: str, block: re.Pattern, phrase: str, language: str) -> s
     return "".join(pieces)
 
 
-def _say_span(match: re.Match, language: str, dense_phrase: str, dense_words: int) -> str:
-    said = _said_span(match, language, dense_phrase, dense_words)
-    before, after = (
-        match.string[max(0, match.start() - 40) : match.start()],
-        match.string[match.end() : match.end() + 1],
-    )
+def _say_span(text: str, start: int, end: int, source: str, language: str, dense_phrase: str, dense_words: int) -> str:
+    said = _said_span(source, language, dense_phrase, dense_words)
+    before, after = text[max(0, start - 40) : start], text[end : end + 1]
     if is_chinese(language):  # a space only between two Latin letters or digits
         said = _without_repeat_zh(before, said)
         left = " " if _latin(before[-1:]) and _latin(said[:1]) else ""
@@ -176,12 +197,7 @@ def _without_repeat(before: str, said: str) -> str:
     return said
 
 
-def _said_span(match: re.Match, language: str, dense_phrase: str, dense_words: int) -> str:
-    source = next(
-        g
-        for g in (match.group("dd"), match.group("db"), match.group("ib"), match.group("env"), match.group("id"))
-        if g is not None
-    )
+def _said_span(source: str, language: str, dense_phrase: str, dense_words: int) -> str:
     said, boxed = say_latex(source, language)
     if len(said.split()) + (len(said) // 4 if is_chinese(language) else 0) > dense_words:
         vocab = words(language)
@@ -196,7 +212,7 @@ def say_latex(source: str, language: str = "en") -> tuple[str, list[str]]:
     """(the words of a LaTeX math source, the words of each \\boxed in it)."""
     envs: list[str] = []
     boxed: list[str] = []
-    while "\\begin" in source:
+    while "\\begin" in source and "\\end" in source:
         replaced = _ENV.sub(lambda m: _marker(envs, _say_environment(m, language, boxed)), source)
         if replaced == source:
             break
