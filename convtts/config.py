@@ -43,6 +43,13 @@ class TextConfig:
     # (link_phrase in its place). Dropping it would leave a hole: 'See and for Node.js.'
     links: str = "domain"
     link_phrase: str = "a link"
+    # What takes the place of a fenced code block, of [asy] drawing code and of math too long to read
+    # aloud (more than dense_math_words words). Empty: the turn's language's own words ('as shown in
+    # the code', 'as shown in the figure', 'a long expression'; zh '如代码所示', '如图所示', '一个很长的算式').
+    code_phrase: str = ""
+    figure_phrase: str = ""
+    dense_math_phrase: str = ""
+    dense_math_words: int = 60
 
     def check(self) -> None:
         if self.max_words < 3:
@@ -61,14 +68,38 @@ class TextConfig:
                 f"text.link_phrase must be one to five words of letters (a voice says it), got {self.link_phrase!r}"
             )
 
+        for key in ("code_phrase", "figure_phrase", "dense_math_phrase"):
+            value = getattr(self, key)
+            if value and not _SPOKEN_PHRASE.fullmatch(value):
+                raise ConfigError(
+                    f"text.{key} must be empty or one to eight words of letters (a voice says it), got {value!r}"
+                )
+        if self.dense_math_words < 5:
+            raise ConfigError(f"text.dense_math_words must be at least 5, got {self.dense_math_words}")
+
+    def phrases(self) -> SpokenPhrases:
+        """The phrases clean() puts in place of code, drawings and dense math."""
+        return SpokenPhrases(self.code_phrase, self.figure_phrase, self.dense_math_phrase, self.dense_math_words)
+
     def link_words(self) -> str | None:
         """What a link is said as: None for its domain, else the phrase."""
         return self.link_phrase if self.links == "phrase" else None
 
 
+@dataclass(frozen=True)
+class SpokenPhrases:
+    """What cleaning says in place of what a voice cannot read; empty: the turn's language's own words."""
+
+    code: str = ""
+    figure: str = ""
+    dense_math: str = ""
+    dense_math_words: int = 60
+
+
 LINK_STYLES = ("domain", "phrase")
 # 'a link', 'the website', 'l'adresse': words a voice can say, no markup or digits
 _LINK_PHRASE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*(?: [^\W\d_]+(?:['’-][^\W\d_]+)*){0,4}")
+_SPOKEN_PHRASE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*(?: [^\W\d_]+(?:['’-][^\W\d_]+)*){0,7}")
 
 
 SPEAKER_POLICIES = ("by_role", "per_turn", "single")

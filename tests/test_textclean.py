@@ -40,9 +40,9 @@ CLEAN_CASES = [
     ("> A quoted line.\n> > Nested.", "A quoted line.\nNested."),
     ("Above.\n\n---\n\nBelow.", "Above.\nBelow."),
     ("~~old~~ new", "old new"),
-    ("snake_case stays, 2 * 3 = 6.", "snake_case stays, 2 * 3 = 6."),
-    ("Before\n```python\nprint('x')\n```\nAfter.", "Before\nAfter."),
-    ("Unclosed\n~~~\ncode to the end", "Unclosed"),
+    ("snake_case stays, 2 * 3 = 6.", "snake_case stays, 2 times 3 equals 6."),
+    ("Before\n```python\nprint('x')\n```\nAfter.", "Before\nAs shown in the code.\nAfter."),
+    ("Unclosed\n~~~\ncode to the end", "Unclosed\nAs shown in the code."),
     # links, addresses: said as words (more in SPOKEN_CASES)
     ("Visit https://www.example.com/a?b=1 today.", "Visit example dot com today."),
     ("Go to www.example.org, then stop.", "Go to example dot org, then stop."),
@@ -62,7 +62,10 @@ CLEAN_CASES = [
     ("Non\u00a0breaking\u3000spaces.", "Non breaking spaces."),
     ('Keep: commas, colons; quotes "yes" and (parens)!', 'Keep: commas, colons; quotes "yes" and (parens)!'),
     ("Café, naïve, Straße, 東京, Москва.", "Café, naïve, Straße, 東京, Москва."),
-    ("It costs $3.50 (about 3.5 euros), 50% off.", "It costs $3.50 (about 3.5 euros), 50% off."),
+    (
+        "It costs $3.50 (about 3.5 euros), 50% off.",
+        "It costs 3 dollars and 50 cents (about 3.5 euros), 50 percent off.",
+    ),
 ]
 
 
@@ -105,10 +108,10 @@ SPOKEN_CASES = [
     # inline code and code blocks
     ("Type `git status` to check.", "Type git status to check."),
     ("Call `flush()` twice.", "Call flush twice."),
-    ("Set `retries = 3` first.", "Set retries = 3 first."),
+    ("Set `retries = 3` first.", "Set retries equals 3 first."),
     ("Run `ls -la | grep log` to list them.", "Run this code to list them."),
     ("Edit `/etc/hosts` as root.", "Edit hosts as root."),
-    ("Use this:\n```bash\nrm -rf build\n```\nThen rebuild.", "Use this:\nThen rebuild."),
+    ("Use this:\n```bash\nrm -rf build\n```\nThen rebuild.", "Use this, as shown in the code.\nThen rebuild."),
     # IP addresses, digit group by group
     ("The loopback address is ::1 on most systems.", "The loopback address is double colon 1 on most systems."),
     ("Ping 127.0.0.1.", "Ping 127 dot 0 dot 0 dot 1."),

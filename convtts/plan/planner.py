@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from convtts.config import PLAN_GROUPS, Config, SelectConfig, to_dict
+from convtts.config import PLAN_GROUPS, Config, SelectConfig, TextConfig, to_dict
 from convtts.plan.reader import InputError, conversation_turns, json_type, read_spans, records
 from convtts.plan.textclean import clean, split_segments
 from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
@@ -159,7 +159,7 @@ def plan_conversation(
         reason = turn_problem(item, side, config)
         if reason is None:
             source = item.get("value", item.get("content"))
-            text, reason = clean(source, config.text.link_words())
+            text, reason = clean(source, config.text.link_words(), phrases=config.text.phrases())
         if reason is not None:
             skipped.append(
                 {
@@ -381,7 +381,13 @@ def plan_settings(config: Config) -> dict:
     # own plan's texts.
     if config.text.links == "domain":
         del settings["text"]["links"], settings["text"]["link_phrase"]
+    for key in _SPOKEN_PHRASE_KEYS:  # at their defaults, likewise the settings of plans made before them
+        if settings["text"][key] == getattr(TextConfig, key):
+            del settings["text"][key]
     return settings
+
+
+_SPOKEN_PHRASE_KEYS = ("code_phrase", "figure_phrase", "dense_math_phrase", "dense_math_words")
 
 
 def plan_is_fresh(input_path: str | Path, layout: Layout, config: Config) -> bool:

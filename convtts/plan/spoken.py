@@ -129,13 +129,17 @@ def _say_path(match: re.Match) -> str:
     return " ".join(said.replace("_", " ").replace("-", " ").split())
 
 
-def speak_inline_code(text: str) -> str:
-    """`pip install` keeps its words, `print()` its name; a dense snippet (`ls -la | grep x`) becomes 'this code'."""
-    return INLINE_CODE.sub(_say_code, text)
+def speak_inline_code(text: str, unreadable: str = CODE_WORDS) -> str:
+    """`pip install` keeps its words, `print()` its name, `np.array` is 'np dot array'; a dense
+    snippet (`ls -la | grep x`) becomes unreadable ('this code')."""
+    return INLINE_CODE.sub(lambda m: _say_code(m.group(2).strip(), unreadable), text)
 
 
-def _say_code(match: re.Match) -> str:
-    code = match.group(2).strip()
-    if _SAYABLE_CODE.fullmatch(code):
-        return code.removesuffix("()")
-    return CODE_WORDS
+def _say_code(code: str, unreadable: str) -> str:
+    if not _SAYABLE_CODE.fullmatch(code):
+        return unreadable
+    code = code.removesuffix("()")
+    return _CODE_DOT.sub(" dot ", code) if "." in code else code
+
+
+_CODE_DOT = re.compile(r"(?<=[A-Za-z_])\.(?=[A-Za-z_])")  # 'np.array', 'os.path.join'; not '3.5' or 'v1.2'

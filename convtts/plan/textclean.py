@@ -6,7 +6,10 @@ import html
 import math
 import re
 
-from convtts.plan import spoken
+from convtts.config import SpokenPhrases
+from convtts.plan import math_words, operators, spoken
+from convtts.plan.vocabulary import is_chinese
+from convtts.plan.vocabulary import words as vocabulary
 
 # --- cleaning ---------------------------------------------------------------------------------
 
@@ -68,18 +71,27 @@ _SPACE_BEFORE_PUNCT = re.compile(r" +(?=[.,;:!?]+(?:[\s\"')\]]|$))")
 _SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit, in any script
 
 
-def clean(text: str, link_phrase: str | None = None) -> tuple[str, str | None]:
+def clean(
+    text: str, link_phrase: str | None = None, language: str = "en", phrases: SpokenPhrases | None = None
+) -> tuple[str, str | None]:
     """Return (speakable text, None), or (whatever is left, reason) when no letter or digit remains.
 
     Links are said as their domain ('nodejs dot org'), or as link_phrase when one is given; e-mail
-    addresses, IP addresses and file paths as words (convtts/plan/spoken.py). A turn that is
-    nothing but links is skipped. Lines are kept apart by newlines: a list item or a heading stays
-    its own sentence. Every rule is guarded by a cheap substring test: most chat text needs only a
-    few of them.
+    addresses, IP addresses and file paths as words (convtts/plan/spoken.py); math, operators and
+    amounts of money as words of the turn's language (ISO 639-1: Chinese for 'zh', English for the
+    rest; convtts/plan/math_words.py, operators.py); a code block or a drawing as a phrase
+    (phrases). A turn that is nothing but links is skipped. Lines are kept apart by newlines: a
+    list item or a heading stays its own sentence. Every rule is guarded by a cheap substring test:
+    most chat text needs only a few of them.
     """
+    said = phrases or _DEFAULT_PHRASES
     out = _plain_chars(text)
+    if "<<" in out or "####" in out:
+        out = operators.speak_calculator_notes(out, language)
     if "```" in out or "~~~" in out:
-        out = _FENCE.sub("\n", out)
+        out = _bridge_code(out, said.code or vocabulary(language)["code_phrase"], language)
+    if "$" in out or "\\" in out or "[asy]" in out:
+        out = math_words.speak_math(out, language, said.figure, said.dense_math, said.dense_math_words)
     if "<" in out:
         out = _PLACEHOLDER.sub(" ", out)
         out = _HTML_SCRIPT.sub("", _HTML_COMMENT.sub("", out))
@@ -97,16 +109,30 @@ def clean(text: str, link_phrase: str | None = None) -> tuple[str, str | None]:
         out = _plain_chars(html.unescape(out))  # '&nbsp;', '&#128512;'
     if "." in out or ":" in out:
         out = spoken.speak_addresses(out)
+    if _OPERATOR_MARK.search(out) or ("." in out and language != "en" and is_chinese(language)):
+        out = operators.speak_operators(out, language)  # before paths ('(n-2)/2') and emphasis ('2 * 3')
     if "/" in out or "\\" in out:
         out = spoken.speak_paths(out)
     if any(line.lstrip()[:1] in _LINE_MARKUP for line in out.split("\n")):
         out = _markdown_lines(out)
     if any(mark in out for mark in "`*_~\\"):
-        out = _markdown_inline(out)
+        out = _markdown_inline(out, vocabulary(language)["inline_code"])
     out = _tidy(out)
     if _SPEAKABLE.search(out):
         return out, None
     return out, _reason(text)
+
+
+_OPERATOR_MARK = re.compile("[-+*/×÷=<>^%$≤≥≠≈·–−²³:]")
+_DEFAULT_PHRASES = SpokenPhrases()
+
+
+def _bridge_code(text: str, phrase: str, language: str) -> str:
+    """A fenced code block leaves a phrase, joined to the line that led into it: 'Run this:' ->
+    'Run this, as shown in the code.' A turn of nothing but code keeps no phrase (it is skipped)."""
+    if not _SPEAKABLE.search(_PLACEHOLDER.sub("", _FENCE.sub("", text))):
+        return _FENCE.sub("\n", text)
+    return math_words.bridge_blocks(text, _FENCE, phrase, language)
 
 
 def _plain_chars(text: str) -> str:
@@ -138,10 +164,10 @@ def _markdown_lines(text: str) -> str:
     return text
 
 
-def _markdown_inline(text: str) -> str:
+def _markdown_inline(text: str, code_words: str = spoken.CODE_WORDS) -> str:
     """Inline markdown keeps its words: `code`, **bold**, *italic*, _italic_, ~~struck~~."""
     if "`" in text:
-        text = spoken.speak_inline_code(text).replace("`", "")
+        text = spoken.speak_inline_code(text, code_words).replace("`", "")
     if "*" in text or "__" in text:
         text = _MD_BOLD.sub(r"\2", text)
         text = _MD_ITALIC.sub(r"\1", text)
@@ -164,7 +190,18 @@ def _tidy(text: str) -> str:
         text = _SPACES.sub(" ", text)
     if _SPACE_BEFORE_PUNCT.search(text):
         text = _SPACE_BEFORE_PUNCT.sub("", text)
-    return "\n".join(line for line in map(str.strip, text.split("\n")) if _SPEAKABLE.search(line))
+    lines = [line for line in map(str.strip, text.split("\n")) if _SPEAKABLE.search(line)]
+    if len(lines) > 1 and any(line[-1] in _CLOSERS for line in lines[:-1]):
+        # '- Mix the flour (about 200 g)': a list item or heading ends in a full stop, like one ending in a word
+        lines = [
+            line + "." if i < len(lines) - 1 and line[-1] in _CLOSERS and line[-2:-1] not in _STOPS else line
+            for i, line in enumerate(lines)
+        ]
+    return "\n".join(lines)
+
+
+_CLOSERS = frozenset(")]\"'”’")
+_STOPS = frozenset(".!?。！？")
 
 
 # Each step removes one kind of unspeakable content; the first one that leaves no letter or
@@ -255,8 +292,8 @@ def _ends_sentence(line: str, start: int, end: int) -> bool:
         return True
     word_start = line.rfind(" ", 0, start) + 1
     word = line[word_start:start]
-    if word.lower() in _NEVER_END or _INITIALS.fullmatch(word):
-        return False
+    if word.lower() in _NEVER_END or (_INITIALS.fullmatch(word) and not (len(word) == 1 and word.islower())):
+        return False  # 'J. Smith', 'the U.S. Army'; but 'each value of n.' ends there
     return not (word_start == 0 and word.isdigit())  # '1. The cat' is a list number
 
 
