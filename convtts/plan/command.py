@@ -209,10 +209,20 @@ def describe(plan: dict) -> str:
     return (
         f"Plan: {plural(plan['conversations'], 'conversation')} "
         f"({plural(plan['skipped_records'], 'unusable record')} skipped), "
-        f"{plural(plan['turns'], 'turn')} to speak ({plan['skipped_turns']:,} skipped, see plan/skipped.jsonl), "
+        f"{plural(plan['turns'], 'turn')} to speak ({plan['skipped_turns']:,} skipped{unspoken(plan)}, "
+        "see plan/skipped.jsonl), "
         f"{plural(plan['segments'], 'segment')}, {plural(plan['words'], 'word')}, "
         f"about {audio_length(plan['estimated_hours'])} of audio, in {plural(len(shards), 'shard')} ({names})."
     )
+
+
+def unspoken(plan: dict) -> str:
+    """`, 3 of them in zh, which the voice does not speak`, or nothing."""
+    languages = plan.get("skipped_languages") or {}
+    if not languages:
+        return ""
+    told = ", ".join(f"{n:,} in {language}" for language, n in languages.items())
+    return f", {told}: the voice does not speak it"
 
 
 def audio_length(hours: float) -> str:

@@ -68,8 +68,10 @@ _SPACE_BEFORE_PUNCT = re.compile(r" +(?=[.,;:!?]+(?:[\s\"')\]]|$))")
 _SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit, in any script
 
 
-def clean(text: str, link_phrase: str | None = None) -> tuple[str, str | None]:
+def clean(text: str, link_phrase: str | None = None, language: str = "en") -> tuple[str, str | None]:
     """Return (speakable text, None), or (whatever is left, reason) when no letter or digit remains.
+
+    `language` is the turn's (ISO 639-1, convtts/plan/language.py), for the words it is said in.
 
     Links are said as their domain ('nodejs dot org'), or as link_phrase when one is given; e-mail
     addresses, IP addresses and file paths as words (convtts/plan/spoken.py). A turn that is
