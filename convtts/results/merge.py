@@ -292,7 +292,7 @@ def skipped_text(s: dict) -> str:
         return "nothing speakable"
     told = ", ".join(f"{n} in {language}" for language, n in languages.items())
     rest = s["skipped_turns"] - sum(languages.values())
-    return f"{told}: the voice does not speak it; {rest} with nothing speakable"
+    return f"{told}: the voice does not speak it" + (f"; {rest} with nothing speakable" if rest else "")
 
 
 def refused_text(refused: dict, where: str) -> str:
