@@ -143,6 +143,17 @@ def test_an_embedded_english_word_or_number_is_never_cut():
         assert sum(piece.count(token) for piece in pieces) == 6
 
 
+def test_japanese_is_cut_at_its_marks_and_korean_keeps_its_spaces():
+    japanese = "日本は東アジアに位置する島国である。首都は東京で、人口は約一億二千万人である。公用語は日本語である。"
+    assert detect(japanese) == "ja"
+    pieces = split_characters(japanese, 40)
+    assert "".join(pieces) == japanese and all(piece.endswith("。") for piece in pieces) and len(pieces) == 2
+    korean = "대한민국은 동아시아의 한반도 남부에 위치한 민주공화국이다. 수도는 서울특별시이며, 인구는 약 5천만 명이다."
+    assert detect(korean) == "ko"
+    pieces = split_characters(korean, 40)
+    assert " ".join(pieces) == korean and len(pieces) == 2  # a space between sentences, none lost in a word
+
+
 def test_a_token_longer_than_the_cap_is_still_cut():
     pieces = split_characters("这是一个很长的标识符：" + "x" * 200 + "。", 80)
     assert max(len(piece) for piece in pieces) <= 80

@@ -22,6 +22,7 @@ from convtts.plan.planner import (
     plan_is_fresh,
     plan_matches,
 )
+from convtts.plan.language import counts_characters
 from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout
@@ -211,9 +212,15 @@ def describe(plan: dict) -> str:
         f"({plural(plan['skipped_records'], 'unusable record')} skipped), "
         f"{plural(plan['turns'], 'turn')} to speak ({plan['skipped_turns']:,} skipped{unspoken(plan)}, "
         "see plan/skipped.jsonl), "
-        f"{plural(plan['segments'], 'segment')}, {plural(plan['words'], 'word')}, "
+        f"{plural(plan['segments'], 'segment')}, {plural(plan['words'], 'word')}{in_characters(plan)}, "
         f"about {audio_length(plan['estimated_hours'])} of audio, in {plural(len(shards), 'shard')} ({names})."
     )
+
+
+def in_characters(plan: dict) -> str:
+    """` (characters in zh)` where some turns are counted in characters (convtts/plan/language.py)."""
+    counted = [language for language in plan.get("languages") or () if counts_characters(language)]
+    return f" (characters in {', '.join(counted)})" if counted else ""
 
 
 def unspoken(plan: dict) -> str:

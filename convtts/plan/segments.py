@@ -16,7 +16,7 @@ from convtts.config import MAX_CHARS_CEILING
 
 _IDEOGRAPHIC = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 _CJK_PUNCT = "\u3000-\u303f\uff00-\uffef"  # 。，、「」 and the full-width forms
-_WIDE = re.compile(f"[{_IDEOGRAPHIC}{_CJK_PUNCT}\uac00-\ud7af]")
+_WIDE = re.compile(f"[{_IDEOGRAPHIC}{_CJK_PUNCT}]")  # Korean keeps its spaces
 # A sentence ends after 。！？ (and closing quotes), or after . ! ? that a space, the end or a CJK
 # character follows ('3.14' and 'Node.js' go on).
 _SENTENCE_END = re.compile(
