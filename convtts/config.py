@@ -58,7 +58,9 @@ class TextConfig:
         if not 10 <= self.max_chars <= MAX_CHARS_CEILING:
             raise ConfigError(f"text.max_chars must be between 10 and {MAX_CHARS_CEILING}, got {self.max_chars}")
         if self.language != "auto" and not _LANGUAGE_CODE.fullmatch(self.language):
-            raise ConfigError(f"text.language must be auto or an ISO 639-1 code such as en or zh, got {self.language!r}")
+            raise ConfigError(
+                f"text.language must be auto or an ISO 639-1 code such as en or zh, got {self.language!r}"
+            )
         for language, rate in self.chars_per_minute.items():
             if not _LANGUAGE_CODE.fullmatch(language) or rate <= 0:
                 raise ConfigError(f"text.chars_per_minute.{language} must be a language code with a positive rate")

@@ -60,7 +60,9 @@ def chinese(tmp_path_factory):
 def test_every_row_of_chinese_text_is_tagged_zh(chinese):
     plan, rows, _ = chinese
     chinese_turns = {turn for turn, pieces in turns_of(rows).items() if HAN.search("".join(pieces))}
-    assert rows and all(row["language"] == "zh" for row in rows if (row["conversation_id"], row["turn"]) in chinese_turns)
+    assert rows and all(
+        row["language"] == "zh" for row in rows if (row["conversation_id"], row["turn"]) in chinese_turns
+    )
     english = {row["conversation_id"] for row in rows if row["language"] == "en"}
     assert english == {"alpaca-zh-117"}  # the one answer written in English
     assert plan["languages"] == {"zh": 118, "en": 1}

@@ -13,6 +13,7 @@ from convtts import EXIT_DISK_FULL, EXIT_OK
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
+from convtts.plan.language import counts_characters
 from convtts.plan.planner import (
     CONTENT_SINCE,
     PLAN_VERSION,
@@ -22,7 +23,6 @@ from convtts.plan.planner import (
     plan_is_fresh,
     plan_matches,
 )
-from convtts.plan.language import counts_characters
 from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout

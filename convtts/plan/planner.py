@@ -24,8 +24,8 @@ from convtts.plan.language import counts_characters, detect, spoken_units
 from convtts.plan.reader import InputError, json_type, read_spans, records
 from convtts.plan.segments import split_characters
 from convtts.plan.textclean import clean, split_segments
-from convtts.speak import configs_speaking, voice_languages
 from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
+from convtts.speak import configs_speaking, voice_languages
 from convtts.state.layout import Layout, shard_name
 from convtts.words import plural
 
@@ -221,7 +221,7 @@ BATCH = 500  # conversations sent to a worker at a time
 def plan_batch(
     batch: list[tuple[str, bytes]], config: Config, casting: Casting, speaks: frozenset[str] | None = None
 ) -> list[tuple]:
-    """Plan raw records: (segments, segment lines, conversation line, skipped lines, Tally)."""
+    """Plan raw records: (segments, segment lines, conversation line, skipped lines, counts_of(...))."""
     out = []
     for cid, raw in batch:
         try:
@@ -238,16 +238,36 @@ def plan_batch(
                 b"".join(orjson.dumps(s) + b"\n" for s in segments),
                 b'{"conversation_id":' + orjson.dumps(cid) + b',"record":' + body + b"}\n",
                 b"".join(orjson.dumps(s) + b"\n" for s in skipped),
-                Tally.of(segments, skipped, config),
+                counts_of(segments, skipped, config),
             )
         )
     return out
 
 
+def counts_of(segments: list[dict], skipped: list[dict], config: Config) -> tuple:
+    """One conversation's counts, as cheap to send back from a worker as ints: (turns, words,
+    estimated seconds, skipped turns, ((language, turns spoken), ...), ((language, turns skipped
+    because the voice does not speak it), ...))."""
+    turns, words = {}, 0
+    for s in segments:
+        turns[s["turn"]] = s["language"]
+        words += s["words"]
+    languages = set(turns.values())
+    if len(languages) == 1:  # nearly always: one rate for the whole conversation
+        (language,) = languages
+        seconds, spoken = config.text.seconds(words, language), ((language, len(turns)),)
+    else:
+        units = Counter()
+        for s in segments:
+            units[s["language"]] += s["words"]
+        seconds = sum(config.text.seconds(n, language) for language, n in units.items())
+        spoken = tuple(Counter(turns.values()).items())
+    unspoken = [s["language"] for s in skipped if s["reason"].startswith("language ")]
+    return len(turns), words, seconds, len(skipped), spoken, tuple(Counter(unspoken).items()) if unspoken else ()
+
+
 class Tally:
     """What a plan counts: turns spoken and skipped, words, estimated seconds, turns by language."""
-
-    __slots__ = ("turns", "words", "seconds", "skipped_turns", "languages", "unspoken")
 
     def __init__(self):
         self.turns = self.words = self.skipped_turns = 0
@@ -255,25 +275,16 @@ class Tally:
         self.languages: Counter = Counter()  # turns spoken, by language
         self.unspoken: Counter = Counter()  # turns skipped because the voice does not speak their language
 
-    @classmethod
-    def of(cls, segments: list[dict], skipped: list[dict], config: Config) -> Tally:
-        tally = cls()
-        turns = {s["turn"]: s["language"] for s in segments}
-        tally.turns = len(turns)
-        tally.languages.update(turns.values())
-        tally.words = sum(s["words"] for s in segments)
-        tally.seconds = sum(config.text.seconds(s["words"], s["language"]) for s in segments)
-        tally.skipped_turns = len(skipped)
-        tally.unspoken.update(s["language"] for s in skipped if s["reason"].startswith("language "))
-        return tally
-
-    def add(self, other: Tally) -> None:
-        self.turns += other.turns
-        self.words += other.words
-        self.seconds += other.seconds
-        self.skipped_turns += other.skipped_turns
-        self.languages.update(other.languages)
-        self.unspoken.update(other.unspoken)
+    def add(self, counts: tuple) -> None:
+        turns, words, seconds, skipped, languages, unspoken = counts
+        self.turns += turns
+        self.words += words
+        self.seconds += seconds
+        self.skipped_turns += skipped
+        for language, n in languages:
+            self.languages[language] += n
+        for language, n in unspoken:
+            self.unspoken[language] += n
 
 
 def _batches(items, size: int):

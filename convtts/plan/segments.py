@@ -19,9 +19,7 @@ _CJK_PUNCT = "\u3000-\u303f\uff00-\uffef"  # 。，、「」 and the full-width 
 _WIDE = re.compile(f"[{_IDEOGRAPHIC}{_CJK_PUNCT}]")  # Korean keeps its spaces
 # A sentence ends after 。！？ (and closing quotes), or after . ! ? that a space, the end or a CJK
 # character follows ('3.14' and 'Node.js' go on).
-_SENTENCE_END = re.compile(
-    f"(?:[。！？!?…]+|(?<!\\d)\\.(?=\\s|$|[{_IDEOGRAPHIC}]))[”’\"'」』）)\\]]*\\s*"
-)
+_SENTENCE_END = re.compile(f"(?:[。！？!?…]+|(?<!\\d)\\.(?=\\s|$|[{_IDEOGRAPHIC}]))[”’\"'」』）)\\]]*\\s*")
 _CLAUSE_END = re.compile(f"(?:[，；、：]|[,;:](?=\\s|$|[{_IDEOGRAPHIC}]))[”’\"'」』）)\\]]*\\s*")
 # Cutting points inside a clause: each Han or kana character stands alone; any other run of
 # non-space characters (an English word, a number, a Korean word) is one piece, with its spaces.

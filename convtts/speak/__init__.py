@@ -17,7 +17,16 @@ import json
 from convtts.config import SHIPPED_CONFIG_DIRS, Config, ConfigError, load_config
 from convtts.speak.base import Backend, SynthesisError
 
-__all__ = ["Backend", "SynthesisError", "backend_row_mb", "backend_rows", "build_backend", "check_backend", "voice_languages", "with_rows"]
+__all__ = [
+    "Backend",
+    "SynthesisError",
+    "backend_row_mb",
+    "backend_rows",
+    "build_backend",
+    "check_backend",
+    "voice_languages",
+    "with_rows",
+]
 
 BUILT_IN = {
     "piper": ("convtts.speak.piper", "PiperBackend"),
