@@ -47,7 +47,7 @@ class TextConfig:
     # (convtts/plan/language.py). A turn in a language the voice does not speak is skipped.
     language: str = "auto"
     # Chinese, Japanese and Korean segments are measured in characters: at most this many.
-    # CosyVoice's own frontend cuts its input at about 80 tokens, about 80 Chinese characters.
+    # CosyVoice's own frontend cuts Chinese into pieces of at most 80 characters (split_paragraph's token_max_n).
     max_chars: int = 80
     # Speaking rates of the languages measured in characters, for the plan's estimate of audio hours
     chars_per_minute: dict[str, float] = field(default_factory=lambda: dict(CHARS_PER_MINUTE))
