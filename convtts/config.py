@@ -50,10 +50,27 @@ class TextConfig:
     figure_phrase: str = ""
     dense_math_phrase: str = ""
     dense_math_words: int = 60
+    # Each turn's language, an ISO 639-1 code (zh, ja, en ...), or auto: found from its text
+    # (convtts/plan/language.py). A turn in a language the voice does not speak is skipped.
+    language: str = "auto"
+    # Chinese, Japanese and Korean segments are measured in characters: at most this many.
+    # CosyVoice's own frontend cuts Chinese into pieces of at most 80 characters (split_paragraph's token_max_n).
+    max_chars: int = 80
+    # Speaking rates of the languages measured in characters, for the plan's estimate of audio hours
+    chars_per_minute: dict[str, float] = field(default_factory=lambda: dict(CHARS_PER_MINUTE))
 
     def check(self) -> None:
         if self.max_words < 3:
             raise ConfigError(f"text.max_words must be at least 3, got {self.max_words}")
+        if not 10 <= self.max_chars <= MAX_CHARS_CEILING:
+            raise ConfigError(f"text.max_chars must be between 10 and {MAX_CHARS_CEILING}, got {self.max_chars}")
+        if self.language != "auto" and not _LANGUAGE_CODE.fullmatch(self.language):
+            raise ConfigError(
+                f"text.language must be auto or an ISO 639-1 code such as en or zh, got {self.language!r}"
+            )
+        for language, rate in self.chars_per_minute.items():
+            if not _LANGUAGE_CODE.fullmatch(language) or rate <= 0:
+                raise ConfigError(f"text.chars_per_minute.{language} must be a language code with a positive rate")
         if self.max_turn_chars < 100:
             raise ConfigError(f"text.max_turn_chars must be at least 100, got {self.max_turn_chars}")
         if self.words_per_minute <= 0:
@@ -67,7 +84,6 @@ class TextConfig:
             raise ConfigError(
                 f"text.link_phrase must be one to five words of letters (a voice says it), got {self.link_phrase!r}"
             )
-
         for key in ("code_phrase", "figure_phrase", "dense_math_phrase"):
             value = getattr(self, key)
             if value and not _SPOKEN_PHRASE.fullmatch(value):
@@ -80,6 +96,12 @@ class TextConfig:
     def phrases(self) -> SpokenPhrases:
         """The phrases clean() puts in place of code, drawings and dense math."""
         return SpokenPhrases(self.code_phrase, self.figure_phrase, self.dense_math_phrase, self.dense_math_words)
+
+    def seconds(self, units: float, language: str | None) -> float:
+        """Estimated seconds of speech: characters at chars_per_minute for the languages counted in
+        characters, words at words_per_minute for the others."""
+        rate = self.chars_per_minute.get(language) or CHARS_PER_MINUTE.get(language) or self.words_per_minute
+        return units * 60.0 / rate
 
     def link_words(self) -> str | None:
         """What a link is said as: None for its domain, else the phrase."""
@@ -97,6 +119,11 @@ class SpokenPhrases:
 
 
 LINK_STYLES = ("domain", "phrase")
+# Characters a minute of speech: Mandarin and Cantonese about 4.5 syllables (one character each) a
+# second, Japanese about 5.5 characters (kanji and kana together), Korean about 5 syllable blocks.
+CHARS_PER_MINUTE = {"zh": 270.0, "yue": 270.0, "ja": 330.0, "ko": 300.0}
+MAX_CHARS_CEILING = 150  # no setting makes a CJK segment longer: past it the voices run on and babble
+_LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
 # 'a link', 'the website', 'l'adresse': words a voice can say, no markup or digits
 _LINK_PHRASE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*(?: [^\W\d_]+(?:['’-][^\W\d_]+)*){0,4}")
 _SPOKEN_PHRASE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*(?: [^\W\d_]+(?:['’-][^\W\d_]+)*){0,7}")

@@ -6,12 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import need
 from convtts.config import ConfigError, ValidateConfig
-
-need("py3langid", "validate")
-
-from convtts.gate.language import is_english  # noqa: E402
+from convtts.gate.language import is_english
 
 SENTENCES = Path(__file__).parent / "data" / "language_sentences.tsv"
 ROWS = [line.split("\t", 1) for line in SENTENCES.read_text().splitlines() if line and not line.startswith("#")]

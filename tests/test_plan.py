@@ -234,6 +234,7 @@ def test_shard_line_fields(tmp_path):
         "role",
         "side",
         "speaker",
+        "language",
         "text",
         "source_text",
         "words",

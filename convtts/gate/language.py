@@ -21,6 +21,7 @@ repetitive edits.") from going to a rare language whose model it happens to fit 
 from __future__ import annotations
 
 import functools
+import math
 
 # Languages a chat turn is likely to be in, by ISO 639-1 code: the model chooses among these only.
 LANGUAGES = {
@@ -49,3 +50,10 @@ def language_of(text: str) -> str:
 
 def is_english(text: str) -> bool:
     return language_of(text) == "en"
+
+
+def english_share(text: str) -> float:
+    """English's share of the model's probability over LANGUAGES (its scores are log-probabilities)."""
+    scores = dict(_identifier().rank(text))
+    top = max(scores.values())
+    return math.exp(scores["en"] - top) / sum(math.exp(s - top) for s in scores.values())

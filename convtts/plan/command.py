@@ -14,6 +14,7 @@ from convtts.cli import add_config_args, fail, load_config_or_exit, setup_loggin
 from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
 from convtts.plan.changes import plan_changes
+from convtts.plan.language import counts_characters
 from convtts.plan.planner import (
     CONTENT_SINCE,
     PLAN_VERSION,
@@ -219,10 +220,26 @@ def describe(plan: dict) -> str:
     return (
         f"Plan: {plural(plan['conversations'], 'conversation')} "
         f"({plural(plan['skipped_records'], 'unusable record')} skipped), "
-        f"{plural(plan['turns'], 'turn')} to speak ({plan['skipped_turns']:,} skipped, see plan/skipped.jsonl), "
-        f"{plural(plan['segments'], 'segment')}, {plural(plan['words'], 'word')}, "
+        f"{plural(plan['turns'], 'turn')} to speak ({plan['skipped_turns']:,} skipped{unspoken(plan)}, "
+        "see plan/skipped.jsonl), "
+        f"{plural(plan['segments'], 'segment')}, {plural(plan['words'], 'word')}{in_characters(plan)}, "
         f"about {audio_length(plan['estimated_hours'])} of audio, in {plural(len(shards), 'shard')} ({names})."
     )
+
+
+def in_characters(plan: dict) -> str:
+    """` (characters in zh)` where some turns are counted in characters (convtts/plan/language.py)."""
+    counted = [language for language in plan.get("languages") or () if counts_characters(language)]
+    return f" (characters in {', '.join(counted)})" if counted else ""
+
+
+def unspoken(plan: dict) -> str:
+    """`, 3 of them in zh, which the voice does not speak`, or nothing."""
+    languages = plan.get("skipped_languages") or {}
+    if not languages:
+        return ""
+    told = ", ".join(f"{n:,} in {language}" for language, n in languages.items())
+    return f", {told}: the voice does not speak it"
 
 
 def audio_length(hours: float) -> str:

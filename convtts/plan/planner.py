@@ -19,19 +19,25 @@ from pathlib import Path
 import orjson
 
 from convtts.config import PLAN_GROUPS, Config, SelectConfig, TextConfig, to_dict
+from convtts.gate.language import LANGUAGES
+from convtts.plan.language import counts_characters, detect, spoken_units
 from convtts.plan.reader import InputError, conversation_turns, json_type, read_spans, records
+from convtts.plan.segments import split_characters
 from convtts.plan.textclean import clean, split_segments
 from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
+from convtts.speak import configs_speaking, voice_languages
 from convtts.state.layout import Layout, shard_name
 from convtts.words import plural
 
 log = logging.getLogger(__name__)
 
-PLAN_VERSION = 3  # bump when the plan's files or the cleaning and splitting change: old plans read as stale
+PLAN_VERSION = 4  # bump when the plan's files or the cleaning and splitting change: old plans read as stale
 # Plans from this version on give the same ids for the same input and settings, so remaking one of
 # them keeps the spoken work (2: source_text only on a turn's first segment; 3: the fingerprint
-# knows the input by its content). Raise it to PLAN_VERSION when a change gives different ids or texts.
-SAME_IDS_SINCE = 1
+# knows the input by its content; 4: each turn's language, Chinese, Japanese and Korean cut by
+# characters, math and operators said as words, a conversation longer than a shard cut across
+# shards). Raise it to PLAN_VERSION when a change gives different ids or texts.
+SAME_IDS_SINCE = 4
 # Plans from this version on know their input by a hash of its bytes; older ones by path, size and
 # modification time, so a touched or moved input looked like another one.
 CONTENT_SINCE = 3
@@ -144,11 +150,12 @@ def turn_problem(item, side: str | None, config: Config) -> str | None:
 
 
 def plan_conversation(
-    cid: str, record: dict, config: Config, casting: Casting | None = None
+    cid: str, record: dict, config: Config, casting: Casting | None = None, speaks: frozenset[str] | None = None
 ) -> tuple[list[dict], list[dict]]:
     """(segments to speak, skipped turns) of one record; ids are {conversation}-{turn:03d}-{segment:02d}.
 
-    `casting` is Casting.of(config.speakers, voice_names(...)) when there is a pool.
+    `casting` is Casting.of(config.speakers, voice_names(...)) when there is a pool; `speaks` the
+    languages of the voice (voice_languages(config); None: any): a turn in another one is skipped.
     """
     casting = casting or Casting.of(config.speakers)
     voices = casting.sides(cid)
@@ -157,9 +164,13 @@ def plan_conversation(
         role = item.get("from", item.get("role")) if isinstance(item, dict) else None
         side = ROLES.get(role.strip().lower()) if isinstance(role, str) else None
         reason = turn_problem(item, side, config)
+        language = None
         if reason is None:
             source = item.get("value", item.get("content"))
-            text, reason = clean(source, config.text.link_words(), phrases=config.text.phrases())
+            language = detect(source) if config.text.language == "auto" else config.text.language
+            text, reason = clean(source, config.text.link_words(), language=language, phrases=config.text.phrases())
+            if reason is None and speaks is not None and language not in speaks:
+                reason = f"language {language}: the voice speaks {', '.join(sorted(speaks))}"
         if reason is not None:
             skipped.append(
                 {
@@ -170,11 +181,12 @@ def plan_conversation(
                     "role": role,
                     "status": "skipped",
                     "reason": reason,
+                    "language": language,
                 }
             )
             continue
         speaker = casting.turn(cid, turn, side, voices)
-        for number, piece in enumerate(split_segments(text, config.text.max_words)):
+        for number, piece in enumerate(split_turn(text, language, config)):
             segment = {
                 "id": f"{cid}-{turn:03d}-{number:02d}",
                 "conversation_id": cid,
@@ -184,14 +196,22 @@ def plan_conversation(
                 "role": role,
                 "side": side,
                 "speaker": speaker,
+                "language": language,
                 "text": piece,
                 "source_text": source,
-                "words": len(piece.split()),
+                "words": spoken_units(piece, language),
             }
             if number:  # the turn's text once, on its first segment: the plan grows with the text
                 del segment["source_text"]
             segments.append(segment)
     return segments, skipped
+
+
+def split_turn(text: str, language: str, config: Config) -> list[str]:
+    """Segments in the language's own unit: characters for Chinese, Japanese, Korean; words otherwise."""
+    if counts_characters(language):
+        return split_characters(text, config.text.max_chars)
+    return split_segments(text, config.text.max_words)
 
 
 # --- planning in batches, in worker processes when there is enough work ---------------------------
@@ -200,8 +220,10 @@ PARALLEL_MIN = 20_000  # conversations below which worker processes cost more th
 BATCH = 500  # conversations sent to a worker at a time
 
 
-def plan_batch(batch: list[tuple[str, bytes]], config: Config, casting: Casting) -> list[tuple]:
-    """Plan raw records: (segments, segment lines, conversation line, skipped lines, turns, words, skipped,
+def plan_batch(
+    batch: list[tuple[str, bytes]], config: Config, casting: Casting, speaks: frozenset[str] | None = None
+) -> list[tuple]:
+    """Plan raw records: (segments, segment lines, conversation line, skipped lines, counts_of(...),
     segments of each spoken turn)."""
     out = []
     for cid, raw in batch:
@@ -209,7 +231,7 @@ def plan_batch(batch: list[tuple[str, bytes]], config: Config, casting: Casting)
             record = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise InputError(f"record {cid} no longer parses ({exc.msg}): did the input change?") from None
-        segments, skipped = plan_conversation(cid, record, config, casting)
+        segments, skipped = plan_conversation(cid, record, config, casting, speaks)
         # The record as it came, byte for byte, when it fits on one line (compact arrays, JSON lines).
         raw = raw.strip()
         body = raw if b"\n" not in raw and b"\r" not in raw else orjson.dumps(record)
@@ -219,13 +241,54 @@ def plan_batch(batch: list[tuple[str, bytes]], config: Config, casting: Casting)
                 b"".join(orjson.dumps(s) + b"\n" for s in segments),
                 b'{"conversation_id":' + orjson.dumps(cid) + b',"record":' + body + b"}\n",
                 b"".join(orjson.dumps(s) + b"\n" for s in skipped),
-                len({s["turn"] for s in segments}),
-                sum(s["words"] for s in segments),
-                len(skipped),
+                counts_of(segments, skipped, config),
                 list(Counter(s["turn"] for s in segments).values()),
             )
         )
     return out
+
+
+def counts_of(segments: list[dict], skipped: list[dict], config: Config) -> tuple:
+    """One conversation's counts, as cheap to send back from a worker as ints: (turns, words,
+    estimated seconds, skipped turns, ((language, turns spoken), ...), ((language, turns skipped
+    because the voice does not speak it), ...))."""
+    turns, words = {}, 0
+    for s in segments:
+        turns[s["turn"]] = s["language"]
+        words += s["words"]
+    languages = set(turns.values())
+    if len(languages) == 1:  # nearly always: one rate for the whole conversation
+        (language,) = languages
+        seconds, spoken = config.text.seconds(words, language), ((language, len(turns)),)
+    else:
+        units = Counter()
+        for s in segments:
+            units[s["language"]] += s["words"]
+        seconds = sum(config.text.seconds(n, language) for language, n in units.items())
+        spoken = tuple(Counter(turns.values()).items())
+    unspoken = [s["language"] for s in skipped if s["reason"].startswith("language ")]
+    return len(turns), words, seconds, len(skipped), spoken, tuple(Counter(unspoken).items()) if unspoken else ()
+
+
+class Tally:
+    """What a plan counts: turns spoken and skipped, words, estimated seconds, turns by language."""
+
+    def __init__(self):
+        self.turns = self.words = self.skipped_turns = 0
+        self.seconds = 0.0
+        self.languages: Counter = Counter()  # turns spoken, by language
+        self.unspoken: Counter = Counter()  # turns skipped because the voice does not speak their language
+
+    def add(self, counts: tuple) -> None:
+        turns, words, seconds, skipped, languages, unspoken = counts
+        self.turns += turns
+        self.words += words
+        self.seconds += seconds
+        self.skipped_turns += skipped
+        for language, n in languages:
+            self.languages[language] += n
+        for language, n in unspoken:
+            self.unspoken[language] += n
 
 
 def _batches(items, size: int):
@@ -239,12 +302,12 @@ def _batches(items, size: int):
         yield batch
 
 
-_worker_config: tuple[Config, Casting] | None = None
+_worker_config: tuple[Config, Casting, frozenset[str] | None] | None = None
 
 
-def _init_worker(config: Config, casting: Casting) -> None:
+def _init_worker(config: Config, casting: Casting, speaks: frozenset[str] | None) -> None:
     global _worker_config
-    _worker_config = (config, casting)
+    _worker_config = (config, casting, speaks)
 
 
 def _plan_in_worker(batch):
@@ -254,12 +317,13 @@ def _plan_in_worker(batch):
 def _planned(items, config: Config, total: int, workers: int):
     """plan_batch over all items, in order; a bounded number of batches in flight keeps memory flat."""
     casting = Casting.of(config.speakers, voice_names(config.speakers))
+    speaks = voice_languages(config)
     if total < PARALLEL_MIN or workers < 2:
         for batch in _batches(items, BATCH):
-            yield from plan_batch(batch, config, casting)
+            yield from plan_batch(batch, config, casting, speaks)
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(config, casting)) as pool:
+    with context.Pool(workers, initializer=_init_worker, initargs=(config, casting, speaks)) as pool:
         pending: deque = deque()
         for batch in _batches(items, BATCH):
             pending.append(pool.apply_async(_plan_in_worker, (batch,)))
@@ -381,13 +445,17 @@ def plan_settings(config: Config) -> dict:
     # own plan's texts.
     if config.text.links == "domain":
         del settings["text"]["links"], settings["text"]["link_phrase"]
-    for key in _SPOKEN_PHRASE_KEYS:  # at their defaults, likewise the settings of plans made before them
-        if settings["text"][key] == getattr(TextConfig, key):
+    # Likewise the text settings added since at their defaults: an English plan's segments are what they were.
+    for key, default in TEXT_DEFAULTS.items():
+        if settings["text"][key] == default:
             del settings["text"][key]
     return settings
 
 
-_SPOKEN_PHRASE_KEYS = ("code_phrase", "figure_phrase", "dense_math_phrase", "dense_math_words")
+_ADDED_TEXT_KEYS = (
+    "language", "max_chars", "chars_per_minute", "code_phrase", "figure_phrase", "dense_math_phrase", "dense_math_words"
+)  # fmt: skip
+TEXT_DEFAULTS = {key: to_dict(TextConfig())[key] for key in _ADDED_TEXT_KEYS}
 
 
 def plan_is_fresh(input_path: str | Path, layout: Layout, config: Config) -> bool:
@@ -398,9 +466,18 @@ def plan_matches(input_path: str | Path, layout: Layout, config: Config) -> bool
     """plan.json was made from this input file with these plan settings (its files may be gone)."""
     plan = _read_plan(layout)
     try:
-        return plan.get("fingerprint") == fingerprint(input_path, config)
+        return plan.get("fingerprint") == fingerprint(input_path, config) and same_voice_languages(plan, config)
     except InputError:
         return False
+
+
+def same_voice_languages(plan: dict, config: Config) -> bool:
+    """Whether the configured voice leaves out the languages the plan left out (skipped_languages),
+    of those the input holds: another voice may speak turns the plan skipped, or not speak some it kept."""
+    skipped = set(plan.get("skipped_languages") or ())
+    speaks = voice_languages(config)
+    seen = set(plan.get("languages") or ()) | skipped
+    return skipped == {language for language in seen if speaks is not None and language not in speaks}
 
 
 def earlier_version_with_same_ids(input_path: str | Path, layout: Layout, config: Config) -> int | None:
@@ -452,11 +529,10 @@ def make_plan(
             log.info("selected %s of %s", f"{len(chosen):,}", plural(len(ids), "conversation"))
             writer = ShardWriter(staging, config.shards.segments_per_shard)
             try:
-                counts.update(
-                    _write_shards(
-                        input_path, ids, spans, chosen, config, writer, skipped, workers or min(os.cpu_count() or 1, 8)
-                    )
+                written = _write_shards(
+                    input_path, ids, spans, chosen, config, writer, skipped, workers or min(os.cpu_count() or 1, 8)
                 )
+                counts = {**counts, **written}
             finally:
                 writer.close()
         digest = content_digest(input_path)  # before the check: the hash is of the bytes planned
@@ -512,28 +588,71 @@ def _index(path, skipped) -> tuple[list[str], tuple[array, array], Counter]:
     return unique_ids(bases), (offsets, lengths), counts
 
 
-def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter, skipped, workers: int) -> Counter:
+def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter, skipped, workers: int) -> dict:
     """Second pass: read only the chosen records, by their spans, and write their segments."""
     offsets, lengths = spans
     raws = read_spans(path, ((offsets[i], lengths[i]) for i in chosen))
     items = zip((ids[i] for i in chosen), raws)
-    totals = [0, 0, 0, 0, 0]  # conversations, segments, turns, words, skipped turns
-    for segments, segment_lines, conversation_line, skipped_lines, turns, words, skips, turn_sizes in _planned(
+    conversations = segments_total = 0
+    tally = Tally()
+    for segments, segment_lines, conversation_line, skipped_lines, one, turn_sizes in _planned(
         items, config, len(chosen), workers
     ):
         writer.add(segments, segment_lines, conversation_line, turn_sizes)
         skipped.write(skipped_lines)
-        for i, n in enumerate((1, segments, turns, words, skips)):
-            totals[i] += n
-        if totals[0] % PROGRESS_EVERY == 0:
-            log.info("planned %d/%d conversations, %d segments", totals[0], len(chosen), totals[1])
-    if not totals[1]:
+        conversations += 1
+        segments_total += segments
+        tally.add(one)
+        if conversations % PROGRESS_EVERY == 0:
+            log.info("planned %d/%d conversations, %d segments", conversations, len(chosen), segments_total)
+    refuse_language(path, tally, config)
+    if not segments_total:
         raise InputError(
-            f"{path}: nothing to speak: {_none_of(totals[0])} with speakable text "
-            f"({plural(totals[4], 'turn')} skipped: empty, only placeholders, code or links, "
+            f"{path}: nothing to speak: {_none_of(conversations)} with speakable text "
+            f"({plural(tally.skipped_turns, 'turn')} skipped: empty, only placeholders, code or links, "
             "or roles not in text.speak_roles)"
         )
-    return Counter(dict(zip(("conversations", "segments", "turns", "words", "skipped_turns"), totals)))
+    return {
+        "conversations": conversations,
+        "segments": segments_total,
+        "turns": tally.turns,
+        "words": tally.words,
+        "skipped_turns": tally.skipped_turns,
+        "seconds": tally.seconds,
+        "languages": dict(tally.languages.most_common()),
+        "skipped_languages": dict(tally.unspoken.most_common()),
+    }
+
+
+class LanguageRefused(InputError):
+    """Most of the input is in a language the configured voice does not speak."""
+
+
+def refuse_language(path, tally: Tally, config: Config) -> None:
+    """Refuse an input whose turns are mostly in languages the voice does not speak (one voice for
+    the wrong language is a misconfiguration, not a job); a few such turns are skipped."""
+    unspoken = sum(tally.unspoken.values())
+    if unspoken * 2 <= unspoken + tally.turns:
+        return
+    language, turns = tally.unspoken.most_common(1)[0]
+    speaks = ", ".join(sorted(voice_languages(config) or ()))
+    others = configs_speaking(language)
+    raise LanguageRefused(
+        f"{path}: {turns:,} of {plural(unspoken + tally.turns, 'turn')} are in {language_name(language)} ({language}), "
+        f"and the voice (tts.backend {config.tts.backend}) speaks {speaks} only; "
+        + (f"{_listed(others)} speak {language}" if others else f"no shipped config speaks {language}")
+        + " (docs/languages.md)"
+    )
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def language_name(code: str) -> str:
+    names = {c: name for name, c in LANGUAGES.items()}
+    names.update(yue="Cantonese", th="Thai")
+    return names.get(code, code)
 
 
 def _none_of(conversations: int) -> str:
@@ -542,7 +661,7 @@ def _none_of(conversations: int) -> str:
     return f"none of the {conversations:,} selected conversations has a turn"
 
 
-def _summary(fp: str, info: dict, counts: Counter, shards: list[str], config: Config) -> dict:
+def _summary(fp: str, info: dict, counts: dict, shards: list[str], config: Config) -> dict:
     return {
         "version": PLAN_VERSION,
         "fingerprint": fp,
@@ -554,7 +673,10 @@ def _summary(fp: str, info: dict, counts: Counter, shards: list[str], config: Co
         "skipped_turns": counts["skipped_turns"],
         "segments": counts["segments"],
         "words": counts["words"],
-        "estimated_hours": round(counts["words"] / config.text.words_per_minute / 60, 3),
+        "estimated_hours": round(counts["seconds"] / 3600, 3),
+        "estimated_seconds": round(counts["seconds"], 1),  # each language at its rate (text.*_per_minute)
+        "languages": counts["languages"],  # turns spoken, by language
+        "skipped_languages": counts["skipped_languages"],  # turns skipped: the voice does not speak them
         "settings": plan_settings(config),  # what a refused rerun names the changes against
         "shards": shards,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

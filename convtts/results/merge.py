@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import orjson
@@ -35,6 +36,7 @@ class Totals:
     pending: int = 0
     dropped: int = 0  # every take refused, and validate.on_fail: drop (settled, not spoken)
     skipped_turns: int = 0
+    skipped_languages: Counter = field(default_factory=Counter)  # of those, turns the voice does not speak
     audio_seconds: float = 0.0
     run_utterances: int = 0
     run_audio_seconds: float = 0.0
@@ -127,6 +129,8 @@ def write_outputs(layout: Layout, run_id, check_audio: bool, manifest, failures,
     for row in read_jsonl(layout.skipped_file):
         failures.write(orjson.dumps(row) + b"\n")
         totals.skipped_turns += 1
+        if str(row.get("reason")).startswith("language "):
+            totals.skipped_languages[row.get("language")] += 1
     # {conversation: {turn: audio}} of the conversations whose record is still to come: one longer
     # than a shard has its turns in consecutive shards and its record in the shard of its last turn.
     audio_by_turn: dict = {}
@@ -146,7 +150,7 @@ def write_outputs(layout: Layout, run_id, check_audio: bool, manifest, failures,
 
 def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failures) -> dict:
     """Write one shard's rows in plan order, from its (done, failed) rows by id; return
-    {conversation: {turn: [audio paths]}}."""
+    {conversation: {turn: {"audio": [paths], "language": its language}}}."""
     done, failed = results
     audio_by_turn: dict = {}
     for segment in read_jsonl(layout.shard_file(shard)):
@@ -169,7 +173,8 @@ def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failur
                 totals.run_utterances += 1
                 totals.run_audio_seconds += row["duration"]
             turns = audio_by_turn.setdefault(segment["conversation_id"], {})
-            turns.setdefault(segment["turn"], []).append(row["audio"])
+            spoken = turns.setdefault(segment["turn"], {"audio": [], "language": segment.get("language")})
+            spoken["audio"].append(row["audio"])
         elif uid in failed:
             failures.write(orjson.dumps(failed[uid]) + b"\n")
             totals.failed += 1
@@ -203,23 +208,32 @@ def with_source_text(row: dict, segment: dict) -> dict:
 
 
 def with_audio(item: dict, turns: dict) -> dict:
-    """The input record in its own shape, each turn given `audio`: its segments' files in order.
+    """The input record in its own shape, each turn given `audio` (its segments' files in order) and,
+    where it was spoken, `language`.
 
     An Alpaca record, whose turns are fields, gets `audio`: {"instruction": [...], "output": [...]}
-    (the instruction's list speaks its input too)."""
+    (the instruction's list speaks its input too), and `language` likewise for the fields spoken."""
     record = item["record"]
     if not isinstance(record, dict):
         return record
     key = next((k for k in ("conversations", "messages") if k in record), None)
     if key is None and "instruction" in record:
-        return {**record, "audio": {"instruction": turns.get(0, []), "output": turns.get(1, [])}}
+        fields = {field: _spoken(turns.get(index)) for index, field in enumerate(("instruction", "output"))}
+        languages = {field: turn["language"] for field, turn in fields.items() if turn.get("language")}
+        return {**record, "audio": {field: turn["audio"] for field, turn in fields.items()}, "language": languages}
     if key is not None and isinstance(record[key], list):
         record = dict(record)
         record[key] = [
-            {**turn, "audio": turns.get(index, [])} if isinstance(turn, dict) else turn
+            {**turn, **_spoken(turns.get(index))} if isinstance(turn, dict) else turn
             for index, turn in enumerate(record[key])
         ]
     return record
+
+
+def _spoken(turn: dict | None) -> dict:
+    if turn is None:
+        return {"audio": []}
+    return turn if turn["language"] is not None else {"audio": turn["audio"]}  # plans made before languages
 
 
 def make_summary(layout: Layout, t: Totals, started: float | None, log_dir: str | None = None) -> dict:
@@ -234,6 +248,7 @@ def make_summary(layout: Layout, t: Totals, started: float | None, log_dir: str 
         "pending": t.pending,
         "dropped": t.dropped,
         "skipped_turns": t.skipped_turns,
+        "skipped_languages": dict(t.skipped_languages.most_common()),
         "audio_seconds": round(t.audio_seconds, 3),
         "audio_hours": round(t.audio_seconds / 3600, 4),
         "backends": sorted(b for b in t.backends if b),
@@ -257,7 +272,7 @@ def summary_text(s: dict, failures: str = "failures.jsonl") -> str:
     run = s["this_run"]
     lines = [
         f"conversations {s['conversations']}, segments {s['segments']}: {s['done']} done, {s['failed']} failed, "
-        f"{s['pending']} pending; {plural(s['skipped_turns'], 'turn')} skipped (nothing speakable)",
+        f"{s['pending']} pending; {plural(s['skipped_turns'], 'turn')} skipped ({skipped_text(s)})",
         f"audio {s['audio_hours']:.3f} h in all; this run spoke {plural(run['utterances'], 'utterance')}, "
         f"{run['audio_seconds']:.1f} s of audio",
     ]
@@ -282,6 +297,16 @@ def summary_text(s: dict, failures: str = "failures.jsonl") -> str:
     if quality.get("refused"):
         lines.append(refused_text(quality["refused"], failures))
     return "\n".join(lines)
+
+
+def skipped_text(s: dict) -> str:
+    """Why turns were skipped: `nothing speakable`, or `118 in zh, which the voice does not speak; ...`."""
+    languages = s.get("skipped_languages") or {}
+    if not languages:
+        return "nothing speakable"
+    told = ", ".join(f"{n} in {language}" for language, n in languages.items())
+    rest = s["skipped_turns"] - sum(languages.values())
+    return f"{told}: the voice does not speak it" + (f"; {rest} with nothing speakable" if rest else "")
 
 
 def refused_text(refused: dict, where: str) -> str:

@@ -20,12 +20,21 @@ log = logging.getLogger(__name__)
 STATUS_EVERY = 2.0  # seconds between status-file writes
 
 
+def plan_seconds_per_word(layout: Layout) -> float | None:
+    """Seconds of audio a planned word (or CJK character) is estimated at, from plan.json."""
+    plan = read_json(layout.plan_file) or {}
+    words, seconds = plan.get("words"), plan.get("estimated_seconds")
+    return seconds / words if words and seconds else None  # plans made before estimated_seconds: None
+
+
 class SlotProgress:
     """Counts one slot's utterances and audio; writes work/slots/slot-N.json for the run_all monitor and benchmarks.
 
     The estimate of what is left is in audio, not utterances: the plan knows each segment's words
-    (text.words_per_minute turns them into seconds), so a run of long answers after short
-    questions does not fool it. Nothing is written before the plan is read (`begin`).
+    (characters in Chinese, Japanese, Korean), and its estimated hours over its words give the
+    seconds of one, at each language's rate (text.words_per_minute, text.chars_per_minute), so a run
+    of long answers after short questions does not fool it. Nothing is written before the plan is
+    read (`begin`).
     """
 
     def __init__(self, layout: Layout, rank: int, config: Config, timeline: Timeline):
@@ -45,6 +54,7 @@ class SlotProgress:
 
     def begin(self, work) -> None:
         self.work = work
+        self.seconds_per_word = plan_seconds_per_word(self.layout) or self.seconds_per_word
         self.layout.slots_dir.mkdir(parents=True, exist_ok=True)
         self.bar = _bar(self.total, f"slot {self.rank}") if sys.stderr.isatty() else None
         self.write_status(finished=False)

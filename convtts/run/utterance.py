@@ -32,6 +32,7 @@ MANIFEST_FIELDS = (
     "role",
     "side",
     "speaker",
+    "language",
     "text",
     "source_text",
 )

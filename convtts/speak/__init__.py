@@ -3,23 +3,74 @@
 `tts.backend` is `piper`, `cosyvoice`, `silence` (benchmarking: silence of the planned length), or
 `package.module:Class` for a backend of your own: a class
 taking the Config, with the Backend attributes and methods, and optionally a `check(config)` static
-method that raises ConfigError before any worker starts.
+method that raises ConfigError before any worker starts. Such a class may name the languages it
+speaks in a `languages` attribute (ISO 639-1 codes; without one it is taken to speak any).
+
+`voice_languages` is what the plan asks: a lookup of data, with no voice code imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 
-from convtts.config import Config, ConfigError
+from convtts.config import SHIPPED_CONFIG_DIRS, Config, ConfigError, load_config
 from convtts.speak.base import Backend, SynthesisError
 
-__all__ = ["Backend", "SynthesisError", "backend_row_mb", "backend_rows", "build_backend", "check_backend", "with_rows"]
+__all__ = [
+    "Backend",
+    "SynthesisError",
+    "backend_row_mb",
+    "backend_rows",
+    "build_backend",
+    "check_backend",
+    "voice_languages",
+    "with_rows",
+]
 
 BUILT_IN = {
     "piper": ("convtts.speak.piper", "PiperBackend"),
     "cosyvoice": ("convtts.speak.cosyvoice.backend", "CosyVoiceBackend"),
     "silence": ("convtts.speak.silence", "SilenceBackend"),
 }
+
+
+# CosyVoice-300M-SFT's speakers and CosyVoice2 speak these; Fun-CosyVoice3 five more besides.
+COSYVOICE_LANGUAGES = frozenset({"zh", "en", "ja", "ko", "yue"})
+COSYVOICE3_LANGUAGES = COSYVOICE_LANGUAGES | {"de", "es", "fr", "it", "ru"}
+
+
+def voice_languages(config: Config) -> frozenset[str] | None:
+    """The languages (ISO 639-1) the configured voice speaks; None: any (the silence voice)."""
+    name = config.tts.backend
+    if name == "silence":
+        return None
+    if name == "piper":
+        return _piper_languages(config)
+    if name == "cosyvoice":
+        v3 = "cosyvoice3" in config.tts.cosyvoice.model_dir.lower()
+        return COSYVOICE3_LANGUAGES if v3 else COSYVOICE_LANGUAGES
+    languages = getattr(backend_class(name), "languages", None)
+    return frozenset(languages) if languages else None
+
+
+def _piper_languages(config: Config) -> frozenset[str] | None:
+    """A Piper voice speaks one language: its .onnx.json's (language.family, or espeak's voice)."""
+    from convtts.speak.piper import voice_files
+
+    try:
+        voice = json.loads(voice_files(config.tts.piper)[1].read_text())
+        family = (voice.get("language") or {}).get("family") or voice["espeak"]["voice"].split("-")[0]
+    except (OSError, ValueError, KeyError, AttributeError, ConfigError):
+        return None  # check_backend names what is wrong with the voice
+    return frozenset({family.lower()})
+
+
+def configs_speaking(language: str) -> list[str]:
+    """The shipped configs (configs/NAME.yaml) whose voice speaks `language`."""
+    paths = {p.name: p for folder in reversed(SHIPPED_CONFIG_DIRS) for p in folder.glob("*.yaml")}
+    speakers = {name: voice_languages(load_config(path)) for name, path in sorted(paths.items())}
+    return [f"configs/{name}" for name, speaks in speakers.items() if speaks is None or language in speaks]
 
 
 def backend_class(name: str):

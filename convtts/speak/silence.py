@@ -2,15 +2,17 @@
 
 With it, run_all.sh measures the pipeline's own cost (planning, slots, workers, audio writes,
 manifests, merge) with no model in the way. The length rule is the plan's own estimate:
-`text.words_per_minute` (150 by default, so 0.4 s a word), at least one word's worth, so that the
-audio hours of a run equal the plan's `estimated_hours`.
+`text.words_per_minute` (150 by default, so 0.4 s a word), or for Chinese, Japanese and Korean
+text `text.chars_per_minute` (convtts/plan/language.py counts the characters), at least one word's
+worth, so that the audio hours of a run equal the plan's `estimated_hours`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from convtts.config import Config, ConfigError
+from convtts.config import Config, ConfigError, TextConfig
+from convtts.plan.language import detect, spoken_units
 
 
 def check(config: Config) -> None:
@@ -20,10 +22,11 @@ def check(config: Config) -> None:
         raise ConfigError(f"tts.silence.sample_rate must be between 8000 and 192000, got {rate}")
 
 
-def silence_samples(text: str, words_per_minute: float, sample_rate: int) -> int:
-    """Samples of silence for `text`: 60 / words_per_minute seconds a word, at least one word."""
-    words = max(len(text.split()), 1)
-    return round(words * 60.0 / words_per_minute * sample_rate)
+def silence_samples(text: str, rates: TextConfig, sample_rate: int) -> int:
+    """Samples of silence for `text`: its words (or characters) at its language's rate, at least one."""
+    language = detect(text)
+    units = max(spoken_units(text, language), 1)
+    return round(rates.seconds(units, language) * sample_rate)
 
 
 class SilenceBackend:
@@ -33,10 +36,10 @@ class SilenceBackend:
 
     def __init__(self, config: Config):
         self.sample_rate = config.tts.silence.sample_rate
-        self.words_per_minute = config.text.words_per_minute
+        self.rates = config.text
 
     def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
-        return np.zeros(silence_samples(text, self.words_per_minute, self.sample_rate), dtype=np.float32)
+        return np.zeros(silence_samples(text, self.rates, self.sample_rate), dtype=np.float32)
 
     def close(self) -> None:
         pass

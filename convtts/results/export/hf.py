@@ -21,6 +21,7 @@ COLUMNS = [  # (name, arrow type, datasets dtype)
     ("id", pa.string(), "string"),
     ("text", pa.string(), "string"),
     ("speaker", pa.string(), "string"),
+    ("language", pa.string(), "string"),
     ("role", pa.string(), "string"),
     ("side", pa.string(), "string"),
     ("conversation_id", pa.string(), "string"),

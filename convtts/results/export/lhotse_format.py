@@ -49,6 +49,7 @@ def lhotse_lines(fields: dict, audio: Path) -> list[bytes]:
         "channel": 0,
         "text": fields["text"],
         "speaker": fields["speaker"],
+        "language": fields.get("language"),
         "custom": {key: fields[key] for key in CUSTOM if fields.get(key) is not None},
     }
     cut = {

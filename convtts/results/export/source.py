@@ -26,6 +26,7 @@ FIELDS = (
     "role",
     "side",
     "speaker",
+    "language",
     "text",
     "source_text",
     "duration",
