@@ -66,7 +66,9 @@ def counted(fn) -> tuple[float, dict]:
     counter = FlopCounterMode(display=False)
     with counter:
         fn()
-    by_op = {str(op).removeprefix("aten.").split(".")[0]: n for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    by_op = {
+        str(op).removeprefix("aten.").split(".")[0]: n for op, n in counter.get_flop_counts().get("Global", {}).items()
+    }
     return float(counter.get_total_flops()), by_op
 
 
@@ -133,10 +135,11 @@ def decode_account(engine, rows: int, length: int, machine: dict, repeat: int) -
     matmul = sum(n for op, n in by_op.items() if op in ("mm", "addmm", "linear"))
     weight_bytes = matmul / (2 * rows) * cache.k.element_size()  # each weight read once a step, shared by the rows
     counting.release_all()
-    del counting
     shipped = at_length(decode_runner(engine, engine.runner.options.attention, rows, length))
     with torch.inference_mode(), shipped.precision():
-        seconds = median_seconds(lambda: (shipped.cache.lengths.fill_(length - 1), shipped.graphs.run(rows, length)), engine.device, repeat)
+        seconds = median_seconds(
+            lambda: (shipped.cache.lengths.fill_(length - 1), shipped.graphs.run(rows, length)), engine.device, repeat
+        )
     kernel = shipped.kernel
     shipped.release_all()
     figures = {"rows": rows, "positions": length, "kernel": kernel, "weights_mb": round(weight_bytes / 1e6, 1)}
@@ -212,7 +215,9 @@ def flow_account(model, chunk, rows: int, seconds: float, precision: str, machin
     times = pass_cost.flow_times(model, chunk, tokens, precision, repeat)
     seconds_of_pass = times["replay_s"] or times["eager_s"]
     prompt_frames = chunk["prompt_speech_feat"].shape[1] if "prompt_speech_feat" in chunk else 0
-    own_frames = sum(len(t) for t in tokens) * inner.flow.token_mel_ratio if hasattr(inner.flow, "token_mel_ratio") else 0
+    own_frames = (
+        sum(len(t) for t in tokens) * inner.flow.token_mel_ratio if hasattr(inner.flow, "token_mel_ratio") else 0
+    )
     figures = {"rows": rows, "seconds": seconds, "kernel": times["kernel"], **rates(flops, seconds_of_pass, machine)}
     figures["gflop_per_audio_s"] = round(flops / 1e9 / (rows * seconds), 1)
     if prompt_frames and own_frames:
@@ -315,7 +320,9 @@ def main() -> int:
     for seconds in (float(s) for s in args.seconds.split(",")):
         for rows in ints(args.flow_rows):
             record("flow", flow_account(backend.model, chunk, rows, seconds, precision.flow, machine, args.repeat))
-            record("vocoder", vocoder_account(backend.model, chunk, rows, seconds, precision.vocoder, machine, args.repeat))
+            record(
+                "vocoder", vocoder_account(backend.model, chunk, rows, seconds, precision.vocoder, machine, args.repeat)
+            )
     backend.close()
     return 0
 
