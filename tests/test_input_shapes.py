@@ -20,6 +20,10 @@ from convtts.plan.reader import InputError
 from convtts.state.layout import Layout
 
 
+# The records hold Chinese turns: the silence voice speaks every language (the default English voice skips them).
+ANY_LANGUAGE = ["tts.backend=silence"]
+
+
 def preprocess(*args) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
@@ -55,7 +59,7 @@ def text_of(content) -> str:
 def test_messages_records_are_planned_turn_by_turn_with_their_text_parts(tmp_path):
     source = DATA / "messages_style.jsonl"
     records = read_jsonl(source)
-    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None, ANY_LANGUAGE))
     rows, conversations, skipped = planned(tmp_path / "out")
     assert plan["conversations"] == len(records) and plan["skipped_records"] == 0
     by_id = {c["conversation_id"]: c["record"] for c in conversations}
@@ -79,7 +83,7 @@ def test_messages_records_are_planned_turn_by_turn_with_their_text_parts(tmp_pat
 
 
 def test_system_messages_speak_when_speak_roles_has_system(tmp_path):
-    config = load_config(None, ["text.speak_roles=[human,assistant,system]"])
+    config = load_config(None, [*ANY_LANGUAGE, "text.speak_roles=[human,assistant,system]"])
     make_plan(DATA / "messages_style.jsonl", Layout(tmp_path / "out"), config)
     rows, _, skipped = planned(tmp_path / "out")
     assert "system" in {r["side"] for r in rows} and not [s for s in skipped if s["role"] == "system"]
@@ -92,7 +96,7 @@ def test_alpaca_records_speak_instruction_and_input_then_output(tmp_path):
     source = DATA / "alpaca_zh_style.json"
     records = orjson.loads(source.read_bytes())
     assert any(r["input"] for r in records) and any(not r["input"] for r in records)
-    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None, ANY_LANGUAGE))
     rows, conversations, _ = planned(tmp_path / "out")
     assert plan["conversations"] == len(records) == len(conversations)
     assert [c["record"] for c in conversations] == records  # the records as they came, in file order
@@ -108,7 +112,7 @@ def test_instruction_output_lines_without_input_are_alpaca_too(tmp_path):
     # LLaVA-Instruct's GPT-4 Q&A file: {"id", "image", "instruction", "output", "type"}, each id three times
     source = DATA / "llava_gpt4_qa_30x3.jsonl"
     records = read_jsonl(source)
-    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None, ANY_LANGUAGE))
     rows, conversations, _ = planned(tmp_path / "out")
     assert plan["conversations"] == len(records) == 90
     ids = [c["conversation_id"] for c in conversations]
@@ -131,7 +135,7 @@ def test_unusable_records_of_each_shape_are_skipped_with_their_reason(tmp_path):
     good = read_jsonl(DATA / "messages_style.jsonl")[:1]
     source = tmp_path / "in.jsonl"
     source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [*good, *(r for r, _ in BAD_RECORDS)]))
-    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None, ANY_LANGUAGE))
     _, _, skipped = planned(tmp_path / "out")
     reasons = {s["source_id"]: s["reason"] for s in skipped if s["turn"] is None}
     assert plan["conversations"] == 1 and plan["skipped_records"] == len(BAD_RECORDS)
@@ -145,7 +149,7 @@ def test_a_file_of_only_unusable_records_names_the_accepted_shapes(tmp_path, rec
     source.write_bytes(orjson.dumps([record]))
     shapes = "a 'conversations' or 'messages' list, or Alpaca's 'instruction' and 'output'"
     with pytest.raises(InputError, match=shapes):
-        make_plan(source, Layout(tmp_path / "out"), load_config(None))
+        make_plan(source, Layout(tmp_path / "out"), load_config(None, ANY_LANGUAGE))
 
 
 @pytest.mark.e2e
@@ -200,7 +204,7 @@ SOURCES = ["llava_style.json", "sharegpt_style.jsonl", "messages_style.jsonl", "
 @pytest.mark.parametrize("name", SOURCES)
 def test_a_compressed_input_plans_as_its_plain_bytes_do(tmp_path, kind, name):
     plain, packed = plain_and_compressed(tmp_path, (DATA / name).read_bytes(), kind, name)
-    config = load_config(None, ["shards.segments_per_shard=40", "select.fraction=0.8"])
+    config = load_config(None, [*ANY_LANGUAGE, "shards.segments_per_shard=40", "select.fraction=0.8"])
     first = make_plan(plain, Layout(tmp_path / "plain"), config)
     second = make_plan(packed, Layout(tmp_path / "packed"), config)
     assert planned(tmp_path / "plain") == planned(tmp_path / "packed")
@@ -215,7 +219,7 @@ def test_a_compressed_file_is_known_by_its_bytes_not_its_name(tmp_path, kind):
     lines = (DATA / "sharegpt_style.jsonl").read_bytes().splitlines(keepends=True)
     source = tmp_path / "conversations.jsonl"
     source.write_bytes(compress(b"".join(lines[:5]), kind) + compress(b"".join(lines[5:]), kind))
-    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None))
+    plan = make_plan(source, Layout(tmp_path / "out"), load_config(None, ANY_LANGUAGE))
     assert plan["records"] == len(lines)
 
 
@@ -227,7 +231,7 @@ def test_a_compressed_array_longer_than_the_read_window_plans_as_the_plain_one(t
     data = orjson.dumps(records, option=orjson.OPT_INDENT_2)
     assert len(data) > reader.CHUNK
     plain, packed = plain_and_compressed(tmp_path, data, kind, "big.json")
-    config = load_config(None, ["select.fraction=0.1", "shards.segments_per_shard=500"])
+    config = load_config(None, [*ANY_LANGUAGE, "select.fraction=0.1", "shards.segments_per_shard=500"])
     make_plan(plain, Layout(tmp_path / "plain"), config)
     make_plan(packed, Layout(tmp_path / "packed"), config)
     assert planned(tmp_path / "plain") == planned(tmp_path / "packed")
@@ -239,7 +243,7 @@ def test_a_cut_off_compressed_input_is_refused_by_name(tmp_path, kind):
     source = tmp_path / f"in.json.{kind}"
     source.write_bytes(packed[: len(packed) // 2])
     with pytest.raises(InputError, match=f"the {'gzip' if kind == 'gz' else 'zstd'} data is damaged or cut off"):
-        make_plan(source, Layout(tmp_path / "out"), load_config(None))
+        make_plan(source, Layout(tmp_path / "out"), load_config(None, ANY_LANGUAGE))
 
 
 def test_an_invalid_line_in_a_compressed_input_names_its_line(tmp_path):
