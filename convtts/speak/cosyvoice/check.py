@@ -25,28 +25,29 @@ import numpy as np
 import orjson
 
 from convtts.cli import add_config_args, fail, load_config_or_exit
+from convtts.config import ConfigError
 
-TEXTS = [
+TEXTS = [  # English and Chinese in turn, short to long: the first few hold both languages
     "Yes.",
+    "你好。",
     "Thank you very much.",
+    "谢谢你的帮助。",
     "The weather was lovely this morning.",
+    "今天天气很好，我们去公园散步吧。",
     "A brown dog runs across a green field.",
+    "这本书我已经读了三遍，每次都有新的收获。",
     "It weighs 3.5 kilograms and costs twelve dollars.",
+    "火车将在下午三点十五分到达北京南站，请提前做好准备。",
     "Could you tell me where the nearest train station is?",
+    "他一边听音乐，一边做作业，妈妈说这样效率不高，但他觉得没有关系。",
     "We walked to the harbour and watched the boats come in, one after another, until the sun went down.",
+    "The word for thank you in Chinese is 谢谢, and it is one of the first words people learn.",
     "The first sentence is short. The second one follows it, and it is a little longer than the first.",
+    "我们明天上午九点在图书馆门口见面，然后一起去吃早饭，好吗？",
     "Please remember to water the plants on Tuesday, feed the cat twice a day, and lock the back door.",
     "In 1969, two astronauts walked on the Moon while a third one waited for them in orbit above.",
     "She said that the meeting had been moved to Friday afternoon, so nobody would need to come in early.",
     "Reading a good book on a rainy evening, with a cup of tea beside you, is one of life's quiet pleasures.",
-    "你好。",
-    "谢谢你的帮助。",
-    "今天天气很好，我们去公园散步吧。",
-    "这本书我已经读了三遍，每次都有新的收获。",
-    "火车将在下午三点十五分到达北京南站，请提前做好准备。",
-    "他一边听音乐，一边做作业，妈妈说这样效率不高，但他觉得没有关系。",
-    "The word for thank you in Chinese is 谢谢, and it is one of the first words people learn.",
-    "我们明天上午九点在图书馆门口见面，然后一起去吃早饭，好吗？",
 ]
 
 # Thresholds, in full-scale units of the waveform (1.0 = the clip level).
@@ -66,6 +67,7 @@ REDUCED_PASS, REDUCED_WARN = 1e-2, 5e-2
 # Utterances that decoded the same tokens must be the same length to the sample.
 FAIL, WARN, PASS = "fail", "warn", "pass"
 SEED = 1000
+ONE_AT_A_TIME = "this config speaks one utterance at a time (batch_size 1, fp16, TensorRT or vLLM): no engine to check"
 
 
 @dataclass
@@ -133,7 +135,7 @@ def speak_engine(config, work) -> Spoken:
     backend = CosyVoiceBackend(config)
     if backend.engine is None:
         backend.close()
-        fail("this config speaks one utterance at a time (batch_size 1, fp16, TensorRT or vLLM): no engine to check")
+        fail(ONE_AT_A_TIME)
     out, engine = Spoken(sample_rate=backend.sample_rate), backend.engine
     speak = engine.speak
 
@@ -282,7 +284,10 @@ def plan(args) -> list[tuple[str, object, tuple[str, ...]]]:
     with the LLM in fp32, whose tokens are upstream's.
     """
     shipped = load_config_or_exit(args, EXACT)
-    p = shipped.tts.cosyvoice.precision
+    cosy = shipped.tts.cosyvoice
+    if cosy.batch_size == 1 or cosy.fp16 or cosy.load_trt or cosy.load_vllm:
+        fail(ONE_AT_A_TIME)
+    p = cosy.precision
     exact = ("fp32", load_config_or_exit(args, EXACT + FP32), ("llm", "audio"))
     if not is_reduced(p.llm):
         return [(f"config (flow {p.flow}, vocoder {p.vocoder})", shipped, ("llm", "audio")), exact]
@@ -324,7 +329,10 @@ def parse(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    results = run_check(args)
+    try:
+        results = run_check(args)
+    except ConfigError as exc:  # the model directory, a voice or a prompt the load refused
+        fail(f"config error: {exc}")
     print(table(results))
     failed = failed_parts(results)
     Path(args.out).write_bytes(
