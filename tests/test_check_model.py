@@ -1,4 +1,4 @@
-"""convtts check-model on a tiny random v1 model (CPU): the shipped engine passes; a fault in the engine fails its part."""
+"""convtts check-model on a tiny random v1 model (CPU): the shipped engine passes, a fault in it fails its part."""
 
 from __future__ import annotations
 
@@ -29,7 +29,16 @@ def model_dir(tmp_path_factory):
 
 
 def arguments(model_dir, out, texts=2) -> list[str]:
-    return ["--config", CONFIG, "--set", f"tts.cosyvoice.model_dir={model_dir}", "--texts", str(texts), "--out", str(out)]
+    return [
+        "--config",
+        CONFIG,
+        "--set",
+        f"tts.cosyvoice.model_dir={model_dir}",
+        "--texts",
+        str(texts),
+        "--out",
+        str(out),
+    ]
 
 
 def verdicts(out) -> dict:

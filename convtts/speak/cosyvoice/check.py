@@ -337,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = failed_parts(results)
     Path(args.out).write_bytes(
         orjson.dumps(
-            {"config": args.config, "overrides": args.overrides, "texts": args.texts, "failed": failed, "runs": results},
+            {
+                "config": args.config,
+                "overrides": args.overrides,
+                "texts": args.texts,
+                "failed": failed,
+                "runs": results,
+            },
             option=orjson.OPT_INDENT_2,
         )
     )
