@@ -101,3 +101,22 @@ def test_a_bad_config_exits_2(tmp_path):
     with pytest.raises(SystemExit) as exit_:
         check.main(["--config", CONFIG, "--set", f"tts.cosyvoice.model_dir={tmp_path}/none", "--texts", "1"])
     assert exit_.value.code == 2
+
+
+def test_a_v2_model_with_zero_shot_voices_passes(tmp_path):
+    """CosyVoice2 (the installed runtime): the Qwen2 engine against upstream's zero-shot path."""
+    import numpy as np
+    import soundfile as sf
+
+    model = build_model_dir(tmp_path / "v2", "tiny", (), tokens_per_text_token=3, version=2)
+    wav = tmp_path / "prompt.wav"
+    sf.write(wav, (np.random.default_rng(0).standard_normal(2 * 24000) * 0.05).astype("float32"), 24000)
+    voices = [
+        f'tts.cosyvoice.prompts.{name}={{audio: "{wav}", text: "Hello, a short prompt."}}' for name in ("anna", "ben")
+    ]
+    out = tmp_path / "check.json"
+    argv = ["--config", "cosyvoice2", "--set", f"tts.cosyvoice.model_dir={model}", "--texts", "2", "--out", str(out)]
+    assert check.main(argv + [item for voice in voices for item in ("--set", voice)]) == 0
+    fp32 = json.loads(out.read_text())["runs"]["fp32"]
+    assert fp32["llm"]["same"] == 2 and fp32["audio"]["compared"] == 2, fp32
+    assert fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
