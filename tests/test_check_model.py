@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import COSYVOICE_CHECKOUT as CHECKOUT
 from conftest import REPO, need, script_env
 
 need("cosyvoice", "cosyvoice")
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.cosyvoice
 
 VOICES = ("英文女", "英文男")
 CONFIG = str(REPO / "configs" / "cosyvoice.yaml")  # bf16 LLM, flow and vocoder, as shipped
+NO_CHECKOUT = "needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice make test"
 
 
 @pytest.fixture(scope="module")
@@ -103,20 +105,50 @@ def test_a_bad_config_exits_2(tmp_path):
     assert exit_.value.code == 2
 
 
-def test_a_v2_model_with_zero_shot_voices_passes(tmp_path):
-    """CosyVoice2 (the installed runtime): the Qwen2 engine against upstream's zero-shot path."""
+def zero_shot(tmp_path, version: int, model) -> list[str]:
+    """The arguments for a tiny v2 or v3 model of two zero-shot voices on a 2 s noise prompt."""
     import numpy as np
     import soundfile as sf
 
-    model = build_model_dir(tmp_path / "v2", "tiny", (), tokens_per_text_token=3, version=2)
     wav = tmp_path / "prompt.wav"
     sf.write(wav, (np.random.default_rng(0).standard_normal(2 * 24000) * 0.05).astype("float32"), 24000)
-    voices = [
-        f'tts.cosyvoice.prompts.{name}={{audio: "{wav}", text: "Hello, a short prompt."}}' for name in ("anna", "ben")
-    ]
-    out = tmp_path / "check.json"
-    argv = ["--config", "cosyvoice2", "--set", f"tts.cosyvoice.model_dir={model}", "--texts", "2", "--out", str(out)]
-    assert check.main(argv + [item for voice in voices for item in ("--set", voice)]) == 0
+    text = ("You are a helpful assistant.<|endofprompt|>" if version == 3 else "") + "Hello, a short prompt."
+    argv = ["--config", f"cosyvoice{version}", "--set", f"tts.cosyvoice.model_dir={model}", "--texts", "2"]
+    for name in ("anna", "ben"):
+        argv += ["--set", f'tts.cosyvoice.prompts.{name}={{audio: "{wav}", text: "{text}"}}']
+    return [*argv, "--out", str(tmp_path / "check.json")]
+
+
+def assert_fp32_is_upstream(out):
     fp32 = json.loads(out.read_text())["runs"]["fp32"]
     assert fp32["llm"]["same"] == 2 and fp32["audio"]["compared"] == 2, fp32
     assert fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
+
+
+def test_a_v2_model_with_zero_shot_voices_passes(tmp_path):
+    """CosyVoice2 (the installed runtime): the Qwen2 engine against upstream's zero-shot path."""
+    model = build_model_dir(tmp_path / "model", "tiny", (), tokens_per_text_token=3, version=2)
+    assert check.main(zero_shot(tmp_path, 2, model)) == 0
+    assert_fp32_is_upstream(tmp_path / "check.json")
+
+
+def test_a_v3_model_passes_through_a_checkout(tmp_path):
+    """CosyVoice3 needs a checkout of the official repository, hence a process of its own."""
+    if not CHECKOUT:
+        pytest.skip(NO_CHECKOUT)
+    env, model = script_env(COSYVOICE_ROOT=CHECKOUT), tmp_path / "model"
+    build = [
+        "-m",
+        "convtts.testing.cosyvoice_model",
+        "--version",
+        "3",
+        "--out",
+        str(model),
+        "--tokens-per-text-token",
+        "3",
+    ]
+    subprocess.run([sys.executable, *build], env=env, check=True, capture_output=True, timeout=300)
+    command = [sys.executable, "-m", "convtts", "check-model", *zero_shot(tmp_path, 3, model)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_fp32_is_upstream(tmp_path / "check.json")
