@@ -24,6 +24,10 @@ def command_name(argv0: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["check-model"]:  # the engine against upstream's path on a model: its own command
+        from convtts.speak.cosyvoice.check import main as check_model
+
+        sys.exit(check_model(args[1:]))
     env = {**os.environ, "PYTHON": sys.executable}
     env.setdefault("CONVTTS_PROG", command_name(sys.argv[0]))  # run_all.sh sets its own name
     env.setdefault("CONVTTS_HOME", os.getcwd())

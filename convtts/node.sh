@@ -34,6 +34,8 @@ any interruption: it finishes the work and redoes nothing that is done.
 --engine ray: one slot per GPU of a Ray cluster, shards handed out as slots ask (OUTPUT_DIR and
 the log folder on a filesystem every node shares). --node-rank/--nodes (--slurm: from SLURM_NODEID
 and SLURM_NNODES): this node speaks shards[R::N], beside the other nodes' run_all.sh.
+$PROG check-model --config X --set tts.cosyvoice.model_dir=DIR: the batched engine against
+upstream's one-at-a-time path on that model (docs/gpu.md, Checking your model).
 Exit codes: 0 all done, 1 some utterances failed or the disk is full (rerun retries them),
 2 bad input or config, 3 another run holds the output directory's lock; 130 stopped by Ctrl-C
 (SIGINT), 143 by SIGTERM: run the same command again to finish.

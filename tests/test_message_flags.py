@@ -30,6 +30,7 @@ HELP = {
     "export.py": [str(REPO / "export.py")],
     "merge": ["-m", "convtts.results.merge"],
     "cosyvoice_model": ["-m", "convtts.testing.cosyvoice_model"],
+    "check-model": ["-m", "convtts.speak.cosyvoice.check"],
 }
 # Which commands print a module's messages, first match by path: run_all.sh relays the errors of
 # preprocess, the slots, the Ray driver and merge (their logs are under its log folder).
@@ -40,6 +41,7 @@ PRINTED_BY = [
     ("convtts/results/export/", {"export.py"}),
     ("convtts/results/", {"merge", "run_all.sh"}),
     ("convtts/testing/cosyvoice_model.py", {"cosyvoice_model"}),
+    ("convtts/speak/cosyvoice/check.py", {"check-model"}),
     ("convtts/", {"preprocess.py", "parallel_cosyvoice.py", "run_all.sh"}),  # config, gate, voices, state
 ]
 

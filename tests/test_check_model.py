@@ -1,0 +1,154 @@
+"""convtts check-model on a tiny random v1 model (CPU): the shipped engine passes, a fault in it fails its part."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import COSYVOICE_CHECKOUT as CHECKOUT
+from conftest import REPO, need, script_env
+
+need("cosyvoice", "cosyvoice")
+
+from convtts.speak.cosyvoice import check  # noqa: E402
+from convtts.speak.cosyvoice.engine.sampler import Sampler  # noqa: E402
+from convtts.speak.cosyvoice.engine.vocoder import Vocoder  # noqa: E402
+from convtts.testing.cosyvoice_model import build_model_dir  # noqa: E402
+
+pytestmark = pytest.mark.cosyvoice
+
+VOICES = ("英文女", "英文男")
+CONFIG = str(REPO / "configs" / "cosyvoice.yaml")  # bf16 LLM, flow and vocoder, as shipped
+NO_CHECKOUT = "needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice make test"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_model_dir(tmp_path_factory.mktemp("check") / "tiny", "tiny", VOICES, tokens_per_text_token=4)
+
+
+def arguments(model_dir, out, texts=2) -> list[str]:
+    return [
+        "--config",
+        CONFIG,
+        "--set",
+        f"tts.cosyvoice.model_dir={model_dir}",
+        "--texts",
+        str(texts),
+        "--out",
+        str(out),
+    ]
+
+
+def verdicts(out) -> dict:
+    runs = json.loads(out.read_text())["runs"]
+    return {(run, part): figures["verdict"] for run, parts in runs.items() for part, figures in parts.items()}
+
+
+def test_the_shipped_engine_passes_against_upstream(model_dir, tmp_path):
+    """The command as a user runs it, with a Chinese text among the English ones."""
+    out = tmp_path / "check.json"
+    command = [sys.executable, "-m", "convtts", "check-model", *arguments(model_dir, out, texts=3)]
+    done = subprocess.run(command, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    fp32 = report["runs"]["fp32"]
+    assert fp32["llm"]["same"] == fp32["llm"]["of"] == 3, fp32
+    assert fp32["audio"]["compared"] == 3 and fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
+    [audio] = [parts["audio"] for run, parts in report["runs"].items() if run.startswith("config, llm fp32")]
+    assert 0 < audio["max_abs"] <= check.REDUCED_PASS, audio  # bf16 flow and vocoder: near, not equal
+    assert report["failed"] == [] and check.FAIL not in verdicts(out).values()
+    for run in report["runs"]:
+        assert run in done.stdout  # the table names every run
+    assert "pass" in done.stdout and str(out) in done.stdout
+
+
+def test_a_louder_vocoder_fails_the_audio(model_dir, tmp_path, monkeypatch, capsys):
+    speak = Vocoder.speak
+
+    def louder(self, streams, mels, speed):
+        return [a if isinstance(a, BaseException) else a * 1.05 for a in speak(self, streams, mels, speed)]
+
+    monkeypatch.setattr(Vocoder, "speak", louder)
+    out = tmp_path / "check.json"
+    assert check.main(arguments(model_dir, out)) == 1
+    found = verdicts(out)
+    assert found[("fp32", "audio")] == check.FAIL and found[("fp32", "llm")] == "pass", found
+    assert "failed: audio (fp32)" in capsys.readouterr().err
+
+
+def test_a_shifted_token_fails_the_llm(model_dir, tmp_path, monkeypatch, capsys):
+    draw = Sampler.draw
+
+    def shifted(self, scores, rows):
+        ends = scores.shape[-1] - 1  # v1's last logit is the end of speech: left alone, lengths stay
+        return [t if isinstance(t, BaseException) or t + 1 >= ends else t + 1 for t in draw(self, scores, rows)]
+
+    monkeypatch.setattr(Sampler, "draw", shifted)
+    out = tmp_path / "check.json"
+    assert check.main(arguments(model_dir, out)) == 1
+    report = json.loads(out.read_text())
+    assert report["failed"] == ["llm (fp32)"], report["failed"]
+    assert report["runs"]["fp32"]["llm"]["first_divergence"] == {"0": 0, "1": 0}
+    assert "failed: llm (fp32)" in capsys.readouterr().err
+
+
+def test_a_bad_config_exits_2(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        check.main(["--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "x.json")])
+    assert exit_.value.code == 2
+    with pytest.raises(SystemExit) as exit_:
+        check.main(["--config", CONFIG, "--set", f"tts.cosyvoice.model_dir={tmp_path}/none", "--texts", "1"])
+    assert exit_.value.code == 2
+
+
+def zero_shot(tmp_path, version: int, model) -> list[str]:
+    """The arguments for a tiny v2 or v3 model of two zero-shot voices on a 2 s noise prompt."""
+    import numpy as np
+    import soundfile as sf
+
+    wav = tmp_path / "prompt.wav"
+    sf.write(wav, (np.random.default_rng(0).standard_normal(2 * 24000) * 0.05).astype("float32"), 24000)
+    text = ("You are a helpful assistant.<|endofprompt|>" if version == 3 else "") + "Hello, a short prompt."
+    argv = ["--config", f"cosyvoice{version}", "--set", f"tts.cosyvoice.model_dir={model}", "--texts", "2"]
+    for name in ("anna", "ben"):
+        argv += ["--set", f'tts.cosyvoice.prompts.{name}={{audio: "{wav}", text: "{text}"}}']
+    return [*argv, "--out", str(tmp_path / "check.json")]
+
+
+def assert_fp32_is_upstream(out):
+    fp32 = json.loads(out.read_text())["runs"]["fp32"]
+    assert fp32["llm"]["same"] == 2 and fp32["audio"]["compared"] == 2, fp32
+    assert fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
+
+
+def test_a_v2_model_with_zero_shot_voices_passes(tmp_path):
+    """CosyVoice2 (the installed runtime): the Qwen2 engine against upstream's zero-shot path."""
+    model = build_model_dir(tmp_path / "model", "tiny", (), tokens_per_text_token=3, version=2)
+    assert check.main(zero_shot(tmp_path, 2, model)) == 0
+    assert_fp32_is_upstream(tmp_path / "check.json")
+
+
+def test_a_v3_model_passes_through_a_checkout(tmp_path):
+    """CosyVoice3 needs a checkout of the official repository, hence a process of its own."""
+    if not CHECKOUT:
+        pytest.skip(NO_CHECKOUT)
+    env, model = script_env(COSYVOICE_ROOT=CHECKOUT), tmp_path / "model"
+    build = [
+        "-m",
+        "convtts.testing.cosyvoice_model",
+        "--version",
+        "3",
+        "--out",
+        str(model),
+        "--tokens-per-text-token",
+        "3",
+    ]
+    subprocess.run([sys.executable, *build], env=env, check=True, capture_output=True, timeout=300)
+    command = [sys.executable, "-m", "convtts", "check-model", *zero_shot(tmp_path, 3, model)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_fp32_is_upstream(tmp_path / "check.json")
