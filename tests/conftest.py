@@ -99,6 +99,17 @@ def script_env(**extra) -> dict:
     return env
 
 
+def preprocess(*args) -> subprocess.CompletedProcess:
+    """preprocess.py with these arguments, in a fresh interpreter, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def python_reports(code: str, *args, env: dict | None = None, timeout: float = 300) -> dict:
     """Run `code` in a fresh interpreter with `args`; the JSON object its last line of output prints."""
     done = subprocess.run(

@@ -12,26 +12,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import DATA, REPO, assert_complete, need, read_jsonl, run_all, script_env
+from conftest import DATA, assert_complete, need, preprocess, read_jsonl, run_all, script_env
 from convtts.config import load_config
 from convtts.plan import reader
 from convtts.plan.planner import make_plan
 from convtts.plan.reader import InputError
 from convtts.state.layout import Layout
 
-
 # The records hold Chinese turns: the silence voice speaks every language (the default English voice skips them).
 ANY_LANGUAGE = ["tts.backend=silence"]
-
-
-def preprocess(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+MERGED = {"audio", "language"}  # what conversations.json adds to a record's spoken turns
 
 
 def planned(out) -> tuple[list[dict], list[dict], list[dict]]:
@@ -170,12 +160,14 @@ def test_conversations_json_gives_each_shape_its_audio_in_its_own_shape(tmp_path
     assert len(merged) == len(records)
     for cid, record, given in zip(ids, records, merged):
         if "messages" in record:
-            assert [{k: v for k, v in m.items() if k != "audio"} for m in given["messages"]] == record["messages"]
+            assert [{k: v for k, v in m.items() if k not in MERGED} for m in given["messages"]] == record["messages"]
+            assert all(("language" in m) == bool(m["audio"]) for m in given["messages"])
             turns = range(len(record["messages"]))
             assert [m["audio"] for m in given["messages"]] == [audio.get((cid, t), []) for t in turns]
             assert all(bool(m["audio"]) == (m["role"] != "system") for m in given["messages"])
         else:
-            assert {k: v for k, v in given.items() if k != "audio"} == record
+            assert {k: v for k, v in given.items() if k not in MERGED} == record
+            assert set(given["language"]) == {"instruction", "output"}
             assert given["audio"] == {"instruction": audio[cid, 0], "output": audio[cid, 1]}
 
 
@@ -284,7 +276,8 @@ def test_a_gzipped_input_runs_through_run_all_and_resumes(tmp_path):
     rows = assert_complete(out)
     merged = orjson.loads((out / "conversations.json").read_bytes())
     records = orjson.loads((DATA / "alpaca_zh_style.json").read_bytes())
-    assert [{k: v for k, v in c.items() if k != "audio"} for c in merged] == records
+    assert [{k: v for k, v in c.items() if k not in MERGED} for c in merged] == records
+    assert all(c["language"]["instruction"] == "zh" and c["language"]["output"] in ("zh", "en") for c in merged)
     assert sum(len(c["audio"]["instruction"]) + len(c["audio"]["output"]) for c in merged) == len(rows)
     again = run_all(*args)  # the same compressed bytes: the plan stands, nothing is spoken again
     assert again.returncode == 0, again.stderr

@@ -6,13 +6,11 @@ import hashlib
 import os
 import random
 import re
-import subprocess
-import sys
 
 import orjson
 import pytest
 
-from conftest import REPO, llava_conversations, read_jsonl, script_env, write_input
+from conftest import llava_conversations, preprocess, read_jsonl, write_input
 from convtts.config import load_config
 from convtts.plan import planner, reader
 from convtts.plan.planner import make_plan, plan_is_fresh, safe_id, select, side_voices, unique_ids
@@ -35,16 +33,6 @@ def plan_conversations(out) -> list[dict]:
 def convo(cid, *values, roles=("human", "gpt")) -> dict:
     record = {"conversations": [{"from": roles[i % len(roles)], "value": v} for i, v in enumerate(values)]}
     return record if cid is None else {"id": cid, **record}
-
-
-def preprocess(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 # --- reading --------------------------------------------------------------------------------------

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import orjson
 import pytest
 
-from conftest import REPO, assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
+from conftest import (
+    assert_complete,
+    llava_conversations,
+    preprocess,
+    read_jsonl,
+    run_all,
+    write_input,
+)
 from convtts.config import load_config
 from convtts.plan.planner import PLAN_VERSION, fingerprint, make_plan
 from convtts.state.layout import Layout
@@ -93,16 +98,6 @@ def test_an_output_of_plan_version_1_finishes_without_redoing_spoken_work(tmp_pa
     for row in rows:  # old and new rows alike: the turn's text on its first segment only
         expected = turns[row["conversation_id"], row["turn"]] if row["segment"] == 0 else None
         assert row["source_text"] == expected, row["id"]
-
-
-def preprocess(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def as_version_2(layout: Layout, source, config) -> None:

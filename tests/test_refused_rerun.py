@@ -4,28 +4,16 @@ each setting that changed with its old and new value, and the input when that ch
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import orjson
 import pytest
 
-from conftest import REPO, llava_conversations, run_all, script_env, write_input
+from conftest import llava_conversations, preprocess, run_all, write_input
 from convtts.state.layout import Layout
 
 pytestmark = pytest.mark.e2e
 
 SETTINGS = ["--set", "tts.backend=silence", "--set", "shards.segments_per_shard=20"]
-
-
-def preprocess(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "preprocess.py"), *map(str, args)],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import filecmp
 import logging
 import shutil
 import sys
@@ -16,7 +15,6 @@ from convtts.gate.quality import check_gate
 from convtts.plan.changes import plan_changes
 from convtts.plan.language import counts_characters
 from convtts.plan.planner import (
-    CONTENT_SINCE,
     PLAN_VERSION,
     earlier_version_with_same_ids,
     make_plan,
@@ -27,7 +25,7 @@ from convtts.plan.planner import (
 from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout
-from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_atomic
+from convtts.state.shardio import disk_full_text, is_disk_full, read_json, read_jsonl, write_atomic
 from convtts.words import plural
 
 log = logging.getLogger("preprocess")
@@ -132,13 +130,14 @@ class DifferentPlan(Exception):
 def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = False) -> dict:
     """Make a new plan; refuse to orphan audio spoken from a different plan unless forced.
 
-    A plan of a version before CONTENT_SINCE knew its input by path, size and modification time, so
-    it cannot tell a touched or moved input from another one: the new plan is made, and kept with
-    the work when its shards are the old plan's, byte for byte (same ids, texts and voices).
+    A plan of an earlier version cannot say whether its work is this plan's (before CONTENT_SINCE it
+    knew its input by path, size and modification time; later versions cleaned or split the text
+    otherwise): the new plan is made, and kept with the work when every shard holds the old plan's
+    utterances (the same ids, texts and voices, in order).
     """
     stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
     version = plan_version(layout)
-    compare = bool(stale_work) and not force and version < CONTENT_SINCE
+    compare = bool(stale_work) and not force and version < PLAN_VERSION
     changes = plan_changes(source, layout, config) if stale_work and not force else []
     if stale_work and not force and not compare:
         refuse(layout, stale_work, changes)
@@ -162,8 +161,8 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
         fail(f"bad input: {exc}" if isinstance(exc, InputError) else f"plan not made: {exc}")
     if compare:
         log.warning(
-            "the plan in %s, of plan version %d, knew its input by path and modification time; the plan "
-            "made now from %s has the same shards, so the work spoken for them is kept",
+            "the plan in %s is of plan version %d; the plan made now from %s has the same shards, so the "
+            "work spoken for them is kept (the same ids, texts and voices)",
             layout.plan_dir,
             version,
             source,
@@ -190,13 +189,19 @@ def plan_version(layout: Layout) -> int:
 
 
 def same_shards(new: Layout, old: Layout) -> bool:
-    """Whether two plans hold the same shard files, byte for byte."""
+    """Whether two plans give every shard the same utterances: ids, texts and voices, in order. The
+    audio spoken for one plan is then the other's; fields a later version adds (a row's language)
+    change nothing of it."""
     names = new.shard_names()
     if names != old.shard_names():
         return False
-    pairs = [(new.shard_file(n), old.shard_file(n)) for n in names]
-    pairs += [(new.shard_conversations(n), old.shard_conversations(n)) for n in names]
-    return all(b.is_file() and filecmp.cmp(a, b, shallow=False) for a, b in pairs)
+    return all(_utterances(new.shard_file(n)) == _utterances(old.shard_file(n)) for n in names)
+
+
+def _utterances(path: Path) -> list[tuple] | None:
+    if not path.is_file():
+        return None
+    return [(row["id"], row["text"], row.get("speaker")) for row in read_jsonl(path)]
 
 
 def discard_work(layout: Layout) -> None:
