@@ -109,6 +109,6 @@ _UNIT = re.compile(f"[{_HAN}{_KANA}{_HANGUL}]|[^\\W_{_HAN}{_KANA}{_HANGUL}]+")
 
 def spoken_units(text: str, language: str) -> int:
     """Words; for CJK languages, characters, with an embedded word or number as one."""
-    if language in CHARACTER_LANGUAGES:
+    if counts_characters(language):
         return len(_UNIT.findall(text))
     return text.count(" ") + 1 if text else 0  # segments hold single spaces (textclean.split_segments)

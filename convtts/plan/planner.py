@@ -159,6 +159,7 @@ def plan_conversation(
     """
     casting = casting or Casting.of(config.speakers)
     voices = casting.sides(cid)
+    link, phrases = config.text.link_words(), config.text.phrases()
     segments, skipped = [], []
     for turn, item in enumerate(conversation_turns(record)):
         role = item.get("from", item.get("role")) if isinstance(item, dict) else None
@@ -168,7 +169,7 @@ def plan_conversation(
         if reason is None:
             source = item.get("value", item.get("content"))
             language = detect(source) if config.text.language == "auto" else config.text.language
-            text, reason = clean(source, config.text.link_words(), language=language, phrases=config.text.phrases())
+            text, reason = clean(source, link, language=language, phrases=phrases)
             if reason is None and speaks is not None and language not in speaks:
                 reason = f"language {language}: the voice speaks {', '.join(sorted(speaks))}"
         if reason is not None:
