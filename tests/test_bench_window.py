@@ -190,6 +190,19 @@ def test_the_text_kinds_bench_matches_words_unless_both_counts_are_given(tmp_pat
     assert text_kinds.words(tmp_path / "s1.json") < target <= text_kinds.words(tmp_path / "s.json")
 
 
+def bench_figures(script: str, args: list[str], out: Path) -> dict:
+    """bench/SCRIPT run with args and --out OUT in a fresh interpreter; the figures it wrote."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args, "--out", str(out)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.e2e
 @pytest.mark.cosyvoice
 def test_the_text_kinds_bench_runs_each_job_again_with_the_compared_settings(tmp_path):
@@ -198,17 +211,12 @@ def test_the_text_kinds_bench_runs_each_job_again_with_the_compared_settings(tmp
     both ratios are written."""
     need("cosyvoice", "cosyvoice")
     setting, work, out = "tts.cosyvoice.flow.attention=triton", tmp_path / "work", tmp_path / "kinds.json"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "text_kinds.py"), "--size", "tiny", "--model-dir", str(tmp_path / "m")]
-        + ["--conversations", "2", "--bench-conversations", "1", "--gpus", "cpu:1", "--work", str(work)]
-        + ["--compare", setting, "--out", str(out)],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    figures = bench_figures(
+        "text_kinds.py",
+        ["--size", "tiny", "--model-dir", str(tmp_path / "m"), "--conversations", "2", "--bench-conversations", "1"]
+        + ["--gpus", "cpu:1", "--work", str(work), "--compare", setting],
+        out,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    figures = json.loads(out.read_text())
     runs, compared = figures["runs"], figures["compared"]["runs"]
     assert [r["text"] for r in runs] == [r["text"] for r in compared] == ["short", "bench"]
     assert [r["settings"] for r in runs] == [[], []] and [r["settings"] for r in compared] == [[setting]] * 2
@@ -229,17 +237,12 @@ def test_the_part_account_counts_each_parts_work_against_the_machines_rates(tmp_
     double with the rows; a flow pass of twice the rows does twice the work."""
     need("cosyvoice", "cosyvoice")
     out = tmp_path / "account.json"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "part_account.py"), "--size", "tiny"]
-        + ["--decode-rows", "2,4", "--prefill-rows", "1,2", "--flow-rows", "2,4", "--seconds", "0.5"]
-        + ["--repeat", "1", "--out", str(out)],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    figures = bench_figures(
+        "part_account.py",
+        ["--size", "tiny", "--decode-rows", "2,4", "--prefill-rows", "1,2", "--flow-rows", "2,4", "--seconds", "0.5"]
+        + ["--repeat", "1"],
+        out,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    figures = json.loads(out.read_text())
     assert figures["machine"]["bf16_matmul_tflops"] > 0 and figures["machine"]["copy_gbps"] > 0
     for part in ("decode", "prefill", "flow", "vocoder"):
         assert len(figures[part]) == 2 and all(f["ms"] > 0 and f["flop"] > 0 for f in figures[part]), part
