@@ -15,6 +15,7 @@ binary=(
   decorator==5.3.1 wetext==0.1.8 kaldifst==1.8.3 contractions==0.1.73 textsearch==0.0.24 anyascii==0.3.3
   pyahocorasick==2.3.1 modelscope==1.34.0 gdown==6.5.1 beautifulsoup4==4.15.0 soupsieve==4.1.2
   x-transformers==2.11.24 einx==0.4.3 loguru==0.7.3 frozendict==2.5.1  # CosyVoice3's DiT flow
+  py3langid==0.4.0  # the planner's language of a turn
 )
 # Published as source only: pure Python, built into wheels here.
 source_only=(antlr4-python3-runtime==4.9.3 openai-whisper==20250625 wget==3.2)
