@@ -482,10 +482,13 @@ class ValidateConfig:
     # faster-whisper: a local CTranslate2 model directory
     model_path: str = ""
     max_wer: float = 0.6  # word error rate of the recogniser's transcript against the text
+    max_cer: float = 0.5  # character error rate, for the languages scored in characters (zh, ja, ko, yue)
+    # a limit per language (ISO 639-1) in place of max_wer or max_cer, e.g. {zh: 0.3}
+    max_error_by_language: dict[str, float] = field(default_factory=dict)
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
-    # true: the input is English, every segment of min_asr_words gets the ASR check (no language test:
-    # convtts/gate/language.py, which keeps 40 of 40 short technical English sentences)
+    # true: the input is English, every segment of min_asr_words gets the ASR check in English (its
+    # plan row's language and the language test, convtts/gate/language.py, are not asked)
     assume_english: bool = False
     # hf-whisper: 30 s windows recognised at once: with asr_pack, each holds as many takes as fit
     # (the batched path holds finished takes until they fill this many); without, one take each
@@ -515,11 +518,17 @@ class ValidateConfig:
             )
         if not -120 <= self.silence_db < 0:
             raise ConfigError(f"validate.silence_db must be a level in dBFS between -120 and 0, got {self.silence_db}")
+        for language, limit in self.max_error_by_language.items():
+            if not _LANGUAGE_CODE.fullmatch(language) or limit <= 0:
+                raise ConfigError(
+                    f"validate.max_error_by_language.{language} must be a language code with a positive limit"
+                )
         for key in ("max_silence_share", "max_clipped_share", "clip_level", "asr_share"):
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"validate.{key} must be in (0, 1], got {getattr(self, key)}")
-        if not 0 < self.max_wer:
-            raise ConfigError(f"validate.max_wer must be positive, got {self.max_wer}")
+        for key in ("max_wer", "max_cer"):
+            if not 0 < getattr(self, key):
+                raise ConfigError(f"validate.{key} must be positive, got {getattr(self, key)}")
         if self.min_asr_words < 1:
             raise ConfigError(f"validate.min_asr_words must be at least 1, got {self.min_asr_words}")
         if not 1 <= self.asr_batch <= 256:

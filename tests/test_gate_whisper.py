@@ -62,14 +62,14 @@ def noise(seconds: float, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(int(RATE * seconds)) * 0.1).astype(np.float32)
 
 
-def one_at_a_time(recogniser, audio: np.ndarray) -> str:
+def one_at_a_time(recogniser, audio: np.ndarray, language: str = "en") -> str:
     """transformers' own Whisper generate() on one take (window by window), bounded as the gate bounds it."""
     texts = []
     for start in range(0, len(audio), WINDOW):
         window = audio[start : start + WINDOW]
         features = recogniser.features(window, sampling_rate=RATE, return_tensors="pt").input_features
         tokens = recogniser.model.generate(
-            features, language="en", task="transcribe", max_new_tokens=token_limit(len(window), recogniser.room)
+            features, language=language, task="transcribe", max_new_tokens=token_limit(len(window), recogniser.room)
         )
         texts.append(recogniser.tokenizer.batch_decode(tokens, skip_special_tokens=True)[0].strip())
     return " ".join(texts)
@@ -83,6 +83,20 @@ def test_batched_transcripts_are_generates_one_at_a_time(recogniser):
     assert batched == [one_at_a_time(recogniser, take) for take in takes]
     assert len(set(batched)) == len(takes) and all(batched)
     assert recogniser.transcribe(takes[2]) == batched[2]
+
+
+def test_takes_are_heard_in_their_language_as_generate_hears_them(recogniser, whisper_dir):
+    """Told a language, the batched decoder (static buffers, and transformers' cache) says what
+    generate(language=...) says for each take alone, and not what it says in English."""
+    language = "zh"
+    takes = [noise(seconds, seed) for seed, seconds in enumerate((2.0, 0.6, 3.5))]
+    expected = [one_at_a_time(recogniser, take, language) for take in takes]
+    assert recogniser.transcribe_many(takes, language=language) == expected
+    assert expected != [one_at_a_time(recogniser, take) for take in takes]
+    cached = TransformersWhisper(gate_config(whisper_dir, "validate.asr_batch=3", "validate.asr_graphs=false"))
+    assert cached.transcribe_many(takes, language=language) == expected
+    assert recogniser.transcribe_many(takes) == recogniser.transcribe_many(takes, language="en")  # put back
+    assert recogniser.hears(language) and not recogniser.hears("xx")
 
 
 @pytest.mark.parametrize(
@@ -301,17 +315,27 @@ def test_gpu_memory_a_worker_adds_for_its_recogniser(whisper_dir, recogniser):
     assert recogniser_gpu_mb(dataclasses.replace(config, recogniser="pocketsphinx", model_path="")) == 0
 
 
-def test_assume_english_checks_what_the_language_test_would_skip(whisper_dir, recogniser):
-    """A segment the language test calls not English (here, rightly: it is Dutch) gets the ASR check
-    all the same under validate.assume_english."""
+def test_a_take_is_heard_in_its_rows_language_or_the_language_tests(whisper_dir, recogniser):
+    """Whisper is told the plan row's language; without one, the language test's (here, rightly,
+    Dutch); under validate.assume_english, English. A Chinese take is scored by characters (cer)
+    against max_cer, or its language's own limit."""
     from convtts.gate.quality import Gate
 
     text = "De trein naar Utrecht vertrekt om negen uur vanaf spoor drie."
     audio = (np.sin(np.arange(22050 * 3) * 0.05) * 0.3).astype(np.float32)
-    config = gate_config(whisper_dir, "validate.max_wer=100")
-    assert Gate(config, recogniser).judge(audio, 22050, text)["asr"] == "skipped: not English"
+    config = gate_config(whisper_dir, "validate.max_wer=100", "validate.max_cer=100")
+    gate = Gate(config, recogniser)
+    assert gate.judge(audio, 22050, text)["asr_language"] == "nl"
+    assert gate.judge(audio, 22050, text, "", "de")["asr_language"] == "de"
     assumed = Gate(dataclasses.replace(config, assume_english=True), recogniser)
-    assert assumed.judge(audio, 22050, text)["asr"] == "hf-whisper"
+    assert assumed.judge(audio, 22050, text, "", "nl")["asr_language"] == "en"
+    chinese = "火车九点从三号站台开往乌得勒支。"
+    scores = gate.judge(audio, 22050, chinese, "", "zh")
+    assert scores["asr_language"] == "zh" and scores["cer"] > 0 and "wer" not in scores
+    strict = Gate(dataclasses.replace(config, max_error_by_language={"zh": scores["cer"] / 2}), recogniser)
+    with pytest.raises(QualityFailure, match="^cer "):
+        strict.judge(audio, 22050, chinese, "", "zh")
+    assert strict.judge(audio, 22050, text, "", "nl")["wer"] > 0  # other languages keep max_wer
 
 
 @pytest.mark.e2e

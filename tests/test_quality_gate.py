@@ -86,6 +86,22 @@ def test_spoken_words_normalise_case_punctuation_and_numbers(text, words):
 
 
 @pytest.mark.parametrize(
+    "text, language, units",
+    [
+        ("我有12个苹果，花了$3。", "zh", "我 有 12 个 苹 果 花 了 3"),  # digits stay digits: 12 or 十二 is heard
+        ("用Python写一个函数", "zh", "用 python 写 一 个 函 数"),  # an embedded word is one unit
+        ("東京は晴れです", "ja", "東 京 は 晴 れ で す"),
+        ("I have 12 apples", "en", "i have twelve apples"),
+    ],
+)
+def test_a_language_written_in_characters_is_scored_by_characters(text, language, units):
+    assert spoken_words(text, language) == units.split()
+    heard = spoken_words(text.replace("苹果", "平果"), language)
+    if language == "zh" and "苹果" in text:
+        assert word_error_rate(spoken_words(text, language), heard) == pytest.approx(1 / len(units.split()))
+
+
+@pytest.mark.parametrize(
     "text, english",
     [
         ("What is the man doing in the picture?", True),
@@ -196,11 +212,19 @@ def test_gate_passes_real_speech_and_refuses_wrong_audio(voice_and_gate):
     assert loud.value.check == "clipped"
 
 
-def test_non_english_segment_is_not_failed_for_its_language(voice_and_gate):
+def test_a_segment_the_recogniser_does_not_hear_is_unchecked_not_failed(voice_and_gate):
+    """pocketsphinx hears English: a French segment (by the language test) and a Chinese one (by its
+    plan row's language) pass unchecked, with the reason; an English one gets the check."""
     voice, gate = voice_and_gate
     text = "Quelle est la meilleure saison pour visiter Paris ?"
     scores = gate.judge(voice.synthesize(text, "joe", 1), voice.sample_rate, text)
-    assert scores["asr"] == "skipped: not English" and "wer" not in scores
+    assert scores["asr"] == "skipped: language fr: pocketsphinx does not hear it" and "wer" not in scores
+    chinese = "今天天气很好，我们去公园散步吧。"
+    audio = voice.synthesize("Today the weather is fine, let us walk in the park.", "joe", 1)
+    scores = gate.judge(audio, voice.sample_rate, chinese, "park-000-00", "zh")
+    assert scores["asr"] == "skipped: language zh: pocketsphinx does not hear it" and "cer" not in scores
+    english = "There are three bicycles hanging on the wall."
+    assert gate.judge(voice.synthesize(english, "joe", 1), voice.sample_rate, english, "", "en")["wer"] < 0.6
 
 
 def test_asr_share_samples_ids_deterministically(voice_and_gate):
@@ -225,6 +249,9 @@ def test_asr_share_samples_ids_deterministically(voice_and_gate):
     [
         ("validate.max_respeaks=-1", "validate.max_respeaks"),
         ("validate.max_wer=0", "validate.max_wer"),
+        ("validate.max_cer=0", "validate.max_cer"),
+        ("validate.max_error_by_language={zh: 0}", "validate.max_error_by_language.zh must be"),
+        ("validate.max_error_by_language={chinese: 0.3}", "validate.max_error_by_language.chinese must be"),
         ("validate.asr_share=0", "validate.asr_share"),
         ("validate.max_silence_share=1.5", "validate.max_silence_share"),
         ("validate.min_seconds_per_word=2", "validate.min_seconds_per_word"),
@@ -275,6 +302,39 @@ def gated_run(tmp_path, backend: str, bad: str, *extra) -> tuple[subprocess.Comp
         *extra,
     )
     return run_all(*args, env=script_env(CONVTTS_TEST_BAD=bad)), args
+
+
+@pytest.mark.e2e
+def test_turns_the_recogniser_does_not_hear_are_counted_unchecked(tmp_path):
+    """A mixed input on a voice that speaks any language, gated by pocketsphinx (English): the English
+    rows are scored, the Chinese ones pass unchecked with the reason, and summary.json counts them."""
+    need("pocketsphinx", "validate")
+    chinese = {
+        "id": "park",
+        "conversations": [
+            {"from": "human", "value": "今天天气怎么样？我们可以去公园散步吗？"},
+            {"from": "gpt", "value": "今天天气晴朗，气温二十度左右，很适合去公园散步。"},
+        ],
+    }
+    source = write_input(tmp_path / "in.json", short_conversations()[1:] + [chinese])
+    out = tmp_path / "out"
+    result = run_all(
+        "--input", source, "--output-dir", out, "--gpus", "cpu:1", "--workers", "1",
+        "--set", "tts.backend=bad_audio_backend:BatchedBadAudioPiper", *GATE,
+        "--set", "validate.max_seconds_per_word=5",  # espeak spells each character out
+        env=script_env(CONVTTS_TEST_BAD=""),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = {r["id"]: r for r in assert_complete(out)}
+    assert {uid: row["language"] for uid, row in rows.items()} == {
+        "garage-000-00": "en", "garage-001-00": "en", "park-000-00": "zh", "park-001-00": "zh",
+    }  # fmt: skip
+    assert all(rows[f"garage-00{n}-00"]["quality"]["wer"] < 0.6 for n in (0, 1))
+    unheard = "skipped: language zh: pocketsphinx does not hear it"
+    assert [rows[f"park-00{n}-00"]["quality"]["asr"] for n in (0, 1)] == [unheard, unheard]
+    quality = orjson.loads((out / "summary.json").read_bytes())["quality"]
+    assert quality["asr_skipped"] == {"language zh: pocketsphinx does not hear it": 2}
+    assert quality["wer"]["scored"] == 2
 
 
 def test_an_unknown_on_fail_stops_the_run_in_one_line(tmp_path):

@@ -1,4 +1,4 @@
-"""Whether a segment is English (the gate's recognisers hear only English), by py3langid's model from its wheel.
+"""A segment's language for the gate, when its plan row does not carry one, by py3langid's model from its wheel.
 
 Chosen over lingua-language-detector and the word tests it replaces, on 40 short technical English
 sentences and 22 in other languages (tests/data/language_sentences.tsv; `python bench/language_id.py`,
@@ -46,6 +46,11 @@ def _identifier():
 def language_of(text: str) -> str:
     """The ISO 639-1 code of the text's most likely language among LANGUAGES."""
     return _identifier().classify(text)[0]
+
+
+# Languages written without spaces between words: the plan cuts and times their segments, and the gate
+# scores their takes, by characters, not words.
+CHARACTER_LANGUAGES = frozenset({"zh", "ja", "ko", "yue"})
 
 
 def is_english(text: str) -> bool:

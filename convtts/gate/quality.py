@@ -8,6 +8,7 @@ by workers.max_attempts.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convtts.config import ConfigError, ValidateConfig
-from convtts.gate.language import is_english
+from convtts.gate.language import CHARACTER_LANGUAGES, language_of
 from convtts.gate.recognisers import check_recogniser_installed, load_recogniser
 from convtts.words import plural
 
@@ -78,13 +79,16 @@ def _spell_number(match: re.Match) -> str:
     return f" {' '.join(words)} "
 
 
-def spoken_words(text: str) -> list[str]:
+def spoken_words(text: str, language: str = "en") -> list[str]:
     """The words a listener hears, lower case: `It costs $12.50, 20% off` -> it costs twelve point five zero dollars
-    twenty percent off."""
-    text = _MONEY.sub(lambda m: f"{m.group(2)} {_CURRENCY[m.group(1)]}", text.lower().replace("’", "'"))
-    text = _NUMBER.sub(_spell_number, text)
-    for symbol, word in _SYMBOLS.items():
-        text = text.replace(symbol, word)
+    twenty percent off. In a language written in characters, each CJK character is a unit of its own
+    and numbers stay digits (a recogniser writes 12 or 十二, never twelve)."""
+    text = text.lower().replace("’", "'")
+    if language not in CHARACTER_LANGUAGES:
+        text = _MONEY.sub(lambda m: f"{m.group(2)} {_CURRENCY[m.group(1)]}", text)
+        text = _NUMBER.sub(_spell_number, text)
+        for symbol, word in _SYMBOLS.items():
+            text = text.replace(symbol, word)
     text = _CJK.sub(lambda m: f" {m.group(0)} ", text)  # no spaces between CJK words: count characters
     return _WORD.findall(text)
 
@@ -182,12 +186,14 @@ def check_gate(cfg: ValidateConfig, device: str | None = None) -> None:
 
 @dataclass
 class Take:
-    """A take to score: its samples and their rate, the text it should say, its utterance's id."""
+    """A take to score: its samples and their rate, the text it should say, its utterance's id, and
+    the text's language (ISO 639-1; empty: the language test's answer)."""
 
     audio: np.ndarray
     rate: int
     text: str
     uid: str = ""
+    language: str = ""
 
 
 @dataclass
@@ -215,9 +221,9 @@ class Gate:
 
         return len(pack_takes([round(s * ASR_RATE) for s in seconds])) >= self.cfg.asr_batch
 
-    def judge(self, audio: np.ndarray, rate: int, text: str, uid: str = "") -> dict:
+    def judge(self, audio: np.ndarray, rate: int, text: str, uid: str = "", language: str = "") -> dict:
         """The take's scores; raises QualityFailure at the first check it fails (the ASR runs last)."""
-        verdict = self.judge_many([Take(audio, rate, text, uid)])[0]
+        verdict = self.judge_many([Take(audio, rate, text, uid, language)])[0]
         if isinstance(verdict, BaseException):
             raise verdict
         return verdict
@@ -229,6 +235,7 @@ class Gate:
         transcribed together (one call of a batched recogniser), and each take's gate_seconds is its
         own checks' time plus its share of that call.
         """
+        takes = [self._with_language(take) for take in takes]
         verdicts = [self._signal(take) for take in takes]
         asked = [
             i for i, verdict in enumerate(verdicts) if isinstance(verdict, dict) and self._asr_wanted(takes[i], verdict)
@@ -241,10 +248,19 @@ class Gate:
             verdicts[i] = text if isinstance(text, BaseException) else self._scored(takes[i], verdicts[i], text, shared)
         return verdicts
 
+    def _with_language(self, take: Take) -> Take:
+        """The take with the language it is heard in: English under assume_english, else its row's, else
+        the language test's."""
+        if self.cfg.assume_english:
+            return dataclasses.replace(take, language="en")
+        if take.language or self.recogniser is None:
+            return take
+        return dataclasses.replace(take, language=language_of(take.text))
+
     def _signal(self, take: Take):
         """Length per spoken word, silence, clipping: the scores so far, or the QualityFailure."""
         started = time.perf_counter()
-        cfg, words = self.cfg, spoken_words(take.text)
+        cfg, words = self.cfg, spoken_words(take.text, take.language)
         per_word = len(take.audio) / take.rate / max(1, len(words))
         scores = {
             "seconds_per_word": round(per_word, 4),
@@ -267,22 +283,33 @@ class Gate:
             scores["asr"] = "off"
         elif not in_share(take.uid, self.cfg.asr_share):
             scores["asr"] = "skipped: not sampled"
-        elif len(spoken_words(take.text)) < self.cfg.min_asr_words:
+        elif len(spoken_words(take.text, take.language)) < self.cfg.min_asr_words:
             scores["asr"] = f"skipped: under {self.cfg.min_asr_words} words"
-        elif not self.cfg.assume_english and not is_english(take.text):
-            scores["asr"] = "skipped: not English"
+        elif not self.recogniser.hears(take.language):
+            scores["asr"] = f"skipped: language {take.language}: {self.cfg.recogniser} does not hear it"
         if "asr" in scores:
             scores["gate_seconds"] = round(scores["gate_seconds"], 4)
         return "asr" not in scores
 
     def _transcribe(self, takes: list[Take]) -> tuple[list, list[int]]:
-        """A transcript (or the error) per take, and how many takes its window held (0: not packed);
-        a batch the recogniser fails on is tried one take at a time."""
+        """A transcript (or the error) per take, and how many takes its window held (0: not packed),
+        the takes of each language recognised together in it."""
+        heard: list = [""] * len(takes)
+        packed = [0] * len(takes)
+        for language in dict.fromkeys(take.language for take in takes):
+            numbers = [n for n, take in enumerate(takes) if take.language == language]
+            texts, counts = self._transcribe_in([takes[n] for n in numbers], language)
+            for n, text, count in zip(numbers, texts, counts):
+                heard[n], packed[n] = text, count
+        return heard, packed
+
+    def _transcribe_in(self, takes: list[Take], language: str) -> tuple[list, list[int]]:
+        """_transcribe for takes of one language; a batch the recogniser fails on is tried one take at a time."""
         audio = [to_asr_rate(take.audio, take.rate) for take in takes]
         many = getattr(self.recogniser, "transcribe_many", None)
         if many is not None and len(audio) > 1:
             try:
-                heard = many(audio, pack=True) if self.packs else many(audio)
+                heard = many(audio, pack=self.packs, language=language)
             except Exception as exc:  # e.g. out of GPU memory at this batch size
                 log.warning(
                     "the recogniser failed on %d takes at once (%s: %s); trying them one at a time",
@@ -295,21 +322,25 @@ class Gate:
         heard = []
         for samples in audio:
             try:
-                heard.append(self.recogniser.transcribe(samples))
+                heard.append(self.recogniser.transcribe(samples, language))
             except Exception as exc:  # this take's: the caller counts it as the utterance's error
                 heard.append(exc)
         return heard, [0] * len(audio)
 
     def _scored(self, take: Take, scores: dict, heard: str, packed: int = 0):
-        scores.update(
-            asr=self.cfg.recogniser,
-            heard=heard[:1000],
-            wer=round(word_error_rate(spoken_words(take.text), spoken_words(heard)), 4),
-        )
+        """The ASR's scores: the word error rate (wer), or for a language written in characters the
+        character error rate (cer), each against its limit for the take's language."""
+        by_characters = take.language in CHARACTER_LANGUAGES
+        check = "cer" if by_characters else "wer"
+        error = word_error_rate(spoken_words(take.text, take.language), spoken_words(heard, take.language))
+        scores.update({"asr": self.cfg.recogniser, "asr_language": take.language, "heard": heard[:1000]})
+        scores[check] = round(error, 4)
         if packed:
             scores["asr_packed"] = packed
+        limit = self.cfg.max_error_by_language.get(take.language)
+        limit = limit if limit is not None else (self.cfg.max_cer if by_characters else self.cfg.max_wer)
         try:
-            self._limit("wer", scores["wer"], self.cfg.max_wer, scores)
+            self._limit(check, scores[check], limit, scores)
         except QualityFailure as bad:
             return bad
         return scores
@@ -329,7 +360,10 @@ def unpack(takes: list[Take], windows: list) -> tuple[list[str], list[int]]:
         if len(window.takes) == 1:
             shares = [window.text]
         else:
-            words = split_heard([spoken_words(takes[n].text) for n in window.takes], spoken_words(window.text))
+            language = takes[window.takes[0]].language  # a window holds takes of one language
+            words = split_heard(
+                [spoken_words(takes[n].text, language) for n in window.takes], spoken_words(window.text, language)
+            )
             shares = [" ".join(share) for share in words]
         for number, text in zip(window.takes, shares):
             heard[number], packed[number] = text, len(window.takes)

@@ -1,8 +1,10 @@
-"""The quality gate's recognisers: each turns 16 kHz mono audio into an English transcript, offline.
+"""The quality gate's recognisers: each turns 16 kHz mono audio into a transcript, offline.
 
-`pocketsphinx` (CPU, its wheel ships the model), `hf-whisper` (transformers, batched, on the GPU:
-convtts/gate/whisper.py), `whisper` (openai-whisper) and `faster-whisper` (CTranslate2) on local
-weights. A recogniser has transcribe(audio); a batched one also transcribe_many(takes).
+`pocketsphinx` (CPU, its wheel ships the US English model), `hf-whisper` (transformers, batched, on
+the GPU: convtts/gate/whisper.py), `whisper` (openai-whisper) and `faster-whisper` (CTranslate2) on
+local weights. A recogniser has transcribe(audio, language) and hears(language) (ISO 639-1); a
+batched one also transcribe_many(takes, language=...). A multilingual Whisper checkpoint is told the
+take's language; an English-only one (`.en`) and pocketsphinx hear English alone.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ class PocketSphinx:
 
         self.decoder = Decoder(loglevel="FATAL")
 
-    def transcribe(self, audio16k: np.ndarray) -> str:
+    def hears(self, language: str) -> bool:
+        return language == "en"
+
+    def transcribe(self, audio16k: np.ndarray, language: str = "en") -> str:
         pcm = (np.clip(audio16k, -1.0, 1.0) * 32767).astype("<i2")
         self.decoder.start_utt()
         self.decoder.process_raw(pcm.tobytes(), full_utt=True)
@@ -37,13 +42,18 @@ class OpenAIWhisper:
 
     def __init__(self, cfg: ValidateConfig):
         import whisper
+        from whisper.tokenizer import LANGUAGES
 
         self.model = whisper.load_model(cfg.model_path)
         self.fp16 = self.model.device.type == "cuda"
+        self.languages = frozenset(LANGUAGES) if self.model.is_multilingual else frozenset({"en"})
 
-    def transcribe(self, audio16k: np.ndarray) -> str:
+    def hears(self, language: str) -> bool:
+        return language in self.languages
+
+    def transcribe(self, audio16k: np.ndarray, language: str = "en") -> str:
         result = self.model.transcribe(
-            audio16k, language="en", temperature=0.0, fp16=self.fp16, condition_on_previous_text=False
+            audio16k, language=language, temperature=0.0, fp16=self.fp16, condition_on_previous_text=False
         )
         return result["text"]
 
@@ -55,9 +65,16 @@ class FasterWhisper:
         from faster_whisper import WhisperModel
 
         self.model = WhisperModel(cfg.model_path, device="auto", compute_type="default", local_files_only=True)
+        # supported_languages came in faster-whisper 1.0; before it, a multilingual model hears any
+        supported = getattr(self.model, "supported_languages", None)
+        multilingual = getattr(self.model.model, "is_multilingual", True)
+        self.languages = frozenset(supported) if supported else (None if multilingual else frozenset({"en"}))
 
-    def transcribe(self, audio16k: np.ndarray) -> str:
-        segments, _ = self.model.transcribe(audio16k, language="en", beam_size=1, condition_on_previous_text=False)
+    def hears(self, language: str) -> bool:
+        return self.languages is None or language in self.languages
+
+    def transcribe(self, audio16k: np.ndarray, language: str = "en") -> str:
+        segments, _ = self.model.transcribe(audio16k, language=language, beam_size=1, condition_on_previous_text=False)
         return " ".join(s.text for s in segments)
 
 

@@ -1,4 +1,4 @@
-"""The quality gate's GPU recogniser: Whisper through transformers, many takes per call, greedy, English.
+"""The quality gate's GPU recogniser: Whisper through transformers, many takes per call, greedy, in their language.
 
 A local checkpoint directory (validate.model_path, as released: config.json, model.safetensors,
 generation_config.json, the tokenizer and feature-extractor files); nothing is downloaded. On CUDA
@@ -9,7 +9,7 @@ as much as a 30 s one. With validate.asr_pack (off by default) short takes are p
 order into shared windows, 0.5 s of silence apart, and the gate shares each window's transcript out
 among its takes (convtts/gate/quality.py: split_heard). Each call turns up to validate.asr_batch
 windows into log-mel features together (on the model's device), runs the encoder once for all of
-them and decodes them together, greedily, as Whisper's own generate() does with language en, task
+them and decodes them together, greedily, as Whisper's own generate() does with the takes' language, task
 transcribe and no timestamps. Each row stops at end-of-text or at a length bound taken from its
 audio's duration (for a packed window, the sum of its takes' bounds), so a take that babbles, or a
 random-weight decoder, cannot run to the model's 448 positions.
@@ -118,7 +118,9 @@ class TransformersWhisper:
 
         settings, tokens = self.model.generation_config, self.tokenizer.convert_tokens_to_ids
         self.end = tokens("<|endoftext|>")
-        task = [tokens("<|en|>"), tokens("<|transcribe|>")] if getattr(settings, "is_multilingual", True) else []
+        self.multilingual = getattr(settings, "is_multilingual", True)
+        self.language_ids = dict(getattr(settings, "lang_to_id", None) or {})
+        task = [tokens("<|en|>"), tokens("<|transcribe|>")] if self.multilingual else []
         self.prompt = [
             tokens("<|startoftranscript|>"),
             *task,
@@ -138,12 +140,24 @@ class TransformersWhisper:
 
         return StaticDecoder(self.model, self.batch, self.prompt, self.end, self.never, self.first)
 
-    def transcribe(self, audio16k: np.ndarray) -> str:
-        return self.transcribe_many([audio16k])[0]
+    def hears(self, language: str) -> bool:
+        if not self.multilingual:
+            return language == "en"
+        return f"<|{language}|>" in self.language_ids if self.language_ids else True
 
-    def transcribe_many(self, takes: list[np.ndarray], pack: bool = False) -> list:
-        """A transcript per take (16 kHz mono float), asr_batch windows at a time. With `pack`, takes
-        share windows (pack_takes), and the answer is a Heard per window, naming its takes."""
+    def prompt_for(self, language: str) -> list[int]:
+        """The decoder's prompt with the take's language in place of English (an .en model: as it is)."""
+        if not self.multilingual or language == "en":
+            return self.prompt
+        return [self.prompt[0], self.language_ids[f"<|{language}|>"], *self.prompt[2:]]
+
+    def transcribe(self, audio16k: np.ndarray, language: str = "en") -> str:
+        return self.transcribe_many([audio16k], language=language)[0]
+
+    def transcribe_many(self, takes: list[np.ndarray], pack: bool = False, language: str = "en") -> list:
+        """A transcript per take (16 kHz mono float, all in `language`), asr_batch windows at a time. With
+        `pack`, takes share windows (pack_takes), and the answer is a Heard per window, naming its takes."""
+        prompt = self.prompt_for(language)
         groups = pack_takes([len(take) for take in takes]) if pack else [[number] for number in range(len(takes))]
         pieces = [
             (number, audio, limit)
@@ -153,7 +167,7 @@ class TransformersWhisper:
         texts = [""] * len(groups)
         for start in range(0, len(pieces), self.batch):
             part = pieces[start : start + self.batch]
-            heard = self._recognise([audio for _, audio, _ in part], [limit for _, _, limit in part])
+            heard = self._recognise([audio for _, audio, _ in part], [limit for _, _, limit in part], prompt)
             for (number, _, _), text in zip(part, heard):
                 texts[number] = f"{texts[number]} {text.strip()}".lstrip()
         if not pack:
@@ -170,11 +184,11 @@ class TransformersWhisper:
         audio = np.concatenate([part for number in group for part in (silence, takes[number])][1:])
         return [(audio, min(self.room, sum(token_limit(len(takes[number]), self.room) for number in group)))]
 
-    def _recognise(self, audio: list[np.ndarray], limits: list[int]) -> list[str]:
+    def _recognise(self, audio: list[np.ndarray], limits: list[int], prompt: list[int] | None = None) -> list[str]:
         import torch
 
         with torch.inference_mode():
-            tokens = self._decode(self._encode(self._features(audio)), limits)
+            tokens = self._decode(self._encode(self._features(audio)), limits, prompt)
         return self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
 
     def _features(self, audio: list[np.ndarray]):
@@ -184,20 +198,22 @@ class TransformersWhisper:
     def _encode(self, features):
         return self.model.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
 
-    def _decode(self, encoded, limits: list[int]) -> list[list[int]]:
-        """Each row's tokens: over static buffers (asr_graphs), else over transformers' cache."""
+    def _decode(self, encoded, limits: list[int], prompt: list[int] | None = None) -> list[list[int]]:
+        """Each row's tokens: over static buffers (asr_graphs), else over transformers' cache; `prompt`:
+        the decoder's prompt for the rows' language (None: English's)."""
+        prompt = prompt or self.prompt
         if self.static is not None:
-            return self.static.decode(encoded, limits)
-        return self._decode_cached(encoded, limits)
+            return self.static.decode(encoded, limits, prompt)
+        return self._decode_cached(encoded, limits, prompt)
 
-    def _decode_cached(self, encoded, limits: list[int]) -> list[list[int]]:
+    def _decode_cached(self, encoded, limits: list[int], prompt: list[int] | None = None) -> list[list[int]]:
         """Greedy decoding of every row together, over one cache; a row is done at end-of-text or its limit."""
         import torch
         from transformers.modeling_outputs import BaseModelOutput
 
         rows, device = len(limits), self.device
         encoder = BaseModelOutput(last_hidden_state=encoded)
-        step_input = torch.tensor([self.prompt] * rows, device=device)
+        step_input = torch.tensor([prompt or self.prompt] * rows, device=device)
         limit = torch.tensor(limits, device=device)
         done = torch.zeros(rows, dtype=torch.bool, device=device)
         cache, said = None, []

@@ -64,8 +64,12 @@ class StaticDecoder:
     def _zeros(self, *shape):
         return torch.zeros(*shape, dtype=self.dtype, device=self.device)
 
-    def decode(self, encoded, limits: list[int]) -> list[list[int]]:
-        """Each row's tokens (end-of-text dropped), greedily, up to its limit or end-of-text."""
+    def decode(self, encoded, limits: list[int], prompt: list[int] | None = None) -> list[list[int]]:
+        """Each row's tokens (end-of-text dropped), greedily, up to its limit or end-of-text. `prompt`:
+        another of the same length (another language's token), copied in place: the graphs read it there."""
+        if prompt is not None and prompt != self.prompt:
+            self.prompt = list(prompt)
+            self.prompt_ids[: len(prompt)].copy_(torch.tensor(prompt, device=self.device))
         count = len(limits)
         rows = row_bucket(count, self.rows)
         length = length_bucket(len(self.prompt) + max(limits), self.length)

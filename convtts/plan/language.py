@@ -21,8 +21,8 @@ from __future__ import annotations
 import importlib.util
 import re
 
-# Languages whose segments and speaking rates are measured in characters, not words.
-CHARACTER_LANGUAGES = frozenset({"zh", "ja", "ko", "yue"})
+from convtts.gate.language import CHARACTER_LANGUAGES  # segments and speaking rates in characters
+
 PROBE_CHARS = 300  # py3langid's cost grows with the text; a turn's start tells its language
 MIN_MODEL_WORDS = 4  # ASCII text of fewer words is English without asking py3langid
 MIN_ENGLISH_SHARE = 0.01  # ASCII text is English unless py3langid gives English less than this

@@ -28,6 +28,7 @@ class QualityTally:
     respeaks: int = 0
     gate_seconds: float = 0.0
     wers: list = field(default_factory=list)
+    cers: list = field(default_factory=list)  # character error rates: zh, ja, ko, yue
     asr_skipped: Counter = field(default_factory=Counter)
     failed_by_reason: Counter = field(default_factory=Counter)
     # utterances whose every take was refused, by what validate.on_fail made of them, and by check
@@ -47,6 +48,8 @@ class QualityTally:
         self.gate_seconds += scores.get("gate_seconds", 0.0)
         if scores.get("wer") is not None:
             self.wers.append(scores["wer"])
+        elif scores.get("cer") is not None:
+            self.cers.append(scores["cer"])
         elif str(scores.get("asr", "")).startswith("skipped"):
             self.asr_skipped[scores["asr"].partition(": ")[2]] += 1
 
@@ -67,22 +70,13 @@ class QualityTally:
         """None when the gate was off and nothing failed: no figures to give."""
         if not self.gated and not self.failed_by_reason and not self.refused:
             return None
-        wers = np.asarray(self.wers, dtype=float)
         return {
             "gated": self.gated,
             "respoken": self.respoken,
             "respoken_share": round(self.respoken / self.gated, 4) if self.gated else None,
             "respeaks": self.respeaks,
-            "wer": {
-                "scored": int(wers.size),
-                "mean": _round(wers.mean()),
-                "p50": _round(np.percentile(wers, 50)),
-                "p90": _round(np.percentile(wers, 90)),
-                "p99": _round(np.percentile(wers, 99)),
-                "max": _round(wers.max()),
-            }
-            if wers.size
-            else {"scored": 0},
+            "wer": _spread(self.wers),
+            **({"cer": _spread(self.cers)} if self.cers else {}),
             "asr_skipped": dict(self.asr_skipped),
             "failed_by_reason": dict(self.failed_by_reason),
             "refused": {
@@ -94,6 +88,16 @@ class QualityTally:
             else None,
             "gate_seconds": round(self.gate_seconds, 3),
         }
+
+
+def _spread(values: list) -> dict:
+    """How many error rates were scored, their mean, percentiles and maximum."""
+    rates = np.asarray(values, dtype=float)
+    if not rates.size:
+        return {"scored": 0}
+    figures = {"scored": int(rates.size), "mean": _round(rates.mean())}
+    figures.update({f"p{q}": _round(np.percentile(rates, q)) for q in (50, 90, 99)})
+    return {**figures, "max": _round(rates.max())}
 
 
 def _round(value) -> float:

@@ -289,7 +289,11 @@ def judge_and_write(host: BatchHost, ctx: Context, held: list[HeldTake], queue: 
     """Judge the held takes together (one recogniser call), then write or re-speak each; empties `held`."""
     from convtts.gate.quality import Take
 
-    takes = [Take(h.audio, ctx.backend.sample_rate, h.item.segment["text"], h.item.segment["id"]) for h in held]
+    rate = ctx.backend.sample_rate
+    takes = [
+        Take(h.audio, rate, h.item.segment["text"], h.item.segment["id"], h.item.segment.get("language", ""))
+        for h in held
+    ]
     try:
         verdicts = ctx.gate.judge_many(takes) if ctx.gate is not None and takes else [None] * len(takes)
     except Exception as exc:  # the gate broke on these takes: an error of each, retried as any other

@@ -193,7 +193,10 @@ def keep_audio(
     """
     check_audio(audio)
     seconds = time.time() - started  # the gate's time is its own figure
-    scores = ctx.gate.judge(audio, ctx.backend.sample_rate, segment["text"], segment["id"]) if ctx.gate else None
+    scores = None
+    if ctx.gate:
+        language = segment.get("language", "")
+        scores = ctx.gate.judge(audio, ctx.backend.sample_rate, segment["text"], segment["id"], language)
     return write_take(ctx, shard, segment, audio, (attempt, seed, seconds), scores, refused)
 
 
