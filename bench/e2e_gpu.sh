@@ -33,7 +33,7 @@ if [[ "${RAY_CLUSTER:-local}" == up ]]; then
   # A cluster that is up has settled and served a driver before: on two H200s the first driver to
   # join a new cluster took 1.75 s to connect, the next 0.07 s. That first driver also makes the
   # cluster start an idle Python worker per core (once in its life), which then import Ray: they are
-  # given 5 s to do so (not done in the 2026-11-27 calls 3-4 of bench/results/h200x2-2026-11-27-ray-end).
+  # given 5 s to do so (not done in the 2026-11-27 calls 3-4 of bench/results/h200x2-2026-11-27-ray-end, in git history).
   sleep 5
   python3 -c 'import ray; ray.init(address="auto", log_to_driver=False); ray.shutdown()' >>"$out/ray-start.txt" 2>&1
   sleep 5
