@@ -154,6 +154,33 @@ def test_rows_grow_only_where_every_worker_counted_at_batch_size_holds_them(free
         load_config(shipped, ["tts.cosyvoice.batch_size_with_room=300"])
 
 
+def test_the_v2_and_v3_configs_take_four_workers_of_256_rows_on_an_h200(free_gpu, monkeypatch, tmp_path):
+    """rows_per_gpu 256 counted at 64 rows: 4 workers, each given 256 rows where the GPU holds them."""
+    import argparse
+
+    from convtts.config import load_config
+    from convtts.run.command import size_workers
+
+    model = tmp_path / "CosyVoice2-0.5B"
+    (model / "CosyVoice-BlankEN").mkdir(parents=True)
+    (model / "cosyvoice2.yaml").write_text("{}\n")
+    (model / "CosyVoice-BlankEN" / "config.json").write_text(
+        '{"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2}'
+    )
+    args = argparse.Namespace(workers=0, slots_on_node=1, world=1, device="cuda")
+    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    for name in ("cosyvoice2.yaml", "cosyvoice3.yaml"):
+        config = load_config(
+            Path(__file__).resolve().parents[1] / "configs" / name, [f"tts.cosyvoice.model_dir={model}"]
+        )
+        free_gpu(143_156)  # an H200
+        workers, resolved = size_workers(config, args)
+        assert (workers, resolved.tts.cosyvoice.batch_size) == (4, 256), name
+        free_gpu(35_000)  # a GPU whose memory holds 4 workers of 64 and not of 256
+        workers, resolved = size_workers(config, args)
+        assert (workers, resolved.tts.cosyvoice.batch_size) == (4, 64), name
+
+
 # -- automatic rows (tts.cosyvoice.batch_size: 0) -------------------------------------------------
 
 
