@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -15,10 +17,11 @@ from conftest import (
     preprocess,
     read_jsonl,
     run_all,
+    script_env,
     write_input,
 )
 from convtts.config import load_config
-from convtts.plan.planner import PLAN_VERSION, fingerprint, make_plan
+from convtts.plan.planner import PLAN_VERSION, fingerprint, make_plan, rules_digest
 from convtts.state.layout import Layout
 
 SETTINGS = ("tts.backend=silence", "shards.segments_per_shard=8")
@@ -169,3 +172,87 @@ def test_a_touched_or_moved_input_resumes_and_a_changed_one_is_refused(tmp_path)
     assert refused.returncode == 2 and "holds synthesis work" in refused.stderr
     assert set(re.findall(r"--[a-z][a-z-]*", refused.stderr)) == {"--output-dir", "--force-replan"}
     assert {p: p.stat().st_mtime_ns for p in (out / "audio").rglob("*.wav")} == stamps  # nothing deleted
+
+
+# preprocess.py with the cleaner changed: every spoken text ends in "Truly." (a rule that says more)
+WITH_OTHER_RULES = """
+import sys
+import convtts.plan.planner as planner
+cleaned = planner.clean
+planner.clean = lambda *a, **k: (lambda text, reason: (text and text + " Truly.", reason))(*cleaned(*a, **k))
+from convtts.plan.command import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_plan_made_by_other_text_rules_is_never_kept(tmp_path):
+    """A cleaner that says more (no version raised by hand): the plan it made reads as stale to the
+    shipped rules, which remake it; the texts differ, so the work is kept and the rerun refused,
+    naming the text rules; with the changed rules back, the plan and its work are as they were."""
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    layout = Layout(tmp_path / "out")
+    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+    other = subprocess.run(
+        [sys.executable, "-c", WITH_OTHER_RULES, *map(str, args)], env=script_env(), capture_output=True, text=True
+    )
+    assert other.returncode == 0, other.stderr
+    made_by = orjson.loads(layout.plan_file.read_bytes())["rules"]
+    assert made_by != rules_digest(load_config(None, list(SETTINGS)))
+    texts = [r["text"] for s in layout.shard_names() for r in read_jsonl(layout.shard_file(s))]
+    assert sum(t.endswith(" Truly.") for t in texts) >= 3  # each turn's last segment
+    layout.work_dir.mkdir()
+    work = layout.manifest("shard-00000", "w0")
+    work.write_text('{"id": "spoken-before"}\n')
+    old_plan = layout.plan_file.read_bytes()
+
+    refused = preprocess(*args)
+    assert refused.returncode == 2, refused.stderr
+    assert f"text rules: {made_by} -> " in refused.stderr and "--force-replan" in refused.stderr
+    assert layout.plan_file.read_bytes() == old_plan and work.read_text()
+
+    same = subprocess.run(
+        [sys.executable, "-c", WITH_OTHER_RULES, *map(str, args)], env=script_env(), capture_output=True, text=True
+    )
+    assert same.returncode == 0 and "is up to date" in same.stderr, same.stderr
+    replanned = preprocess(*args, "--force-replan")
+    assert replanned.returncode == 0, replanned.stderr
+    assert not any(r["text"].endswith(" Truly.") for r in read_jsonl(layout.shard_file("shard-00000")))
+
+
+def test_a_plan_of_other_text_rules_with_the_same_shards_keeps_its_work(tmp_path):
+    """Rules that changed what the canary says but not this input's segments: the plan is remade and
+    the work spoken for it kept (every shard holds the same ids, texts and voices)."""
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    layout, config = Layout(tmp_path / "out"), load_config(None, list(SETTINGS))
+    make_plan(source, layout, config)
+    layout.work_dir.mkdir()
+    work = layout.manifest("shard-00000", "w0")
+    work.write_text('{"id": "spoken-before"}\n')
+    plan = orjson.loads(layout.plan_file.read_bytes())
+    plan["rules"] = "0" * 16  # the digest of rules that said the canary otherwise
+    plan["fingerprint"] = "0" * 64
+    layout.plan_file.write_bytes(orjson.dumps(plan))
+    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+    kept = preprocess(*args)
+    assert kept.returncode == 0, kept.stderr
+    assert "is of other text rules" in kept.stderr and "the work spoken for them is kept" in kept.stderr
+    assert work.read_text() and orjson.loads(layout.plan_file.read_bytes())["rules"] == rules_digest(config)
+
+
+def test_a_plan_of_version_4_is_remade_with_its_work_kept(tmp_path):
+    """Plans of version 4 carry no rules digest; their ids and texts are today's (SAME_IDS_SINCE)."""
+    source = write_input(tmp_path / "in.json", llava_conversations(3))
+    layout, config = Layout(tmp_path / "out"), load_config(None, list(SETTINGS))
+    make_plan(source, layout, config)
+    layout.work_dir.mkdir()
+    work = layout.manifest("shard-00000", "w0")
+    work.write_text('{"id": "spoken-before"}\n')
+    plan = orjson.loads(layout.plan_file.read_bytes())
+    del plan["rules"]
+    plan.update(version=4, fingerprint=fingerprint(source, config, version=4))
+    layout.plan_file.write_bytes(orjson.dumps(plan))
+    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+    kept = preprocess(*args)
+    assert kept.returncode == 0, kept.stderr
+    assert "in the format of plan version 4" in kept.stderr and work.read_text()
+    assert orjson.loads(layout.plan_file.read_bytes())["version"] == PLAN_VERSION

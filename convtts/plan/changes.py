@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 
 from convtts.config import Config, ConfigError, load_config
-from convtts.plan.planner import PLAN_VERSION, content_digest, input_info, plan_settings
+from convtts.plan.planner import PLAN_VERSION, content_digest, input_info, plan_settings, rules_digest
 from convtts.state.layout import Layout
 from convtts.state.shardio import read_json
 
@@ -23,7 +23,10 @@ def plan_changes(input_path: str | Path, layout: Layout, config: Config) -> list
         return [f"{layout.plan_file} is missing or unreadable"]
     changes = []
     if plan.get("version") != PLAN_VERSION:
-        changes.append(f"plan version: {plan.get('version')} -> {PLAN_VERSION} (its cleaning and splitting)")
+        changes.append(f"plan version: {plan.get('version')} -> {PLAN_VERSION} (the plan's files)")
+    made_by = plan.get("rules")
+    if isinstance(made_by, str) and made_by != rules_digest(config):
+        changes.append(f"text rules: {made_by} -> {rules_digest(config)} (what cleaning and splitting say)")
     changes += _input_changes(input_path, plan.get("input") or {})
     old = plan.get("settings") or _settings_in(layout.config_file)
     if old is not None:

@@ -21,6 +21,7 @@ from convtts.plan.planner import (
     missing_plan_files,
     plan_is_fresh,
     plan_matches,
+    rules_changed,
 )
 from convtts.plan.reader import InputError
 from convtts.speak import check_backend
@@ -130,14 +131,15 @@ class DifferentPlan(Exception):
 def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = False) -> dict:
     """Make a new plan; refuse to orphan audio spoken from a different plan unless forced.
 
-    A plan of an earlier version cannot say whether its work is this plan's (before CONTENT_SINCE it
-    knew its input by path, size and modification time; later versions cleaned or split the text
-    otherwise): the new plan is made, and kept with the work when every shard holds the old plan's
-    utterances (the same ids, texts and voices, in order).
+    A plan of an earlier version, or of other text rules, cannot say whether its work is this plan's
+    (before CONTENT_SINCE it knew its input by path, size and modification time; later versions, or
+    a changed cleaner or splitter, cut the text otherwise): the new plan is made, and kept with the
+    work when every shard holds the old plan's utterances (the same ids, texts and voices, in order).
     """
     stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
     version = plan_version(layout)
-    compare = bool(stale_work) and not force and version < PLAN_VERSION
+    other_rules = rules_changed(layout, config)
+    compare = bool(stale_work) and not force and (version < PLAN_VERSION or other_rules)
     changes = plan_changes(source, layout, config) if stale_work and not force else []
     if stale_work and not force and not compare:
         refuse(layout, stale_work, changes)
@@ -161,10 +163,10 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
         fail(f"bad input: {exc}" if isinstance(exc, InputError) else f"plan not made: {exc}")
     if compare:
         log.warning(
-            "the plan in %s is of plan version %d; the plan made now from %s has the same shards, so the "
+            "the plan in %s is %s; the plan made now from %s has the same shards, so the "
             "work spoken for them is kept (the same ids, texts and voices)",
             layout.plan_dir,
-            version,
+            "of other text rules" if other_rules and version == PLAN_VERSION else f"of plan version {version}",
             source,
         )
     return plan

@@ -31,16 +31,20 @@ from convtts.words import plural
 
 log = logging.getLogger(__name__)
 
-PLAN_VERSION = 4  # bump when the plan's files or the cleaning and splitting change: old plans read as stale
+PLAN_VERSION = 5  # bump when the plan's files change; the text rules are fingerprinted (RULES_SINCE)
 # Plans from this version on give the same ids for the same input and settings, so remaking one of
 # them keeps the spoken work (2: source_text only on a turn's first segment; 3: the fingerprint
 # knows the input by its content; 4: each turn's language, Chinese, Japanese and Korean cut by
 # characters, math and operators said as words, a conversation longer than a shard cut across
-# shards). Raise it to PLAN_VERSION when a change gives different ids or texts.
+# shards; 5: the text rules' digest, same ids and texts). Raise it to PLAN_VERSION when a change of
+# the plan's files gives different ids or texts.
 SAME_IDS_SINCE = 4
 # Plans from this version on know their input by a hash of its bytes; older ones by path, size and
 # modification time, so a touched or moved input looked like another one.
 CONTENT_SINCE = 3
+# Plans from this version on carry a digest of what the text rules make of fixed conversations
+# (plan/canary.py): a plan made by other cleaning or splitting reads as stale by itself.
+RULES_SINCE = 5
 HASH_BLOCK = 1 << 20  # sha256 over 1 MiB reads: 1.2 GB/s on a busy 2-core machine (OpenSSL's SHA
 # extensions); blake2b, pure software there, ran at 0.5 to 0.6 GB/s
 PROGRESS_EVERY = 100_000
@@ -430,7 +434,34 @@ def fingerprint(input_path: str | Path, config: Config, info: dict | None = None
     else:
         source = info or input_info(input_path)
     data = {"version": version, "input": source, "config": plan_settings(config)}
+    if version >= RULES_SINCE:
+        data["rules"] = rules_digest(config)
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def rules_digest(config: Config) -> str:
+    """A digest of the segments (ids, texts, languages) the text rules make of plan/canary.py's
+    conversations under the config's text settings: it changes when the rules' output does."""
+    from convtts.plan.canary import CANARY
+
+    key = orjson.dumps(to_dict(config.text), option=orjson.OPT_SORT_KEYS)
+    if key not in _RULES_DIGESTS:  # a preprocess asks several times, for one text config
+        said = []
+        for record in CANARY:
+            segments, _ = plan_conversation(record["id"], record, config)
+            said += [(s["id"], s["text"], s.get("language")) for s in segments]
+        _RULES_DIGESTS[key] = hashlib.sha256(orjson.dumps(said)).hexdigest()[:16]
+    return _RULES_DIGESTS[key]
+
+
+_RULES_DIGESTS: dict[bytes, str] = {}
+
+
+def rules_changed(layout: Layout, config: Config) -> bool:
+    """Whether the plan in `layout` was made by text rules that say the canary otherwise (a plan of
+    a version before RULES_SINCE does not say: False)."""
+    made_by = _read_plan(layout).get("rules")
+    return isinstance(made_by, str) and made_by != rules_digest(config)
 
 
 def plan_settings(config: Config) -> dict:
@@ -666,6 +697,7 @@ def _summary(fp: str, info: dict, counts: dict, shards: list[str], config: Confi
     return {
         "version": PLAN_VERSION,
         "fingerprint": fp,
+        "rules": rules_digest(config),  # the text rules' digest, for a refusal to name
         "input": info,
         "records": counts["records"],
         "skipped_records": counts["skipped_records"],
