@@ -171,18 +171,19 @@ def refresh_parts(layout: Layout, check_audio: bool) -> Totals:
 def remove_other_parts(layout: Layout, shards: set[str]) -> None:
     """Parts of shards the plan no longer holds, and what a killed merge left (.NAME.tmpPID)."""
     try:
-        folders = [entry.path for entry in os.scandir(layout.merge_dir) if entry.is_dir()]
+        entries = list(os.scandir(layout.merge_dir))
     except FileNotFoundError:
         return
-    for folder in folders:
-        for entry in os.scandir(folder):
-            name = entry.name
-            if name.startswith("."):
-                pid = name.rpartition(".tmp")[2]
-                if pid.isdigit() and not _alive(int(pid)):
-                    os.unlink(entry.path)
-            elif name.endswith(".part") and name[: -len(".part")] not in shards:
+    for folder in [entry.path for entry in entries if entry.is_dir()]:
+        entries += os.scandir(folder)
+    for entry in entries:
+        name = entry.name
+        if name.startswith("."):
+            pid = name.rpartition(".tmp")[2]
+            if pid.isdigit() and not _alive(int(pid)):
                 os.unlink(entry.path)
+        elif name.endswith(".part") and name[: -len(".part")] not in shards:
+            os.unlink(entry.path)
 
 
 def remove_stale_temporaries(layout: Layout) -> None:

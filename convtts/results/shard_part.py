@@ -4,9 +4,14 @@ the shards whose files changed and streams the rest.
 
 A part file is a header line, then the manifest, failures and conversation bytes back to back:
 
-    {"version": 1, "facts": [["plan/shards/shard-00042.jsonl", 80312, 1795000000123456789], ...],
-     "racy": false, "sizes": [130211, 2210, 48210], "digest": "...", "counts": {...},
-     "carry": {"c17": {"0": {"audio": [...], "language": "en"}}}, "head": {"cid": ..., "length": ..., "turns": ...}}
+    {"version": 1, "facts": [1, true, [["plan/shards/shard-00042.jsonl", 80312, 1795000000123456789],
+     ..., ["audio/shard-00042", 12288, 1795000000523456789]]], "racy": false, "sizes": [130211, 2210, 48210],
+     "digest": "...", "counts": {...}, "carry": {"c17": {"0": {"audio": [...], "language": "en"}}},
+     "head": {"cid": "c9", "length": 2210, "turns": {...}}}
+
+(facts: the part's version, whether audio was checked, each file's path, size and time; carry: the
+audio of conversations whose record is in a later shard; head: the first record's conversation,
+the length of its line, and its turns here, for when it began in an earlier shard.)
 """
 
 from __future__ import annotations
@@ -118,12 +123,14 @@ def current_header(layout: Layout, shard: str, facts_now: list) -> dict | None:
     """The shard's part header when the part was made from files as they are now, else None."""
     try:
         with open(layout.merge_part(shard), "rb") as fh:
-            header = orjson.loads(fh.readline())
+            line = fh.readline()
+            size = os.fstat(fh.fileno()).st_size
+        header = orjson.loads(line)
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
     if not isinstance(header, dict) or header.get("racy", True) or header.get("facts") != facts_now:
         return None
-    return header
+    return header if size == len(line) + sum(header["sizes"]) else None
 
 
 def read_part(layout: Layout, shard: str) -> Part:
