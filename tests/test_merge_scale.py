@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import llava_conversations, read_jsonl, run_all, script_env, write_input
+from conftest import llava_conversations, need, read_jsonl, run_all, script_env, write_input
 from convtts.results.shard_part import RACY_NS
 from convtts.state.layout import Layout, WorkListing
 
@@ -118,3 +118,29 @@ def test_a_merge_remakes_only_the_parts_of_shards_that_changed(tmp_path):
     assert merge(layout.root).returncode == 1 and output_bytes(layout) == merged
     layout.conversations_file.unlink()  # an output removed by hand is written again, though no part changed
     assert merge(layout.root).returncode == 1 and output_bytes(layout) == merged
+
+
+def test_the_report_read_a_line_at_a_time_gives_each_speakers_hours_and_every_failure(tmp_path):
+    need("matplotlib", "report")
+    layout = silence_run(tmp_path)
+    rows = read_jsonl(layout.manifest_file)
+    (layout.root / rows[0]["audio"]).unlink()
+    assert merge(layout.root).returncode == 1  # one row pending: failures.jsonl has a line that is not listed
+    rows = read_jsonl(layout.manifest_file)
+    made = subprocess.run(
+        [sys.executable, "-m", "convtts.results.report", str(layout.root)],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    page = (layout.root / "report.html").read_text().replace("\n", "")
+    seconds = {}
+    for row in rows:
+        seconds[row["speaker"]] = seconds.get(row["speaker"], 0.0) + row["duration"]
+    assert len(seconds) >= 2
+    for speaker, total in seconds.items():
+        assert f"<td>{speaker}</td><td>{speaker}</td><td>{total / 3600:.3f}</td>" in page
+    assert "<h2>Failed or refused by the gate (0)</h2>" in page  # a pending row is neither
+    assert "<h2>Re-spoken (0)</h2>" in page
