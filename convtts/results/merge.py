@@ -123,7 +123,11 @@ def write_merge_state(layout: Layout, combined: str, segments: dict) -> None:
     plan = layout.plan_file.stat()
     state = {"version": MERGE_STATE_VERSION, "combined": combined, "outputs": output_facts(layout)}
     state.update(plan=[plan.st_size, plan.st_mtime_ns], segments=segments)
-    write_json_atomic(layout.merge_state, state)
+    try:
+        write_json_atomic(layout.merge_state, state)
+    except OSError as exc:  # the outputs are whole; the state left as it was makes the next merge write them
+        if not is_disk_full(exc):
+            raise
 
 
 def planned_segments(layout: Layout) -> dict[str, int] | None:
