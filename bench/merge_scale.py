@@ -2,6 +2,9 @@
 """The final merge at scale: a real plan of N generated LLaVA-like conversations, synthetic work files
 shaped like the workers' (every field of a manifest row, one writer file and a stats file per shard),
 then `python -m convtts.results.merge` under /usr/bin/time -v: wall time, peak RSS, output sizes.
+The merge runs three times: first on work nobody merged yet, then again with nothing changed, then
+after 1% of the shards' manifests were rewritten (the same rows, new files); then the report
+(`python -m convtts.results.report`, skipped when matplotlib is missing) and a NeMo export, twice.
 
 Audio: `--audio shared` points every row at one of four real WAV files (12M real files do not fit
 a small disk), and merge runs with --no-audio-check, so the figure is the row handling alone;
@@ -96,11 +99,11 @@ def row(segment: dict, audio: str, samples: int, number: int) -> bytes:
     return orjson.dumps(out) + b"\n"
 
 
-def write_work(layout: Layout, distinct: bool) -> int:
-    """Work files for every planned segment; returns the rows written."""
+def write_work(layout: Layout, distinct: bool, seconds: float = 0.5) -> int:
+    """Work files for every planned segment (distinct audio files `seconds` long); returns the rows written."""
     layout.work_dir.mkdir(parents=True, exist_ok=True)
     shared = None if distinct else shared_audio(layout)
-    silence = np.zeros(int(0.5 * RATE), np.float32)
+    silence = np.zeros(int(seconds * RATE), np.float32)
     total = 0
     for shard in layout.shard_names():
         lines = []
@@ -123,7 +126,13 @@ def write_work(layout: Layout, distinct: bool) -> int:
 
 def timed_merge(out: Path, *flags: str) -> dict:
     """/usr/bin/time -v of the real merge: wall seconds, peak RSS, CPU."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "convtts.results.merge", str(out), *flags]
+    return timed(["-m", "convtts.results.merge", str(out), *flags])
+
+
+def timed(args: list[str]) -> dict:
+    """/usr/bin/time -v of `python ARGS`: wall seconds, peak RSS, CPU."""
+    cmd = ["/usr/bin/time", "-v", sys.executable, *args]
+    flags = args[3:] if args[0] == "-m" else args[2:]  # after the module or script and the output
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     report = result.stderr
@@ -143,6 +152,52 @@ def timed_merge(out: Path, *flags: str) -> dict:
         "sys_s": float(field("System time (seconds)") or 0),
         "stdout": result.stdout.strip(),
     }
+
+
+def touch_shards(layout: Layout, share: float) -> int:
+    """Rewrite `share` of the shards' manifests, each row as a later run's (a rerun that spoke them again)."""
+    shards = layout.shard_names()
+    picked = shards[:: max(int(1 / share), 1)]
+    for shard in picked:
+        for path in layout.manifests(shard):
+            rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+            path.unlink()
+            path.write_bytes(b"".join(orjson.dumps({**row, "run": "20261124T130000-54321"}) + b"\n" for row in rows))
+    return len(picked)
+
+
+def unit_sizes_seconds(layout: Layout) -> dict:
+    """Export's unit sizes: from the merge's counts, and by counting every plan shard's lines."""
+    from convtts.results.export import source
+
+    started = time.perf_counter()
+    source.unit_of_shard(layout, 5000)
+    merged = time.perf_counter() - started
+    started = time.perf_counter()
+    for shard in layout.shard_names():
+        source._count_lines(layout.shard_file(shard))
+    return {"from_merge": round(merged, 3), "counted": round(time.perf_counter() - started, 3)}
+
+
+def later_steps(layout: Layout, args, flags: list[str]) -> dict:
+    """The merge again with the last one's flags (nothing changed, then 1% of the shards changed),
+    the report, an export twice."""
+    figures = {"merge_unchanged": timed_merge(layout.root, *flags)}
+    figures["touched_shards"] = touch_shards(layout, 0.01)
+    figures["merge_after_touch"] = timed_merge(layout.root, *flags)
+    figures["export_unit_sizes_s"] = unit_sizes_seconds(layout)
+    try:
+        import matplotlib  # noqa: F401
+
+        figures["report"] = timed(["-m", "convtts.results.report", str(layout.root)])
+    except ImportError:
+        figures["report"] = None
+    if args.export:
+        dest = layout.root / "export-nemo"
+        export = [str(REPO / "export.py"), str(layout.root), "--format", "nemo", "--dest", str(dest)]
+        figures["export"] = timed(export)
+        figures["export_again"] = timed(export)
+    return figures
 
 
 def old_glob_seconds(layout: Layout, samples: int = 50) -> dict:
@@ -178,15 +233,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conversations", type=int, default=1_000_000)
     parser.add_argument("--audio", choices=("shared", "distinct"), default="shared")
+    parser.add_argument("--seconds", type=float, default=0.5, help="the length of each distinct audio file")
     parser.add_argument("--workdir", default="/tmp")
     parser.add_argument("--out", help="write the figures here as JSON")
+    parser.add_argument("--export", action="store_true", help="time a NeMo export too (it checks every audio file)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="convtts-merge-", dir=args.workdir))
     try:
         started = time.perf_counter()
         layout = Layout(make_plan(root, args.conversations))
         plan = orjson.loads(layout.plan_file.read_bytes())
-        rows = write_work(layout, args.audio == "distinct")
+        rows = write_work(layout, args.audio == "distinct", args.seconds)
         result = {
             "conversations": args.conversations,
             "segments": plan["segments"],
@@ -202,6 +259,7 @@ def main() -> int:
             cpu = (checked["user_s"] + checked["sys_s"]) - (unchecked["user_s"] + unchecked["sys_s"])
             result["audio_check_ms_per_file"] = round((checked["wall_s"] - unchecked["wall_s"]) / rows * 1000, 4)
             result["audio_check_cpu_ms_per_file"] = round(cpu / rows * 1000, 4)
+        result.update(later_steps(layout, args, result["merges"][-1]["flags"]))
         result.update(
             sizes(layout), old_glob=old_glob_seconds(layout), cpu_count=os.cpu_count(), load_average=os.getloadavg()
         )

@@ -132,8 +132,11 @@ def test_merge_and_plan_on_a_full_disk_keep_the_previous_results(tmp_path, small
     before = {name: (out / name).read_bytes() for name in results}
 
     fill(filler, leave=len(before["manifest.jsonl"]) // 2)  # merge fails half way through manifest.jsonl
-    merged = subprocess.run(
-        [sys.executable, "-m", "convtts.results.merge", str(out)], env=script_env(), capture_output=True, text=True
+    merged = subprocess.run(  # --force: nothing changed since the run's merge, which would write nothing
+        [sys.executable, "-m", "convtts.results.merge", str(out), "--force"],
+        env=script_env(),
+        capture_output=True,
+        text=True,
     )
     assert merged.returncode == 4, merged.stderr
     assert "No space left on device writing" in merged.stderr and str(out) in merged.stderr

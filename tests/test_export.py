@@ -35,6 +35,7 @@ from conftest import (
     sharegpt_conversations,
     write_input,
 )
+from convtts.results.export.runner import load_state
 
 pytestmark = pytest.mark.e2e
 
@@ -318,13 +319,15 @@ def test_killed_export_finishes_on_rerun_with_the_same_result(paced_flac, tmp_pa
         str(dest),
     ]
     process = subprocess.Popen(args, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    state = dest / ".export-state.json"
-    while process.poll() is None and not (state.is_file() and orjson.loads(state.read_bytes())["units"]):
+    while process.poll() is None and not (dest.is_dir() and load_state(dest)["units"]):  # a unit's line is in
         time.sleep(0.001)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the export finished before it could be killed"
-    killed_state = orjson.loads(state.read_bytes())
+    killed_state = load_state(dest)
     assert not killed_state["finished"]
+    # each finished unit was a line appended; the state as a whole was written before the first
+    assert orjson.loads((dest / ".export-state.json").read_bytes())["units"] == {}
+    assert len(read_jsonl(dest / ".export-state.jsonl")) >= len(killed_state["units"])
 
     rerun = subprocess.run(args, env=script_env(), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr

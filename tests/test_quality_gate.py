@@ -529,7 +529,7 @@ def test_report_names_speakers_the_chart_font_cannot_draw(tmp_path):
     import warnings
 
     need("matplotlib", "validate")
-    from convtts.results.report import chart_labels, figures_png, page
+    from convtts.results.report import PageFigures, chart_labels, figures_png, page
     from convtts.state.layout import Layout
 
     rows = [
@@ -539,7 +539,7 @@ def test_report_names_speakers_the_chart_font_cannot_draw(tmp_path):
     assert chart_labels(["英文女", "joe", "英文男"]) == {"英文女": "speaker 1", "joe": "joe", "英文男": "speaker 3"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for a name it cannot draw
-        png = figures_png(rows, None)
-    text = page(Layout(tmp_path), rows, [], png)
+        png = figures_png(PageFigures.of(rows), None)
+    text = page(Layout(tmp_path), PageFigures.of(rows), png)
     assert "<td>英文男</td><td>speaker 2</td><td>2.000</td>" in text.replace("\n", "")
     assert "<td>joe</td><td>joe</td><td>3.000</td>" in text.replace("\n", "")

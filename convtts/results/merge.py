@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -12,36 +13,29 @@ from dataclasses import dataclass, field
 import orjson
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
-from convtts.results.report import QualityTally
+from convtts.results import shard_part
+from convtts.results.report import iter_jsonl
+from convtts.results.shard_part import Counts
 from convtts.state.layout import Layout, WorkListing
-from convtts.state.shardio import (
-    DROPPED,
-    KEPT,
-    disk_full_text,
-    is_disk_full,
-    load_done,
-    load_failures,
-    read_json,
-    read_jsonl,
-)
+from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_atomic, write_json_atomic
 from convtts.words import plural
+
+MERGE_STATE_VERSION = 1
 
 
 @dataclass
 class Totals:
-    conversations: int = 0
-    segments: int = 0
-    done: int = 0
-    failed: int = 0
-    pending: int = 0
-    dropped: int = 0  # every take refused, and validate.on_fail: drop (settled, not spoken)
+    counts: Counts = field(default_factory=Counts)
     skipped_turns: int = 0
     skipped_languages: Counter = field(default_factory=Counter)  # of those, turns the voice does not speak
-    audio_seconds: float = 0.0
-    run_utterances: int = 0
-    run_audio_seconds: float = 0.0
-    backends: set = field(default_factory=set)
-    quality: QualityTally = field(default_factory=QualityTally)
+    digest: object = field(default_factory=lambda: hashlib.blake2b(digest_size=16))  # of every output line
+    segments: dict = field(default_factory=dict)  # planned segments by shard, for export
+
+
+@dataclass
+class Merged:
+    summary: dict
+    unchanged: bool  # nothing differed from the last merge's outputs: only summary.json was written
 
 
 class AtomicWriter:
@@ -75,17 +69,28 @@ def merge(
     started: float | None = None,
     check_audio: bool = True,
     log_dir: str | None = None,
-) -> dict:
+    force: bool = False,
+) -> Merged:
     """Write the outputs whole or not at all: a failure (a full disk) leaves the previous ones as they were.
 
-    `check_audio` False counts each row without opening its audio (--no-audio-check); `log_dir`, the
-    run's log folder, is named in the summary."""
+    Each shard's part is remade only when its files changed; when no part, and nothing else the
+    outputs hold, differs from the last merge and the outputs are as it left them, only summary.json
+    is written, for this run's figures (`force` writes them all anyway). `check_audio` False counts
+    each row without opening its audio (--no-audio-check); `log_dir`, the run's log folder, is named
+    in the summary."""
     remove_stale_temporaries(layout)
+    totals = refresh_parts(layout, check_audio)
+    state = read_json(layout.merge_state)
+    combined = totals.digest.hexdigest()
+    unchanged = not force and isinstance(state, dict) and state.get("combined") == combined
+    unchanged = unchanged and state.get("outputs") == output_facts(layout)
+    outputs = () if unchanged else (layout.manifest_file, layout.failures_file, layout.conversations_file)
     writers: list[AtomicWriter] = []
     try:
-        for path in (layout.manifest_file, layout.failures_file, layout.conversations_file):
-            writers.append(AtomicWriter(path))
-        summary = make_summary(layout, write_outputs(layout, run_id, check_audio, *writers), started, log_dir)
+        writers += [AtomicWriter(path) for path in outputs]
+        if writers:
+            write_outputs(layout, *writers)
+        summary = make_summary(layout, totals, run_id, started, log_dir)
         writers.append(AtomicWriter(layout.summary_file))
         writers[-1].write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         for writer in writers:
@@ -96,7 +101,93 @@ def merge(
         raise
     for writer in writers:  # only renames are left: a full disk cannot stop them half way
         writer.commit()
-    return summary
+    if not unchanged:
+        write_merge_state(layout, combined, totals.segments)
+    return Merged(summary, unchanged)
+
+
+def output_facts(layout: Layout) -> dict:
+    """Size and time of each large output: one changed or removed by hand is written again."""
+    facts = {}
+    for path in (layout.manifest_file, layout.failures_file, layout.conversations_file):
+        try:
+            stat = path.stat()
+            facts[path.name] = [stat.st_size, stat.st_mtime_ns]
+        except FileNotFoundError:
+            facts[path.name] = None
+    return facts
+
+
+def write_merge_state(layout: Layout, combined: str, segments: dict) -> None:
+    """What the next merge compares with; the plan's segments by shard, for export's units."""
+    plan = layout.plan_file.stat()
+    state = {"version": MERGE_STATE_VERSION, "combined": combined, "outputs": output_facts(layout)}
+    state.update(plan=[plan.st_size, plan.st_mtime_ns], segments=segments)
+    try:
+        write_json_atomic(layout.merge_state, state)
+    except OSError as exc:  # the outputs are whole; the state left as it was makes the next merge write them
+        if not is_disk_full(exc):
+            raise
+
+
+def planned_segments(layout: Layout) -> dict[str, int] | None:
+    """{shard: planned segments} as the last merge counted them, or None when the plan changed since."""
+    state = read_json(layout.merge_state)
+    if not isinstance(state, dict) or state.get("version") != MERGE_STATE_VERSION:
+        return None
+    try:
+        plan = layout.plan_file.stat()
+    except FileNotFoundError:
+        return None
+    return state.get("segments") if state.get("plan") == [plan.st_size, plan.st_mtime_ns] else None
+
+
+def refresh_parts(layout: Layout, check_audio: bool) -> Totals:
+    """Remake the part of each shard whose files changed since its part was made; the sum of every
+    part's counts, and a digest of everything the outputs would hold."""
+    totals = Totals()
+    plan = read_json(layout.plan_file) or {}
+    totals.digest.update(orjson.dumps([shard_part.PART_VERSION, check_audio, plan.get("estimated_hours")]))
+    for row in iter_jsonl(layout.skipped_file):
+        totals.digest.update(orjson.dumps(row))
+        totals.skipped_turns += 1
+        if str(row.get("reason")).startswith("language "):
+            totals.skipped_languages[row.get("language")] += 1
+    listing = WorkListing(layout)
+    shards = layout.shard_names()
+    for shard in shards:
+        facts, racy = shard_part.facts(layout, shard, listing, check_audio)
+        header = shard_part.current_header(layout, shard, facts)
+        if header is None:
+            part = shard_part.build(layout, shard, listing, facts, racy)
+            path = layout.merge_part(shard)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, part.to_bytes())
+            header = part.header
+        counts = Counts.from_json(header["counts"])
+        totals.counts.add(counts)
+        totals.segments[shard] = counts.segments
+        totals.digest.update(f"{shard} {header['digest']}".encode())
+    remove_other_parts(layout, set(shards))
+    return totals
+
+
+def remove_other_parts(layout: Layout, shards: set[str]) -> None:
+    """Parts of shards the plan no longer holds, and what a killed merge left (.NAME.tmpPID)."""
+    try:
+        entries = list(os.scandir(layout.merge_dir))
+    except FileNotFoundError:
+        return
+    for folder in [entry.path for entry in entries if entry.is_dir()]:
+        entries += os.scandir(folder)
+    for entry in entries:
+        name = entry.name
+        if name.startswith("."):
+            pid = name.rpartition(".tmp")[2]
+            if pid.isdigit() and not _alive(int(pid)):
+                os.unlink(entry.path)
+        elif name.endswith(".part") and name[: -len(".part")] not in shards:
+            os.unlink(entry.path)
 
 
 def remove_stale_temporaries(layout: Layout) -> None:
@@ -121,146 +212,63 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_outputs(layout: Layout, run_id, check_audio: bool, manifest, failures, conversations) -> Totals:
-    totals = Totals()
-    listing = WorkListing(layout)
+def write_outputs(layout: Layout, manifest, failures, conversations) -> None:
+    """Stream the skipped turns, then every shard's part, into the outputs, one part in memory at a time.
+
+    A conversation longer than a shard has its turns in consecutive shards and its record in the
+    shard of its last turn: its audio so far is carried from part to part ({conversation: {turn:
+    audio}}), and its record made again where it ends."""
+    for row in iter_jsonl(layout.skipped_file):
+        failures.write(orjson.dumps(row) + b"\n")
     conversations.write(b"[")
     first = True
-    for row in read_jsonl(layout.skipped_file):
-        failures.write(orjson.dumps(row) + b"\n")
-        totals.skipped_turns += 1
-        if str(row.get("reason")).startswith("language "):
-            totals.skipped_languages[row.get("language")] += 1
-    # {conversation: {turn: audio}} of the conversations whose record is still to come: one longer
-    # than a shard has its turns in consecutive shards and its record in the shard of its last turn.
-    audio_by_turn: dict = {}
+    carried: dict = {}
     for shard in layout.shard_names():
-        done = load_done(layout, shard, paths=listing.manifests(shard), check_audio=check_audio)
-        failed = load_failures(layout, shard, listing.failure_files(shard))
-        for cid, turns in merge_shard(layout, shard, (done, failed), run_id, totals, manifest, failures).items():
-            audio_by_turn.setdefault(cid, {}).update(turns)
-        for item in read_jsonl(layout.shard_conversations(shard)):
-            record = with_audio(item, audio_by_turn.pop(item["conversation_id"], {}))
-            conversations.write((b"" if first else b",") + b"\n" + orjson.dumps(record))
+        part = shard_part.read_part(layout, shard)
+        manifest.write(part.manifest)
+        failures.write(part.failures)
+        records = part.conversations
+        head = part.header["head"]
+        if head and head["cid"] in carried:
+            turns = {**carried.pop(head["cid"]), **shard_part.turn_keys(head["turns"])}
+            record = shard_part.with_audio(shard_part.first_record(layout, shard), turns)
+            records = b",\n" + orjson.dumps(record) + bytes(records[head["length"] :])
+        if records:
+            conversations.write(records[1:] if first else records)  # the first record has no comma
             first = False
-            totals.conversations += 1
+        for cid, turns in part.header["carry"].items():
+            carried.setdefault(cid, {}).update(shard_part.turn_keys(turns))
     conversations.write(b"\n]\n")
-    return totals
 
 
-def merge_shard(layout, shard, results, run_id, totals: Totals, manifest, failures) -> dict:
-    """Write one shard's rows in plan order, from its (done, failed) rows by id; return
-    {conversation: {turn: {"audio": [paths], "language": its language}}}."""
-    done, failed = results
-    audio_by_turn: dict = {}
-    for segment in read_jsonl(layout.shard_file(shard)):
-        uid = segment["id"]
-        totals.segments += 1
-        if uid in done and done[uid].get("status") == DROPPED:
-            failures.write(orjson.dumps(done[uid]) + b"\n")
-            totals.dropped += 1
-            totals.quality.add_refused(done[uid])
-        elif uid in done:
-            row = with_source_text(done[uid], segment)
-            if row.get("status") == KEPT:  # written, and listed with the refusals too
-                failures.write(orjson.dumps(kept_failure(row)) + b"\n")
-            manifest.write(orjson.dumps(row) + b"\n")
-            totals.done += 1
-            totals.audio_seconds += row["duration"]
-            totals.backends.add(row.get("backend"))
-            totals.quality.add_row(row)
-            if run_id and row.get("run") == run_id:
-                totals.run_utterances += 1
-                totals.run_audio_seconds += row["duration"]
-            turns = audio_by_turn.setdefault(segment["conversation_id"], {})
-            spoken = turns.setdefault(segment["turn"], {"audio": [], "language": segment.get("language")})
-            spoken["audio"].append(row["audio"])
-        elif uid in failed:
-            failures.write(orjson.dumps(failed[uid]) + b"\n")
-            totals.failed += 1
-            totals.quality.add_failure(failed[uid])
-        else:
-            pending = {
-                k: segment.get(k) for k in ("id", "conversation_id", "turn", "segment", "role", "speaker", "text")
-            }
-            pending.update(status="pending", reason="not synthesised yet (the run stopped before it)")
-            failures.write(orjson.dumps(pending) + b"\n")
-            totals.pending += 1
-    return audio_by_turn
-
-
-def kept_failure(row: dict) -> dict:
-    """failures.jsonl's line for a take the gate refused and validate.on_fail kept: the refusal and
-    its scores, and the audio that was kept."""
-    keys = ("id", "conversation_id", "turn", "segment", "role", "speaker", "text", "status", "audio", "seed")
-    line = {k: row.get(k) for k in keys}
-    line.update(row.get("refused") or {})
-    line.update(quality=row.get("quality"), respeaks=row.get("respeaks"), respoken_for=row.get("respoken_for"))
-    line.update(backend=row.get("backend"), run=row.get("run"), time=row.get("finished"))
-    return line
-
-
-def with_source_text(row: dict, segment: dict) -> dict:
-    """The turn's source text on its first segment's row alone, as the plan holds it (rows spoken
-    under plan version 1 carry it on every segment)."""
-    source = segment.get("source_text")
-    return row if row.get("source_text") == source else {**row, "source_text": source}
-
-
-def with_audio(item: dict, turns: dict) -> dict:
-    """The input record in its own shape, each turn given `audio` (its segments' files in order) and,
-    where it was spoken, `language`.
-
-    An Alpaca record, whose turns are fields, gets `audio`: {"instruction": [...], "output": [...]}
-    (the instruction's list speaks its input too), and `language` likewise for the fields spoken."""
-    record = item["record"]
-    if not isinstance(record, dict):
-        return record
-    key = next((k for k in ("conversations", "messages") if k in record), None)
-    if key is None and "instruction" in record:
-        fields = {field: _spoken(turns.get(index)) for index, field in enumerate(("instruction", "output"))}
-        languages = {field: turn["language"] for field, turn in fields.items() if turn.get("language")}
-        return {**record, "audio": {field: turn["audio"] for field, turn in fields.items()}, "language": languages}
-    if key is not None and isinstance(record[key], list):
-        record = dict(record)
-        record[key] = [
-            {**turn, **_spoken(turns.get(index))} if isinstance(turn, dict) else turn
-            for index, turn in enumerate(record[key])
-        ]
-    return record
-
-
-def _spoken(turn: dict | None) -> dict:
-    if turn is None:
-        return {"audio": []}
-    return turn if turn["language"] is not None else {"audio": turn["audio"]}  # plans made before languages
-
-
-def make_summary(layout: Layout, t: Totals, started: float | None, log_dir: str | None = None) -> dict:
+def make_summary(layout: Layout, t: Totals, run_id, started: float | None, log_dir: str | None = None) -> dict:
     plan = read_json(layout.plan_file) or {}
+    c = t.counts
+    run_utterances = c.runs.get(run_id, 0) if run_id else 0
+    run_seconds = c.run_seconds.get(run_id, 0.0) if run_id else 0.0
     wall = time.time() - started if started else None
-    rate = t.run_audio_seconds / wall if wall else None
+    rate = run_seconds / wall if wall else None
     return {
-        "conversations": t.conversations,
-        "segments": t.segments,
-        "done": t.done,
-        "failed": t.failed,
-        "pending": t.pending,
-        "dropped": t.dropped,
+        "conversations": c.conversations,
+        "segments": c.segments,
+        "done": c.done,
+        "failed": c.failed,
+        "pending": c.pending,
+        "dropped": c.dropped,
         "skipped_turns": t.skipped_turns,
         "skipped_languages": dict(t.skipped_languages.most_common()),
-        "audio_seconds": round(t.audio_seconds, 3),
-        "audio_hours": round(t.audio_seconds / 3600, 4),
-        "backends": sorted(b for b in t.backends if b),
+        "audio_seconds": round(c.audio_seconds, 3),
+        "audio_hours": round(c.audio_seconds / 3600, 4),
+        "backends": sorted(b for b in c.backends if b),
         "estimated_hours": plan.get("estimated_hours"),
-        "complete": t.failed == 0 and t.pending == 0,
-        "quality": t.quality.summary(),
+        "complete": c.failed == 0 and c.pending == 0,
+        "quality": c.quality.summary(),
         "this_run": {
-            "utterances": t.run_utterances,
-            "audio_seconds": round(t.run_audio_seconds, 3),
+            "utterances": run_utterances,
+            "audio_seconds": round(run_seconds, 3),
             "wall_seconds": round(wall, 3) if wall else None,
             "audio_seconds_per_second": round(rate, 4) if rate else None,
-            "real_time_factor": round(wall / t.run_audio_seconds, 4) if wall and t.run_audio_seconds else None,
+            "real_time_factor": round(wall / run_seconds, 4) if wall and run_seconds else None,
             "log_dir": os.path.abspath(log_dir) if log_dir else None,
         },
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -341,13 +349,16 @@ def main(argv=None) -> int:
         help="count each manifest row without opening its audio (saves 0.2 to 0.35 ms of CPU a "
         "file, most of a large merge; for benchmarks, or audio checked otherwise)",
     )
+    p.add_argument(
+        "--force", action="store_true", help="write the outputs even when nothing changed since the last merge"
+    )
     args = p.parse_args(argv)
     layout = Layout(args.output_dir)
     if not layout.plan_file.is_file():
         print(f"error: no plan in {layout.plan_dir}", file=sys.stderr)
         return 2
     try:
-        summary = merge(layout, args.run_id, args.started, not args.no_audio_check, args.log_dir)
+        merged = merge(layout, args.run_id, args.started, not args.no_audio_check, args.log_dir, args.force)
     except OSError as exc:
         if not is_disk_full(exc):
             raise
@@ -356,8 +367,13 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return EXIT_DISK_FULL
-    print(summary_text(summary, str(layout.failures_file)))
-    return EXIT_OK if summary["complete"] else EXIT_FAILURES
+    if merged.unchanged:
+        print(
+            f"nothing changed since the last merge: manifest.jsonl, failures.jsonl and conversations.json in "
+            f"{layout.root} are left as they were"
+        )
+    print(summary_text(merged.summary, str(layout.failures_file)))
+    return EXIT_OK if merged.summary["complete"] else EXIT_FAILURES
 
 
 if __name__ == "__main__":

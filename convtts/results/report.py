@@ -12,23 +12,24 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 import yaml
 
 from convtts.state.layout import Layout
-from convtts.state.shardio import DROPPED, KEPT, read_json, read_jsonl
+from convtts.state.shardio import DROPPED, KEPT, read_json
 from convtts.words import plural
 
 
 @dataclass
 class QualityTally:
-    """What the quality gate said about the rows and failures merge writes."""
+    """What the quality gate said about the rows and failures merge writes; tallies of shards add up."""
 
     gated: int = 0
     respoken: int = 0
     respeaks: int = 0
     gate_seconds: float = 0.0
-    wers: list = field(default_factory=list)
-    cers: list = field(default_factory=list)  # character error rates: zh, ja, ko, yue
+    wers: Counter = field(default_factory=Counter)  # each WER value, and how many rows scored it
+    cers: Counter = field(default_factory=Counter)  # character error rates (zh, ja, ko, yue) alike
     asr_skipped: Counter = field(default_factory=Counter)
     failed_by_reason: Counter = field(default_factory=Counter)
     # utterances whose every take was refused, by what validate.on_fail made of them, and by check
@@ -47,9 +48,9 @@ class QualityTally:
         self.respeaks += row.get("respeaks", 0)
         self.gate_seconds += scores.get("gate_seconds", 0.0)
         if scores.get("wer") is not None:
-            self.wers.append(scores["wer"])
+            self.wers[float(scores["wer"])] += 1
         elif scores.get("cer") is not None:
-            self.cers.append(scores["cer"])
+            self.cers[float(scores["cer"])] += 1
         elif str(scores.get("asr", "")).startswith("skipped"):
             self.asr_skipped[scores["asr"].partition(": ")[2]] += 1
 
@@ -66,17 +67,42 @@ class QualityTally:
         self.refused[fate] += 1
         self.refused_by_check[row.get("check") or (row.get("refused") or {}).get("check") or "?"] += 1
 
+    def add(self, other: QualityTally) -> None:
+        self.gated += other.gated
+        self.respoken += other.respoken
+        self.respeaks += other.respeaks
+        self.gate_seconds += other.gate_seconds
+        for name in _COUNTERS:
+            getattr(self, name).update(getattr(other, name))
+
+    def to_json(self) -> dict:
+        """The tally as JSON values (a shard's, kept with its merged part); error rates as [value, rows] pairs."""
+        data = {name: dict(getattr(self, name)) for name in _COUNTERS[2:]}
+        data.update(sums=[self.gated, self.respoken, self.respeaks], gate_seconds=self.gate_seconds)
+        data.update(wers=list(self.wers.items()), cers=list(self.cers.items()))
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> QualityTally:
+        gated, respoken, respeaks = data["sums"]
+        tally = cls(gated, respoken, respeaks, data["gate_seconds"], Counter(dict(map(tuple, data["wers"]))))
+        tally.cers = Counter(dict(map(tuple, data.get("cers", []))))
+        for name in _COUNTERS[2:]:
+            setattr(tally, name, Counter(data[name]))
+        return tally
+
     def summary(self) -> dict | None:
         """None when the gate was off and nothing failed: no figures to give."""
         if not self.gated and not self.failed_by_reason and not self.refused:
             return None
+        scored = sum(self.wers.values())
         return {
             "gated": self.gated,
             "respoken": self.respoken,
             "respoken_share": round(self.respoken / self.gated, 4) if self.gated else None,
             "respeaks": self.respeaks,
-            "wer": _spread(self.wers),
-            **({"cer": _spread(self.cers)} if self.cers else {}),
+            "wer": _wer_figures(self.wers) if scored else {"scored": 0},
+            **({"cer": _wer_figures(self.cers)} if self.cers else {}),
             "asr_skipped": dict(self.asr_skipped),
             "failed_by_reason": dict(self.failed_by_reason),
             "refused": {
@@ -90,14 +116,46 @@ class QualityTally:
         }
 
 
-def _spread(values: list) -> dict:
+_COUNTERS = ("wers", "cers", "asr_skipped", "failed_by_reason", "refused", "refused_by_check")
+
+
+def _wer_figures(wers: Counter) -> dict:
     """How many error rates were scored, their mean, percentiles and maximum."""
-    rates = np.asarray(values, dtype=float)
-    if not rates.size:
-        return {"scored": 0}
-    figures = {"scored": int(rates.size), "mean": _round(rates.mean())}
-    figures.update({f"p{q}": _round(np.percentile(rates, q)) for q in (50, 90, 99)})
-    return {**figures, "max": _round(rates.max())}
+    values = np.array(sorted(wers), dtype=float)
+    counts = np.array([wers[v] for v in sorted(wers)], dtype=np.int64)
+    return {
+        "scored": int(counts.sum()),
+        "mean": _round((values * counts).sum() / counts.sum()),
+        "p50": _round(percentile(values, counts, 50)),
+        "p90": _round(percentile(values, counts, 90)),
+        "p99": _round(percentile(values, counts, 99)),
+        "max": _round(values[-1]),
+    }
+
+
+def percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """numpy's default (linear) percentile of the rows, given their distinct sorted values and counts."""
+    position = q / 100 * (counts.sum() - 1)
+    ends = np.cumsum(counts)  # rows up to and including each value
+    low = int(np.searchsorted(ends, np.floor(position), side="right"))
+    high = int(np.searchsorted(ends, np.ceil(position), side="right"))
+    return values[low] + (values[high] - values[low]) * (position - np.floor(position))
+
+
+def iter_jsonl(path):
+    """The complete lines of a JSON-lines file, one at a time (read_jsonl without holding them all)."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                yield orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # only a torn tail can be invalid: every writer writes whole lines
 
 
 def _round(value) -> float:
@@ -106,8 +164,63 @@ def _round(value) -> float:
 
 # -- the page ------------------------------------------------------------------------------------
 
+SHOWN = 200  # rows the page lists of the failed and of the re-spoken
 
-def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
+
+@dataclass
+class PageFigures:
+    """What the page draws and lists, gathered a row at a time: memory bounded by the distinct
+    durations (in milliseconds), WER values and speakers, not by the rows."""
+
+    utterances: int = 0
+    durations: Counter = field(default_factory=Counter)  # milliseconds: rows
+    shortest: float | None = None
+    longest: float | None = None
+    wers: Counter = field(default_factory=Counter)  # WER value: rows
+    speaker_seconds: Counter = field(default_factory=Counter)  # in order of first appearance
+    respoken: int = 0
+    respoken_rows: list = field(default_factory=list)  # the first SHOWN: (id, takes refused, heard at last)
+    failed: int = 0
+    failed_rows: list = field(default_factory=list)  # the first SHOWN: (id, status, reason, text)
+
+    @classmethod
+    def of(cls, rows, failures=()) -> PageFigures:
+        figures = cls()
+        for row in rows:
+            figures.add_row(row)
+        for row in failures:
+            figures.add_failure(row)
+        return figures
+
+    def add_row(self, row: dict) -> None:
+        seconds = row["duration"]
+        self.utterances += 1
+        self.durations[round(seconds * 1000)] += 1
+        self.shortest = seconds if self.shortest is None else min(self.shortest, seconds)
+        self.longest = seconds if self.longest is None else max(self.longest, seconds)
+        wer = (row.get("quality") or {}).get("wer")
+        if wer is not None:
+            self.wers[wer] += 1
+        self.speaker_seconds[row.get("speaker") or "?"] += seconds
+        if row.get("respeaks"):
+            self.respoken += 1
+            if len(self.respoken_rows) < SHOWN:
+                refused = "; ".join(row.get("respoken_for", []))
+                self.respoken_rows.append((row["id"], refused, row["quality"].get("heard", "")))
+
+    def add_failure(self, row: dict) -> None:
+        if row.get("status") in ("failed", KEPT, DROPPED):  # skipped turns apart
+            self.failed += 1
+            if len(self.failed_rows) < SHOWN:
+                self.failed_rows.append((row["id"], row.get("status"), row.get("reason"), row.get("text")))
+
+    def duration_histogram(self) -> tuple[list, list]:
+        """(values, rows) for a weighted histogram, each value kept inside the true shortest and longest."""
+        values = [min(max(ms / 1000, self.shortest), self.longest) for ms in self.durations]
+        return values, list(self.durations.values())
+
+
+def figures_png(figures: PageFigures, max_wer: float | None) -> bytes:
     """Durations, WER (where scored) and hours per speaker, side by side, as one PNG."""
     import matplotlib
 
@@ -115,18 +228,20 @@ def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
     from matplotlib import pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
-    left.hist([r["duration"] for r in rows], bins=40, color="#4477aa")
-    left.set(title=f"Duration of {plural(len(rows), 'utterance')}", xlabel="seconds", ylabel="utterances")
-    wers = [r["quality"]["wer"] for r in rows if (r.get("quality") or {}).get("wer") is not None]
-    if wers:
-        middle.hist(wers, bins=np.linspace(0, max(1.0, max(wers)), 41), color="#228833")
+    values, weights = figures.duration_histogram()
+    left.hist(values, bins=40, weights=weights, color="#4477aa")
+    left.set(title=f"Duration of {plural(figures.utterances, 'utterance')}", xlabel="seconds", ylabel="utterances")
+    scored = sum(figures.wers.values())
+    if scored:
+        bins = np.linspace(0, max(1.0, max(figures.wers)), 41)
+        middle.hist(list(figures.wers), bins=bins, weights=list(figures.wers.values()), color="#228833")
         if max_wer is not None:
             middle.axvline(max_wer, color="#cc3311", linestyle="--", label=f"max_wer {max_wer:g}")
             middle.legend()
     else:
         middle.text(0.5, 0.5, "no ASR scores\n(validate off, or no English segments)", ha="center", va="center")
-    middle.set(title=f"ASR round-trip WER ({len(wers)} scored)", xlabel="word error rate", ylabel="utterances")
-    hours = speaker_hours(rows)
+    middle.set(title=f"ASR round-trip WER ({scored} scored)", xlabel="word error rate", ylabel="utterances")
+    hours = speaker_hours(figures)
     labels = chart_labels(list(hours))
     right.barh([labels[n] for n in hours], list(hours.values()), color="#aa3377")
     right.invert_yaxis()
@@ -138,11 +253,9 @@ def figures_png(rows: list[dict], max_wer: float | None) -> bytes:
     return buffer.getvalue()
 
 
-def speaker_hours(rows: list[dict]) -> dict[str, float]:
+def speaker_hours(figures: PageFigures) -> dict[str, float]:
     """Hours of audio per speaker, most first."""
-    hours = Counter()
-    for r in rows:
-        hours[r.get("speaker") or "?"] += r["duration"] / 3600
+    hours = {name: seconds / 3600 for name, seconds in figures.speaker_seconds.items()}
     return dict(sorted(hours.items(), key=lambda item: item[1], reverse=True))
 
 
@@ -159,12 +272,10 @@ def chart_labels(names: list[str]) -> dict[str, str]:
     }
 
 
-def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> str:
+def page(layout: Layout, figures: PageFigures, png: bytes) -> str:
     summary = read_json(layout.summary_file) or {}
-    figures = {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
+    table = {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
     quality = summary.get("quality") or {}
-    failed = [f for f in failures if f.get("status") in ("failed", KEPT, DROPPED)]  # skipped turns apart
-    respoken = [r for r in rows if r.get("respeaks")]
     parts = [
         "<!doctype html><meta charset='utf-8'>",
         f"<title>convtts report: {html.escape(str(layout.root))}</title>",
@@ -174,27 +285,21 @@ def page(layout: Layout, rows: list[dict], failures: list[dict], png: bytes) -> 
         f"<img alt='duration and WER histograms, hours per speaker' "
         f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>",
         "<h2>Summary</h2>",
-        _table(["figure", "value"], figures.items()),
+        _table(["figure", "value"], table.items()),
         "<h2>Hours per speaker</h2>",
-        _speaker_table(rows),
+        _speaker_table(figures),
         "<h2>Quality gate</h2>",
         _table(["figure", "value"], _flat(quality)) if quality else "<p>validate was off.</p>",
-        f"<h2>Failed or refused by the gate ({len(failed)})</h2>",
-        _table(
-            ["id", "status", "reason", "text"],
-            [(f["id"], f.get("status"), f.get("reason"), f.get("text")) for f in failed[:200]],
-        ),
-        f"<h2>Re-spoken ({len(respoken)})</h2>",
-        _table(
-            ["id", "takes refused", "heard at last"],
-            [(r["id"], "; ".join(r.get("respoken_for", [])), r["quality"].get("heard", "")) for r in respoken[:200]],
-        ),
+        f"<h2>Failed or refused by the gate ({figures.failed})</h2>",
+        _table(["id", "status", "reason", "text"], figures.failed_rows),
+        f"<h2>Re-spoken ({figures.respoken})</h2>",
+        _table(["id", "takes refused", "heard at last"], figures.respoken_rows),
     ]
     return "\n".join(parts) + "\n"
 
 
-def _speaker_table(rows: list[dict]) -> str:
-    hours = speaker_hours(rows)
+def _speaker_table(figures: PageFigures) -> str:
+    hours = speaker_hours(figures)
     labels = chart_labels(list(hours))
     return _table(["speaker", "in the chart", "hours"], [(n, labels[n], f"{h:.3f}") for n, h in hours.items()])
 
@@ -224,10 +329,10 @@ def max_wer_of(layout: Layout) -> float | None:
 
 
 def write_report(layout: Layout, target=None):
-    rows = read_jsonl(layout.manifest_file)
-    failures = read_jsonl(layout.failures_file) if layout.failures_file.is_file() else []
+    """The page from the manifest and failures read a line at a time."""
+    figures = PageFigures.of(iter_jsonl(layout.manifest_file), iter_jsonl(layout.failures_file))
     target = target or layout.root / "report.html"
-    text = page(layout, rows, failures, figures_png(rows, max_wer_of(layout)))
+    text = page(layout, figures, figures_png(figures, max_wer_of(layout)))
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(target)

@@ -20,6 +20,7 @@ class Layout:
     shard-00042.<run>-s<rank>.crashes.jsonl)
     work/shard-00042.stats.json            written last: the shard's done marker
     audio/shard-00042/<id>.wav             the audio
+    merge/00/shard-00042.part              that shard's share of the outputs, as the last merge made it
     manifest.jsonl, failures.jsonl, conversations.json, summary.json, config.yaml
     """
 
@@ -37,6 +38,8 @@ class Layout:
         self.failures_file = self.root / "failures.jsonl"
         self.conversations_file = self.root / "conversations.json"
         self.summary_file = self.root / "summary.json"
+        self.merge_dir = self.root / "merge"
+        self.merge_state = self.merge_dir / "state.json"
 
     def shard_names(self) -> list[str]:
         return sorted(p.name[: -len(".jsonl")] for p in self.shards_dir.glob("shard-?????.jsonl"))
@@ -72,6 +75,10 @@ class Layout:
 
     def audio_dir(self, shard: str) -> Path:
         return self.audio_root / shard
+
+    def merge_part(self, shard: str) -> Path:
+        """A thousand shards a folder: a million conversations make tens of thousands of shards."""
+        return self.merge_dir / f"{int(shard.rpartition('-')[2]) // 1000:02d}" / f"{shard}.part"
 
     def slot_status(self, rank: int) -> Path:
         return self.slots_dir / f"slot-{rank}.json"

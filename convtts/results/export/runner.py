@@ -1,9 +1,11 @@
 """One export run: each unit of the plan written to bounded parts, skipped when already exported as it is.
 
 Resume contract (the same order of writes as synthesis): a part is written under a hidden temporary
-name and renamed into place when whole; a unit enters the state file (.export-state.json) only when
-all its parts are in place. A rerun skips the units whose manifest lines and options match the
-state, redoes the rest, and at the end removes files no unit owns (parts of an older version).
+name and renamed into place when whole; a unit enters the state only when all its parts are in
+place, as a line appended to .export-state.jsonl; .export-state.json, the state as a whole, is
+written at the start and the end of an export, which then removes the lines. A rerun skips the
+units whose manifest lines and options match the state, redoes the rest, and at the end removes
+files no unit owns (parts of an older version).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from tqdm import tqdm
 
 from convtts.results.export.formats import FORMATS, Format, get_format
 from convtts.results.export.source import SourceError, Unit, check_source, export_fields, read_units
+from convtts.results.report import iter_jsonl
 from convtts.state.layout import Layout
-from convtts.state.shardio import read_json, write_json_atomic
+from convtts.state.shardio import append_line, read_json, write_json_atomic
 
 STATE_NAME = ".export-state.json"
+JOURNAL_NAME = ".export-state.jsonl"  # {"unit": name, "entry": {...}, or null: its files are being replaced}
 STATE_VERSION = 1
 
 
@@ -83,6 +87,7 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
     key = options.key(layout.root)
     state = load_state(options.dest)
     state["finished"] = False
+    save_state(options.dest, state)
     result = Result()
     seen: set[str] = set()
     summary = read_json(layout.summary_file) or {}
@@ -102,10 +107,10 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
                 bar.update(len(unit.lines))
             else:
                 if state["units"].pop(unit.name, None):  # its files are about to be replaced: not current now
-                    write_json_atomic(options.dest / STATE_NAME, state)
+                    note(options.dest, unit.name, None)
                 files = write_unit(layout, options, fmt, unit, bar.update)
                 state["units"][unit.name] = {"fingerprint": fingerprint, "rows": len(unit.lines), "files": files}
-                write_json_atomic(options.dest / STATE_NAME, state)
+                note(options.dest, unit.name, state["units"][unit.name])
                 result.written_units += 1
             seen.add(unit.name)
             result.units += 1
@@ -116,7 +121,7 @@ def _export_locked(layout: Layout, options: ExportOptions, fmt: Format) -> Resul
     remove_unowned(options.dest, fmt, _all_files(state))
     state["finished"] = True
     state["rows"] = result.rows
-    write_json_atomic(options.dest / STATE_NAME, state)
+    save_state(options.dest, state)
     result.files = len(_all_files(state))
     result.seconds = time.time() - started
     return result
@@ -174,10 +179,28 @@ def _all_files(state: dict) -> set[str]:
 
 
 def load_state(dest: Path) -> dict:
+    """The state as a whole, and the units its lines record since it was written."""
     state = read_json(dest / STATE_NAME)
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(state.get("units"), dict):
-        return {"version": STATE_VERSION, "units": {}}
+        state = {"version": STATE_VERSION, "units": {}}
+    for line in iter_jsonl(dest / JOURNAL_NAME):
+        if isinstance(line, dict) and isinstance(line.get("unit"), str):
+            if isinstance(line.get("entry"), dict):
+                state["units"][line["unit"]] = line["entry"]
+            else:
+                state["units"].pop(line["unit"], None)
     return state
+
+
+def save_state(dest: Path, state: dict) -> None:
+    """The state whole, in place of the lines that led to it."""
+    write_json_atomic(dest / STATE_NAME, state)
+    (dest / JOURNAL_NAME).unlink(missing_ok=True)
+
+
+def note(dest: Path, unit: str, entry: dict | None) -> None:
+    """One unit's entry (None: its files are being replaced), appended: a line, not the whole state."""
+    append_line(dest / JOURNAL_NAME, {"unit": unit, "entry": entry})
 
 
 def remove_temporaries(dest: Path) -> None:

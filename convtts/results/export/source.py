@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 
+from convtts.results.merge import planned_segments
 from convtts.state.layout import Layout
 
 # Manifest fields a user trains with; the rest (worker, pid, memory, timings) describe the run.
@@ -72,12 +73,18 @@ def check_source(layout: Layout) -> None:
 
 
 def unit_of_shard(layout: Layout, shard_rows: int) -> tuple[dict[str, str], dict[str, int]]:
-    """{plan shard: unit name} and {unit name: planned segments}, packing shards in plan order."""
+    """{plan shard: unit name} and {unit name: planned segments}, packing shards in plan order.
+
+    Each shard's count is the merge's (merge/state.json, while the plan is the one it merged), else
+    its lines counted."""
+    counted = planned_segments(layout) or {}
     owner: dict[str, str] = {}
     planned: dict[str, int] = {}
     current = None
     for shard in layout.shard_names():
-        count = _count_lines(layout.shard_file(shard))
+        count = counted.get(shard)
+        if not isinstance(count, int):
+            count = _count_lines(layout.shard_file(shard))
         if current is None or planned[current] + count > shard_rows:
             current = shard.rpartition("-")[2]
             planned[current] = 0
