@@ -301,7 +301,7 @@ class CosyVoiceConfig:
     speed: float = 1.0
     text_frontend: bool = True
     # Utterances a worker decodes at once (v1, v2 and v3; 1 is upstream's own one-at-a-time path; 0 chooses
-    # from the GPU memory a row's KV cache takes at precision.llm, see convtts.run.tuning).
+    # from the GPU memory a row's KV cache takes at precision.llm, see convtts.tuning).
     batch_size: int = 1
     # Rows a worker takes in place of batch_size where the GPU's memory holds the slot's workers (counted
     # at batch_size) at this many rows with flow passes of at least 1024 MiB (0: batch_size always).

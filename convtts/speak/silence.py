@@ -13,6 +13,7 @@ import numpy as np
 
 from convtts.config import Config, ConfigError, TextConfig
 from convtts.plan.language import detect, spoken_units
+from convtts.speak.base import Backend
 
 
 def check(config: Config) -> None:
@@ -29,10 +30,11 @@ def silence_samples(text: str, rates: TextConfig, sample_rate: int) -> int:
     return round(rates.seconds(units, language) * sample_rate)
 
 
-class SilenceBackend:
+class SilenceBackend(Backend):
     """Returns zeros of the planned length; any speaker name is accepted."""
 
     name = "silence"
+    check = staticmethod(check)
 
     def __init__(self, config: Config):
         self.sample_rate = config.tts.silence.sample_rate
@@ -40,6 +42,3 @@ class SilenceBackend:
 
     def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
         return np.zeros(silence_samples(text, self.rates, self.sample_rate), dtype=np.float32)
-
-    def close(self) -> None:
-        pass
