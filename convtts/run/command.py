@@ -104,7 +104,7 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
     from convtts.run.slot import Slot, SlotOptions
     from convtts.run.startup import Timeline
 
-    workers, config = size_workers(config, args)
+    workers, workers_config = size_workers(config, args)
     # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
     # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
     # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
@@ -123,8 +123,9 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
             raise ConfigError(f"unknown shards: {unknown[:5]}")
         return shards
 
-    needs = backend_resources(config, args.device)
-    return Slot(layout, config, share, options, feed=feed, timeline=Timeline(args.rank, started), resources=needs)
+    needs = backend_resources(workers_config, args.device)
+    timeline = Timeline(args.rank, started)
+    return Slot(layout, workers_config, share, options, feed=feed, timeline=timeline, resources=needs)
 
 
 def size_workers(config, args: argparse.Namespace):
