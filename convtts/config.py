@@ -51,7 +51,7 @@ class TextConfig:
     dense_math_phrase: str = ""
     dense_math_words: int = 60
     # Each turn's language, an ISO 639-1 code (zh, ja, en ...), or auto: found from its text
-    # (convtts/plan/language.py). A turn in a language the voice does not speak is skipped.
+    # (convtts/language.py). A turn in a language the voice does not speak is skipped.
     language: str = "auto"
     # Chinese, Japanese and Korean segments are measured in characters: at most this many.
     # CosyVoice's own frontend cuts Chinese into pieces of at most 80 characters (split_paragraph's token_max_n).
@@ -142,7 +142,7 @@ class SpeakerConfig:
     assistant: tuple[str, ...] = ()
     seed: int = 0
     # A pool of zero-shot voices instead of speakers.voices: a directory of recordings with .txt
-    # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/plan/voices.py).
+    # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/speak/pool.py).
     pool: str = ""
 
     def check(self) -> None:
@@ -485,7 +485,7 @@ class ValidateConfig:
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
     # true: the input is English, every segment of min_asr_words gets the ASR check (no language test:
-    # convtts/gate/language.py, which keeps 40 of 40 short technical English sentences)
+    # convtts/language.py, which keeps 40 of 40 short technical English sentences)
     assume_english: bool = False
     # hf-whisper: 30 s windows recognised at once: with asr_pack, each holds as many takes as fit
     # (the batched path holds finished takes until they fill this many); without, one take each

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convtts.config import ConfigError, ValidateConfig
-from convtts.gate.language import is_english
 from convtts.gate.recognisers import check_recogniser_installed, load_recogniser
+from convtts.language import is_english
 from convtts.words import plural
 
 log = logging.getLogger(__name__)

@@ -17,28 +17,22 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from convtts.errors import OutOfMemory, SynthesisError, is_out_of_memory
+
 if TYPE_CHECKING:
     from convtts.config import Config
 
-
-class SynthesisError(RuntimeError):
-    """One utterance could not be synthesised; the worker records it and moves on."""
-
-
-class OutOfMemory(SynthesisError):
-    """The device ran out of memory: the worker rebuilds the model (or halves its rows) and retries."""
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """The one out-of-memory test of the whole package: CUDA's error, ours, or their text.
-
-    By name and text, so that asking never imports torch (a Piper worker has no reason to).
-    """
-    if isinstance(exc, OutOfMemory) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    text = str(exc)
-    return "out of memory" in text.lower() or "ALLOC_FAILED" in text
-
+# The errors a voice raises are part of its contract; they live below every stage (convtts/errors.py).
+__all__ = [
+    "FEED_WAIT",
+    "Backend",
+    "BatchedBackend",
+    "OutOfMemory",
+    "Preload",
+    "Resources",
+    "SynthesisError",
+    "is_out_of_memory",
+]
 
 # What a batched backend's feed may yield in place of an item: nothing now, ask again after the next step
 # (a worker holding its first batch, run/batching.py). Only a backend with `feed_may_wait` set is given it.

@@ -3,7 +3,7 @@
 With it, run_all.sh measures the pipeline's own cost (planning, slots, workers, audio writes,
 manifests, merge) with no model in the way. The length rule is the plan's own estimate:
 `text.words_per_minute` (150 by default, so 0.4 s a word), or for Chinese, Japanese and Korean
-text `text.chars_per_minute` (convtts/plan/language.py counts the characters), at least one word's
+text `text.chars_per_minute` (convtts/language.py counts the characters), at least one word's
 worth, so that the audio hours of a run equal the plan's `estimated_hours`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from convtts.config import Config, ConfigError, TextConfig
-from convtts.plan.language import detect, spoken_units
+from convtts.language import detect, spoken_units
 from convtts.speak.base import Backend
 
 
