@@ -49,7 +49,7 @@ def set_lengths(runner, mix) -> int:
     """Each row's position as the mix says; returns the step's length bucket."""
     import torch
 
-    from convtts.speak.cosyvoice.engine.graphs import length_bucket
+    from convtts.cuda_graphs import length_bucket
 
     positions = [position for rows, position in mix for _ in range(rows)]
     runner.cache.lengths.copy_(torch.tensor(positions, device=runner.cache.lengths.device))

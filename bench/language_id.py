@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from convtts.gate.language import LANGUAGES
+from convtts.language import LANGUAGES
 
 SENTENCES = Path(__file__).resolve().parents[1] / "tests" / "data" / "language_sentences.tsv"
 
@@ -66,7 +66,7 @@ def py3langid_common():
     return lambda text: identifier.classify(text)[0] == "en"
 
 
-# convtts/gate/language.py's languages, by lingua's name and ISO 639-1 code.
+# convtts/language.py's languages, by lingua's name and ISO 639-1 code.
 COMMON = {name.lower(): code for name, code in LANGUAGES.items()}
 
 

@@ -51,7 +51,7 @@ class TextConfig:
     dense_math_phrase: str = ""
     dense_math_words: int = 60
     # Each turn's language, an ISO 639-1 code (zh, ja, en ...), or auto: found from its text
-    # (convtts/plan/language.py). A turn in a language the voice does not speak is skipped.
+    # (convtts/language.py). A turn in a language the voice does not speak is skipped.
     language: str = "auto"
     # Chinese, Japanese and Korean segments are measured in characters: at most this many.
     # CosyVoice's own frontend cuts Chinese into pieces of at most 80 characters (split_paragraph's token_max_n).
@@ -142,7 +142,7 @@ class SpeakerConfig:
     assistant: tuple[str, ...] = ()
     seed: int = 0
     # A pool of zero-shot voices instead of speakers.voices: a directory of recordings with .txt
-    # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/plan/voices.py).
+    # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/speak/pool.py).
     pool: str = ""
 
     def check(self) -> None:
@@ -301,7 +301,7 @@ class CosyVoiceConfig:
     speed: float = 1.0
     text_frontend: bool = True
     # Utterances a worker decodes at once (v1, v2 and v3; 1 is upstream's own one-at-a-time path; 0 chooses
-    # from the GPU memory a row's KV cache takes at precision.llm, see convtts.run.tuning).
+    # from the GPU memory a row's KV cache takes at precision.llm, see convtts.tuning).
     batch_size: int = 1
     # Rows a worker takes in place of batch_size where the GPU's memory holds the slot's workers (counted
     # at batch_size) at this many rows with flow passes of at least 1024 MiB (0: batch_size always).
@@ -488,7 +488,7 @@ class ValidateConfig:
     min_asr_words: int = 3  # shorter segments get no ASR check (one-word WER says little)
     asr_share: float = 1.0  # the share of utterances (chosen by id) that get the ASR check: its CPU budget
     # true: the input is English, every segment of min_asr_words gets the ASR check in English (its
-    # plan row's language and the language test, convtts/gate/language.py, are not asked)
+    # plan row's language and the language test, convtts/language.py, are not asked)
     assume_english: bool = False
     # hf-whisper: 30 s windows recognised at once: with asr_pack, each holds as many takes as fit
     # (the batched path holds finished takes until they fill this many); without, one take each

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from convtts.gate.quality import take_seed
-from convtts.speak.base import SynthesisError
+from convtts.speak.base import BatchedBackend, SynthesisError
 from convtts.speak.piper import PiperBackend, check
 
 OTHER_WORDS = (
@@ -52,7 +52,7 @@ class BadAudioPiper(PiperBackend):
         return super().synthesize(text, speaker, seed)
 
 
-class BatchedBadAudioPiper(BadAudioPiper):
+class BatchedBadAudioPiper(BadAudioPiper, BatchedBackend):
     batch_rows = 3
 
     def synthesize(self, text, speaker, seed):

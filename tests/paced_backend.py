@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from convtts.speak.base import FEED_WAIT
+from convtts.speak.base import FEED_WAIT, Backend, BatchedBackend, Resources
 
 
-class PacedTone:
+class PacedTone(Backend):
     name = "paced-tone"
     sample_rate = 16000
 
@@ -50,7 +50,7 @@ class PacedTone:
         pass
 
 
-class PacedBatchTone(PacedTone):
+class PacedBatchTone(PacedTone, BatchedBackend):
     """The same voice with a batched path run like the CosyVoice engines: up to `batch_rows`
     utterances at once, a new one read from `items` as soon as a row frees, each taking the
     utterance time per ten words from when its row took it."""
@@ -60,11 +60,11 @@ class PacedBatchTone(PacedTone):
 
     def __init__(self, config):
         super().__init__(config)
-        self.batch_rows = self.built_rows = self.rows(config)
+        self.batch_rows = self.built_rows = self.resources(config, "cpu").rows
 
-    @staticmethod
-    def rows(config):
-        return int(os.environ.get("CONVTTS_TEST_ROWS", "4"))
+    @classmethod
+    def resources(cls, config, device):
+        return Resources(rows=int(os.environ.get("CONVTTS_TEST_ROWS", "4")))
 
     def shrink_batch(self):
         self.batch_rows = max(1, self.batch_rows // 2)

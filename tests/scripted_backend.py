@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from convtts.speak.base import OutOfMemory, SynthesisError
+from convtts.speak.base import Backend, BatchedBackend, OutOfMemory, Resources, SynthesisError
 
 RATE = 16000
 # As CUDA words it: a paragraph of allocator figures and advice
@@ -43,7 +43,7 @@ def read_script(text: str) -> dict[str, tuple[str, int | None]]:
     return script
 
 
-class ScriptedTone:
+class ScriptedTone(Backend):
     name = "scripted-tone"
     sample_rate = RATE
     builds = 0  # backends built in this process: a rebuild makes a new one
@@ -98,16 +98,16 @@ class ScriptedTone:
         pass
 
 
-class ScriptedBatchTone(ScriptedTone):
+class ScriptedBatchTone(ScriptedTone, BatchedBackend):
     """Pulls `batch_rows` items from the caller's feed, then answers each; a shared fault breaks them all."""
 
     def __init__(self, config):
         super().__init__(config)
-        self.batch_rows = self.built_rows = self.rows(config)
+        self.batch_rows = self.built_rows = self.resources(config, "cpu").rows
 
-    @staticmethod
-    def rows(config) -> int:
-        return int(os.environ.get("CONVTTS_TEST_ROWS", "3"))
+    @classmethod
+    def resources(cls, config, device) -> Resources:
+        return Resources(rows=int(os.environ.get("CONVTTS_TEST_ROWS", "3")))
 
     def synthesize_many(self, items):
         items = iter(items)

@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from conftest import DATA, assert_complete, read_jsonl, run_all, sharegpt_conversations, write_input
+from convtts import language
 from convtts.config import ConfigError, load_config
-from convtts.plan import language
-from convtts.plan.language import detect
+from convtts.language import detect
 from convtts.plan.planner import make_plan, plan_is_fresh
 from convtts.plan.segments import split_characters
 from convtts.speak import voice_languages

@@ -423,7 +423,8 @@ def test_a_v1_model_loads_and_speaks_without_importing_transformers_or_training_
 PRELOAD_IN_A_FRESH_PROCESS = """
 import json, os, sys
 from convtts.run.preload import preload
-preload({"cosyvoice": True, "cosyvoice_root": "", "version": 1, "model_dir": sys.argv[1], "whisper": False})
+args = {"runtime_root": "", "version": 1, "model_dir": sys.argv[1]}
+preload({"whisper": False, "voice": {"function": "convtts.speak.cosyvoice.resources:preload", "args": args}})
 import torch
 print(json.dumps({
     "flow_decoder": "cosyvoice.flow.flow_matching" in sys.modules and "matcha.models.components.decoder" in sys.modules,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import qwen_llm, sequence, v1_llm
-from convtts.speak.cosyvoice.engine.graphs import length_bucket, row_bucket, row_buckets
+from convtts.cuda_graphs import length_bucket, row_bucket, row_buckets
 from convtts.speak.cosyvoice.engine.requests import Sequence
 from convtts.speak.cosyvoice.engine.runner import DTYPES, DecodeOptions
 

@@ -1,6 +1,7 @@
-"""The import graph, read from the source: no circles among convtts's modules, no test module importing
-another. Every explicit import counts, those inside functions too; the implicit import of a parent
-package does not, so a package that imports its own submodules in __init__ is not a circle."""
+"""The import graph, read from the source: no circles among convtts's modules, the stages in the order of
+docs/ARCHITECTURE.md, no test module importing another. Every explicit import counts, those inside
+functions too; the implicit import of a parent package does not, so a package that imports its own
+submodules in __init__ is not a circle."""
 
 from __future__ import annotations
 
@@ -66,6 +67,65 @@ def test_convtts_has_no_import_circles():
     graph = import_graph(REPO, "convtts")
     assert len(graph) > 40 and "convtts.run.slot" in graph["convtts.run.command"]  # it read the real package
     assert circles(graph) == [], "\n".join(" -> ".join(circle) for circle in circles(graph))
+
+
+# The stages in the order an utterance passes them (docs/ARCHITECTURE.md): a module may import its own
+# stage and those after it. Above them all the node's job and the test models; below them all
+# everything else (config, cli, state, errors, language, tuning, cuda_graphs, words), which imports no stage.
+STAGES = ("cluster", "plan", "run", "speak", "gate", "results")
+ABOVE = ("node", "__main__", "testing")
+
+
+def stage_of(module: str) -> str:
+    """`run` for convtts.run.slot; `below` for a module of no stage."""
+    part = module.split(".")[1] if "." in module else ""
+    return part if part in STAGES or part in ABOVE else "below"
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every import that runs against the stages' order."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = stage_of(module)
+        for target in sorted(targets):
+            there = stage_of(target)
+            if here in ABOVE or there == "below" or here == there:
+                continue
+            if there in ABOVE or here == "below" or STAGES.index(there) < STAGES.index(here):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_imports_follow_the_stages_order():
+    graph = import_graph(REPO, "convtts")
+    assert {stage_of(name) for name in graph} == {*STAGES, *ABOVE, "below"}  # every stage read
+    assert upward(graph) == []
+
+
+def test_the_order_check_finds_imports_back_up_the_flow():
+    graph = {
+        "convtts.run.slot": {
+            "convtts.speak.base",
+            "convtts.state.layout",
+            "convtts.run.pieces",
+            "convtts.gate.quality",
+        },
+        "convtts.speak.silence": {"convtts.plan.language", "convtts.language"},
+        "convtts.gate.whisper": {"convtts.speak.engine"},
+        "convtts.cluster.handout": {"convtts.run.pieces"},
+        "convtts.node": {"convtts.plan.command", "convtts.results.merge"},
+        "convtts.testing.model": {"convtts.speak.runtime"},
+        "convtts.tuning": {"convtts.run.slot"},
+        "convtts.results.merge": {"convtts.node", "convtts.state.shardio"},
+        "convtts.plan.planner": {"convtts.testing.model"},
+    }
+    assert upward(graph) == [
+        "convtts.gate.whisper -> convtts.speak.engine",
+        "convtts.plan.planner -> convtts.testing.model",
+        "convtts.results.merge -> convtts.node",
+        "convtts.speak.silence -> convtts.plan.language",
+        "convtts.tuning -> convtts.run.slot",
+    ]
 
 
 def test_the_check_finds_circles_through_functions_and_relative_imports(tmp_path):

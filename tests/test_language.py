@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from convtts.config import ConfigError, ValidateConfig
-from convtts.gate.language import is_english
+from convtts.language import is_english
 
 SENTENCES = Path(__file__).parent / "data" / "language_sentences.tsv"
 ROWS = [line.split("\t", 1) for line in SENTENCES.read_text().splitlines() if line and not line.startswith("#")]

@@ -42,6 +42,7 @@ PRINTED_BY = [
     ("convtts/results/", {"merge", "run_all.sh"}),
     ("convtts/testing/cosyvoice_model.py", {"cosyvoice_model"}),
     ("convtts/speak/cosyvoice/check.py", {"check-model"}),
+    ("convtts/tuning.py", {"parallel_cosyvoice.py", "run_all.sh"}),  # a slot sizing its workers
     ("convtts/", {"preprocess.py", "parallel_cosyvoice.py", "run_all.sh"}),  # config, gate, voices, state
 ]
 

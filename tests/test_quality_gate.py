@@ -21,7 +21,6 @@ import pytest
 
 from conftest import REPO, assert_complete, need, read_jsonl, run_all, script_env, write_input
 from convtts.config import ConfigError, load_config
-from convtts.gate.language import is_english
 from convtts.gate.quality import (
     QualityFailure,
     align_words,
@@ -31,6 +30,7 @@ from convtts.gate.quality import (
     take_seed,
     word_error_rate,
 )
+from convtts.language import is_english
 
 BASE_SEED = 1234  # workers.seed's default
 # Piper's noise comes from unseeded random ops in its ONNX graph: without it a text is the same audio in

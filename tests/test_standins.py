@@ -162,7 +162,9 @@ def test_a_v1_model_loads_and_speaks_without_them_and_they_import_when_asked_for
             def present():
                 return sorted(name for name in kept_out if name in sys.modules)
             from convtts.run.preload import preload
-            preload({"cosyvoice": True, "cosyvoice_root": "", "version": 1, "model_dir": sys.argv[1], "whisper": False})
+            args = {"runtime_root": "", "version": 1, "model_dir": sys.argv[1]}
+            voice = {"function": "convtts.speak.cosyvoice.resources:preload", "args": args}
+            preload({"whisper": False, "voice": voice})
             seen = {"after_preload": present(), "whisper": type(sys.modules["whisper"]).__name__}
             from convtts.config import Config, CosyVoiceConfig, SpeakerConfig, TTSConfig
             from convtts.speak.cosyvoice.backend import CosyVoiceBackend

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from convtts.run.tuning import MAX_WORKERS_PER_GPU, choose_workers, cpu_cores
+from convtts.tuning import MAX_WORKERS_PER_GPU, choose_workers, cpu_cores
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_cpu_slots_share_the_cores():
 
 
 def test_gpu_count_is_bounded_by_free_memory(free_gpu, caplog, monkeypatch):
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 64)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 64)
     free_gpu(10_000)
     with caplog.at_level(logging.INFO):
         assert choose_workers(0, "cuda", 1, 3000) == 3  # 90% of 10000 MiB holds three 3000 MiB workers
@@ -45,20 +45,20 @@ def test_gpu_count_is_bounded_by_free_memory(free_gpu, caplog, monkeypatch):
     free_gpu(140_000)
     assert choose_workers(0, "cuda", 1, 2600) == MAX_WORKERS_PER_GPU
     assert choose_workers(0, "cuda", 8, 2600) == 7  # (64 cores - 2 spare) shared by 8 slots
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
     assert choose_workers(0, "cuda", 1, 2600) == 14  # one H200 on a 16-core node: the measured setting
 
 
 def test_unreadable_gpu_memory_means_one_worker(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi at all
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 64)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 64)
     with caplog.at_level(logging.WARNING):
         assert choose_workers(0, "cuda", 1, 2600) == 1
     assert "could not read free GPU memory" in caplog.text
 
 
 def test_a_batched_worker_counts_its_rows_and_the_log_says_so(caplog):
-    from convtts.run.tuning import worker_gpu_mb
+    from convtts.tuning import worker_gpu_mb
 
     caplog.set_level("INFO")
     assert worker_gpu_mb(2600, 500, 1) == 2600 and "rows" not in caplog.text
@@ -70,15 +70,15 @@ def test_a_batched_worker_counts_its_rows_and_the_log_says_so(caplog):
 
 
 def test_a_slot_fits_its_workers_by_shrinking_their_passes_first(free_gpu, monkeypatch, caplog):
-    from convtts.run.tuning import fit_passes
+    from convtts.tuning import fit_passes
 
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 32)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 32)
     free_gpu(81_079)  # an H100: 16 workers of 2600 + 64 x 78 MiB do not fit, 8 do with 1529 MiB passes
     with caplog.at_level(logging.INFO):
         assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (8, 1529)
     assert "passes of 1529 MiB (at most 4096" in caplog.text
     free_gpu(143_156)  # an H200 of a 16-core node: the cores' 14 workers, with 1610 MiB passes
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
     assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (14, 1610)
     assert fit_passes(0, 1, 2600, 64, 78.0, 4096, rows_per_gpu=768) == (12, 3144)  # 768 rows a GPU: 12 x 64
     assert fit_passes(0, 1, 2600, 96, 78.0, 4096, rows_per_gpu=768) == (8, 4096)  # or 8 x 96
@@ -91,9 +91,9 @@ def test_a_slot_fits_its_workers_by_shrinking_their_passes_first(free_gpu, monke
 
 
 def test_a_slot_that_cannot_read_the_free_memory_runs_one_worker_with_its_passes_as_configured(monkeypatch):
-    from convtts.run.tuning import fit_passes
+    from convtts.tuning import fit_passes
 
-    monkeypatch.setattr("convtts.run.tuning.free_gpu_mb", lambda: 0)
+    monkeypatch.setattr("convtts.tuning.free_gpu_mb", lambda: 0)
     assert fit_passes(0, 1, 2600, 64, 78.0, 4096) == (1, 4096)
     assert fit_passes(3, 1, 2600, 64, 78.0, 4096) == (3, 4096)
 
@@ -104,7 +104,7 @@ def test_the_shipped_gpu_config_gets_workers_and_passes_that_fit_an_h100(free_gp
     from convtts.config import ConfigError, load_config
     from convtts.run.command import size_workers
 
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 32)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 32)
     free_gpu(81_079)
     config = load_config(
         Path(__file__).resolve().parents[1] / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={tmp_path}"]
@@ -115,7 +115,7 @@ def test_the_shipped_gpu_config_gets_workers_and_passes_that_fit_an_h100(free_gp
     # 96 rows: 768 a GPU would be 8 workers, the memory holds 5 (with 2881 MiB passes)
     assert (workers, sized.tts.cosyvoice.flow.max_mb) == (5, 2881)
     assert sized.tts.cosyvoice.batch_size == 96 and sized.tts.cosyvoice.model_dir == str(tmp_path)
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
     free_gpu(143_156)  # an H200: its 768 rows as 8 workers of 96, then 128 rows each (batch_size_with_room)
     workers, sized = size_workers(config, args)
     assert (workers, sized.tts.cosyvoice.batch_size, sized.tts.cosyvoice.flow.max_mb) == (8, 128, 1888)
@@ -138,7 +138,7 @@ def test_rows_grow_only_where_every_worker_counted_at_batch_size_holds_them(free
         workers, resolved = size_workers(config, args)
         return workers, resolved.tts.cosyvoice.batch_size, resolved.tts.cosyvoice.flow.max_mb
 
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
     free_gpu(81_079)  # an H100: its memory holds 5 workers of 96 and no more rows, so no worker is given up for them
     with caplog.at_level(logging.INFO):
         assert sized() == (5, 96, 2881)
@@ -168,7 +168,7 @@ def test_the_v2_and_v3_configs_take_four_workers_of_256_rows_on_an_h200(free_gpu
         '{"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2}'
     )
     args = argparse.Namespace(workers=0, slots_on_node=1, world=1, device="cuda")
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
     for name in ("cosyvoice2.yaml", "cosyvoice3.yaml"):
         config = load_config(
             Path(__file__).resolve().parents[1] / "configs" / name, [f"tts.cosyvoice.model_dir={model}"]
@@ -185,9 +185,9 @@ def test_the_v2_and_v3_configs_take_four_workers_of_256_rows_on_an_h200(free_gpu
 
 
 def test_automatic_rows_fill_a_gpu_with_eight_workers(free_gpu, caplog, monkeypatch):
-    from convtts.run.tuning import choose_layout
+    from convtts.tuning import choose_layout
 
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
     free_gpu(143_156)  # an H200
     with caplog.at_level(logging.INFO):
         # 90% of 143156 MiB over 8 workers = 16105; less 2600 per worker, over 250 per row: 54 rows, 48 in steps of 8
@@ -198,9 +198,9 @@ def test_automatic_rows_fill_a_gpu_with_eight_workers(free_gpu, caplog, monkeypa
 
 
 def test_automatic_rows_run_fewer_workers_before_starving_them(free_gpu, monkeypatch):
-    from convtts.run.tuning import choose_layout
+    from convtts.tuning import choose_layout
 
-    monkeypatch.setattr("convtts.run.tuning.cpu_cores", lambda: 16)
+    monkeypatch.setattr("convtts.tuning.cpu_cores", lambda: 16)
     free_gpu(40_000)
     # 8 workers would get 6 rows each; 4 workers get (9000 - 2600) / 300 = 21, 16 in steps of 8
     assert choose_layout(0, "cuda", 1, 2600, 300.0) == (4, 16)
@@ -211,7 +211,7 @@ def test_automatic_rows_run_fewer_workers_before_starving_them(free_gpu, monkeyp
 
 def test_a_rows_memory_follows_the_model_the_text_and_the_precision(tmp_path):
     from convtts.config import load_config
-    from convtts.speak import backend_row_mb
+    from convtts.speak import backend_resources
     from convtts.speak.cosyvoice.sizes import FLOW_MB_PER_ROW, llm_shape, row_kv_mb, row_tokens
 
     released = tmp_path / "released"
@@ -235,7 +235,7 @@ def test_a_rows_memory_follows_the_model_the_text_and_the_precision(tmp_path):
     fixed = load_config(
         None, [f"tts.cosyvoice.model_dir={released}", "tts.cosyvoice.max_row_tokens=2048", "tts.backend=cosyvoice"]
     )
-    assert row_tokens(fixed) == 2048 and backend_row_mb(fixed) == row_kv_mb(fixed) + FLOW_MB_PER_ROW
+    assert row_tokens(fixed) == 2048 and backend_resources(fixed, "cuda").row_mb == row_kv_mb(fixed) + FLOW_MB_PER_ROW
     qwen = tmp_path / "qwen"
     (qwen / "CosyVoice-BlankEN").mkdir(parents=True)
     (qwen / "cosyvoice2.yaml").write_text("{}\n")

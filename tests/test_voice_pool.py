@@ -19,9 +19,10 @@ import soundfile as sf
 from conftest import REPO, assert_complete, read_jsonl, run_all, script_env, write_input
 from convtts.config import Config, ConfigError, CosyVoiceConfig, SpeakerConfig, TTSConfig, load_config
 from convtts.plan.planner import make_plan, plan_is_fresh
-from convtts.plan.voices import Casting, _pick, read_pool, voice_names
+from convtts.plan.voices import Casting, _pick, voice_names
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool
+from convtts.speak.pool import read_pool
 from convtts.state.layout import Layout
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_v1 import SPEAKERS

@@ -91,7 +91,7 @@ def check_recogniser_installed(cfg: ValidateConfig) -> None:
     """Before anything starts: the packages the enabled gate's recogniser needs are installed."""
     needed = [("soxr", "soxr")] if cfg.recogniser != "none" else []
     if needed and not cfg.assume_english:
-        needed.append(("py3langid", "py3langid"))  # which segments are English: gate/language.py
+        needed.append(("py3langid", "py3langid"))  # which segments are English: convtts/language.py
     if cfg.recogniser in RECOGNISER_CLASSES:
         needed.append(RECOGNISER_CLASSES[cfg.recogniser][1:])
     for module, package in needed:

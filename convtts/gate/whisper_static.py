@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from convtts.speak.cosyvoice.engine.graphs import StepGraphs, length_bucket, row_bucket
+from convtts.cuda_graphs import StepGraphs, length_bucket, row_bucket
 
 
 class StaticDecoder:

@@ -12,8 +12,8 @@ from convtts import EXIT_DISK_FULL, EXIT_OK
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
+from convtts.language import counts_characters
 from convtts.plan.changes import plan_changes
-from convtts.plan.language import counts_characters
 from convtts.plan.planner import (
     PLAN_VERSION,
     earlier_version_with_same_ids,
@@ -235,7 +235,7 @@ def describe(plan: dict) -> str:
 
 
 def in_characters(plan: dict) -> str:
-    """` (characters in zh)` where some turns are counted in characters (convtts/plan/language.py)."""
+    """` (characters in zh)` where some turns are counted in characters (convtts/language.py)."""
     counted = [language for language in plan.get("languages") or () if counts_characters(language)]
     return f" (characters in {', '.join(counted)})" if counted else ""
 

@@ -19,8 +19,7 @@ from pathlib import Path
 import orjson
 
 from convtts.config import PLAN_GROUPS, Config, SelectConfig, TextConfig, to_dict
-from convtts.gate.language import LANGUAGES
-from convtts.plan.language import counts_characters, detect, spoken_units
+from convtts.language import LANGUAGES, counts_characters, detect, spoken_units
 from convtts.plan.reader import InputError, conversation_turns, json_type, read_spans, records
 from convtts.plan.segments import split_characters
 from convtts.plan.textclean import clean, split_segments

@@ -76,7 +76,7 @@ def clean(
 ) -> tuple[str, str | None]:
     """Return (speakable text, None), or (whatever is left, reason) when no letter or digit remains.
 
-    `language` is the turn's (ISO 639-1, convtts/plan/language.py), for the words it is said in.
+    `language` is the turn's (ISO 639-1, convtts/language.py), for the words it is said in.
 
     Links are said as their domain ('nodejs dot org'), or as link_phrase when one is given; e-mail
     addresses, IP addresses and file paths as words (convtts/plan/spoken.py); math, operators and

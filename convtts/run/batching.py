@@ -37,7 +37,7 @@ from convtts.run.utterance import (
     settle_refused,
     write_take,
 )
-from convtts.speak.base import FEED_WAIT, OutOfMemory, SynthesisError
+from convtts.speak.base import FEED_WAIT, Backend, BatchedBackend, OutOfMemory, SynthesisError
 from convtts.state.shardio import is_disk_full
 from convtts.words import plural
 
@@ -97,13 +97,13 @@ class Regrowth:
         return rows < self.full and self.finished >= self.wait
 
 
-def can_batch(backend) -> bool:
-    return getattr(backend, "batch_rows", 1) > 1 and hasattr(backend, "synthesize_many")
+def can_batch(backend: Backend) -> bool:
+    return isinstance(backend, BatchedBackend) and backend.batch_rows > 1
 
 
 def growth_due(host: BatchHost) -> bool:
     backend = host.context.backend
-    return hasattr(backend, "grow_batch") and host.regrowth.due(getattr(backend, "batch_rows", 1))
+    return isinstance(backend, BatchedBackend) and host.regrowth.due(backend.batch_rows)
 
 
 def grow_rows(host: BatchHost) -> None:
@@ -210,7 +210,7 @@ class FirstBatch:
 def first_batch(host: BatchHost, backend) -> FirstBatch | None:
     """The held first batch released early, where the worker holds one and its backend can be told to wait;
     None for a hold to the batch's end (the feed then stops at its rows) or no hold."""
-    if not host.holding or host.hold_release >= 1 or not getattr(backend, "feed_may_wait", False):
+    if not host.holding or host.hold_release >= 1 or not backend.feed_may_wait:
         return None
     rows = backend.batch_rows
     return FirstBatch(rows, max(1, math.ceil(rows * host.hold_release)))

@@ -14,15 +14,7 @@ from convtts.cli import add_config_args, fail, load_config_or_exit, planned_layo
 from convtts.config import ConfigError, load_config
 from convtts.gate.quality import check_gate
 from convtts.gate.whisper import recogniser_gpu_mb
-from convtts.speak import (
-    backend_passes,
-    backend_row_mb,
-    backend_rows,
-    backend_rows_with_room,
-    check_backend,
-    with_pass_mb,
-    with_rows,
-)
+from convtts.speak import backend_resources, check_backend, sized
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full
 
@@ -112,7 +104,7 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
     from convtts.run.slot import Slot, SlotOptions
     from convtts.run.startup import Timeline
 
-    workers, sized = size_workers(config, args)
+    workers, workers_config = size_workers(config, args)
     # A fed slot's workers write files named by run and slot: should a slot the driver gave up for
     # lost (its node cut off, not dead) still be writing, it never shares a file with the slot
     # that took over its shards (docs/ARCHITECTURE.md, Many nodes).
@@ -131,13 +123,15 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
             raise ConfigError(f"unknown shards: {unknown[:5]}")
         return shards
 
-    return Slot(layout, sized, share, options, feed=feed, timeline=Timeline(args.rank, started))
+    needs = backend_resources(workers_config, args.device)
+    timeline = Timeline(args.rank, started)
+    return Slot(layout, workers_config, share, options, feed=feed, timeline=timeline, resources=needs)
 
 
 def size_workers(config, args: argparse.Namespace):
     """The slot's worker count and the config its workers get: rows set when the backend's are automatic (0),
     or grown where the GPU's memory holds more (tts.cosyvoice.batch_size_with_room), and passes fitted."""
-    from convtts.run.tuning import (
+    from convtts.tuning import (
         choose_layout,
         choose_workers,
         fit_passes,
@@ -148,19 +142,19 @@ def size_workers(config, args: argparse.Namespace):
 
     requested = args.workers or config.workers.per_slot
     slots = args.slots_on_node or args.world
-    rows = backend_rows(config)
+    needs = backend_resources(config, args.device)
+    rows = needs.rows
     base = config.workers.gpu_mb_per_worker
     base += recogniser_gpu_mb(config.validate) if args.device == "cuda" else 0  # each worker's own Whisper
     if rows == 0:
-        workers, rows = choose_layout(requested, args.device, slots, base, backend_row_mb(config))
-        return workers, with_rows(config, rows)
-    passes = backend_passes(config) if args.device == "cuda" and rows > 1 else None
+        workers, rows = choose_layout(requested, args.device, slots, base, needs.row_mb)
+        return workers, sized(config, rows)
+    passes = needs.passes if args.device == "cuda" and rows > 1 else None
     if passes is not None:  # the pass budget shrinks so that the workers fit the GPU's memory
         free = free_gpu_mb()
         workers, pass_mb = fit_passes(requested, slots, base, rows, *passes, config.workers.rows_per_gpu, free)
-        roomy = backend_rows_with_room(config)
-        grown, pass_mb = rows_with_room(workers, base, rows, roomy, *passes, pass_mb, free)
-        return workers, with_pass_mb(with_rows(config, grown), pass_mb)
+        grown, pass_mb = rows_with_room(workers, base, rows, needs.rows_with_room, *passes, pass_mb, free)
+        return workers, sized(config, grown, pass_mb)
     per_worker = worker_gpu_mb(base, config.workers.gpu_mb_per_row, rows)
     return choose_workers(requested, args.device, slots, per_worker), config
 

@@ -1,4 +1,4 @@
-"""A worker's memory, read without extra packages: resident memory from /proc, GPU memory from its backend."""
+"""A worker's memory, read without extra packages: resident memory from /proc; the cap on its GPU's."""
 
 from __future__ import annotations
 
@@ -13,12 +13,6 @@ def rss_mb() -> float:
     except (OSError, IndexError, ValueError):
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def gpu_mb(backend, kind: str) -> float:
-    """The backend's GPU memory in MiB (`allocated` or `reserved`); 0 for a backend without a GPU."""
-    probe = getattr(backend, "gpu_memory_mb", None)
-    return probe(kind) if probe else 0.0
 
 
 def cap_gpu_memory(mb: int) -> float | None:

@@ -6,12 +6,10 @@ alone: with workers.start_method forkserver the slot's server imports them once,
 is being written, and every worker (and every restarted one) is forked with them in memory.
 
 The forkserver imports this module by name, with the slot's environment; CONVTTS_PRELOAD (set by
-the slot before the server starts) says what to import: JSON {"cosyvoice": bool, "cosyvoice_root":
-path or "", "version": the model's CosyVoice generation or null, "model_dir": path, "whisper": bool}.
-It imports the runtime and the modules the model's yaml names (runtime.import_model_modules), and
-transformers for v2/v3 and for Whisper, which use it (v1 does not: speak.cosyvoice.standins). A
-failure here is only logged: each worker then imports for itself and reports its own error, as it
-does under spawn.
+the slot before the server starts) says what to import: JSON {"whisper": bool, "voice": null or the
+voice's Resources.preload as {"function": "module:function", "args": {...}}}. Besides torch and the
+worker, it imports transformers for Whisper, then calls the voice's function. A failure here is only
+logged: each worker then imports for itself and reports its own error, as it does under spawn.
 
 Nothing here may initialise CUDA, or no forked worker could use it: a library that asks
 torch.cuda.is_available() as it loads is answered from NVML (PYTORCH_NVML_BASED_CUDA_CHECK).
@@ -19,6 +17,8 @@ torch.cuda.is_available() as it loads is answered from NVML (PYTORCH_NVML_BASED_
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import sys
@@ -27,51 +27,39 @@ import time
 ENV = "CONVTTS_PRELOAD"
 
 
-def plan(config) -> str:
-    """The CONVTTS_PRELOAD value for a slot's config."""
-    cosyvoice = config.tts.backend == "cosyvoice"
+def plan(config, needs) -> str:
+    """The CONVTTS_PRELOAD value for a slot's config and its voice's Resources."""
     whisper = config.validate.enabled and config.validate.recogniser == "hf-whisper"
-    cosy = config.tts.cosyvoice
-    version = _model_version(cosy.model_dir) if cosyvoice else None
-    wanted = {"cosyvoice": cosyvoice, "cosyvoice_root": cosy.runtime_root, "version": version}
-    return json.dumps({**wanted, "model_dir": cosy.model_dir, "whisper": whisper})
-
-
-def _model_version(model_dir: str) -> int | None:
-    from convtts.config import ConfigError
-    from convtts.speak.cosyvoice.runtime import model_version
-
-    try:
-        return model_version(model_dir)
-    except ConfigError:
-        return None  # the worker's own load says what is wrong
+    voice = needs.preload and {"function": needs.preload.function, "args": dict(needs.preload.args)}
+    return json.dumps({"whisper": whisper, "voice": voice}, sort_keys=True)
 
 
 def preload(wanted: dict) -> dict[str, float]:
     """Import what `wanted` names; the seconds each step took, by name (the slot's log prints them: on
     an H200 node torch alone took 2.7-4.2 s from one job to the next, the rest 1.3-2.3 s)."""
-    from convtts.speak.cosyvoice.loading import LoadClock  # the standard library only, like this module
+    phases: dict[str, float] = {}
 
-    clock = LoadClock()
+    @contextlib.contextmanager
+    def phase(name: str):
+        started = time.time()
+        try:
+            yield
+        finally:
+            phases[name] = round(phases.get(name, 0.0) + time.time() - started, 3)
+
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    with clock.phase("torch"):
+    with phase("torch"):
         import torch  # noqa: F401  (every backend that wants a forkserver runs on torch)
-    with clock.phase("worker"):
+    with phase("worker"):
         import convtts.run.worker  # noqa: F401
-    if wanted.get("whisper") or (wanted.get("version") or 0) >= 2:
-        with clock.phase("transformers"):
+    if wanted.get("whisper"):
+        with phase("transformers"):
             import transformers  # noqa: F401
-    if wanted.get("cosyvoice"):
-        from convtts.config import CosyVoiceConfig
-        from convtts.speak.cosyvoice.runtime import import_model_modules, import_runtime
-
-        version = wanted.get("version")
-        with clock.phase("runtime"):
-            import_runtime(CosyVoiceConfig(runtime_root=wanted.get("cosyvoice_root", "")), version)
-        if version:
-            with clock.phase("model modules"):
-                import_model_modules(wanted["model_dir"], version)
-    return clock.phases
+    voice = wanted.get("voice")
+    if voice:
+        module, _, function = voice["function"].partition(":")
+        getattr(importlib.import_module(module), function)(voice["args"], phase)
+    return phases
 
 
 def _run() -> None:

@@ -36,9 +36,9 @@ from convtts.run.messages import (
 from convtts.run.pieces import Piece, WorkQueue, preview_cuts, remove_temporaries_of
 from convtts.run.progress import SlotProgress
 from convtts.run.startup import Timeline, plan_exit_code
-from convtts.run.weights import warm_page_cache, weight_files
+from convtts.run.weights import warm_page_cache
 from convtts.run.worker import WorkerArgs, worker_main
-from convtts.speak import backend_rows
+from convtts.speak import Resources, backend_resources
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
     disk_full_text,
@@ -128,8 +128,10 @@ class Slot:
     timeline: Timeline | None = None
     shards: list[str] = field(default_factory=list)
     work: WorkQueue | FedWork | None = None
+    resources: Resources | None = None  # what its voice needs (speak.backend_resources); None: on a CPU
 
     def __post_init__(self):
+        self.resources = self.resources or backend_resources(self.config, "cpu")
         self.timeline = self.timeline or Timeline(self.options.rank)
         self.progress = SlotProgress(self.layout, self.options.rank, self.config, self.timeline)
         self.parent = os.getppid()
@@ -137,9 +139,9 @@ class Slot:
     def start_workers(self) -> None:
         """All K workers at once, before the plan is read: each loads its model meanwhile and speaks
         as soon as it is up. The weight files are read into the page cache for their mapped loads."""
-        self.ctx = worker_context(self.config)
+        self.ctx = worker_context(self.config, self.resources)
         log.info("slot %d: workers start by %s", self.options.rank, self.ctx.get_start_method())
-        warm_page_cache(weight_files(self.config), self.options.rank)
+        warm_page_cache(list(self.resources.weights), self.options.rank)
         for wid in range(self.options.workers):
             self.start_worker(wid)
 
@@ -199,7 +201,7 @@ class Slot:
         # A slot fed by a driver gets more shards later: it keeps all of its workers.
         count = self.options.workers if self.feed is not None else min(self.options.workers, self.work.total)
         self.work.workers = max(count, 1)
-        self.work.rows = backend_rows(self.config)
+        self.work.rows = self.resources.rows
         if isinstance(self.work, WorkQueue):
             self.work.deal = self.config.workers.deal_first_batch
         log.info("slot %d: %s", self.options.rank, self.plan_text(todo, count))
@@ -522,18 +524,18 @@ class Slot:
         return EXIT_OK
 
 
-def worker_context(config: Config):
-    """How the workers start (workers.start_method): forked from a server that imported torch and
-    the runtime once (run/preload.py), or spawned, each importing for itself. Never plain fork: a
-    forked copy of a process that may hold CUDA state cannot use CUDA."""
+def worker_context(config: Config, needs: Resources):
+    """How the workers start (workers.start_method; auto: as their voice asks): forked from a server
+    that imported torch and the voice's modules once (run/preload.py), or spawned, each importing for
+    itself. Never plain fork: a forked copy of a process that may hold CUDA state cannot use CUDA."""
     import multiprocessing
 
     from convtts.run import preload
 
     method = config.workers.start_method
     if method == "auto":
-        method = "forkserver" if config.tts.backend == "cosyvoice" else "spawn"
-    if method == "forkserver" and not _forkserver_serves(preload.plan(config)):
+        method = needs.start_method
+    if method == "forkserver" and not _forkserver_serves(preload.plan(config, needs)):
         method = "spawn"
     return multiprocessing.get_context(method)
 

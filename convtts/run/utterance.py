@@ -17,7 +17,7 @@ import numpy as np
 import soundfile as sf
 
 from convtts.config import Config, OutputConfig
-from convtts.speak.base import SynthesisError, is_out_of_memory
+from convtts.speak.base import Backend, SynthesisError, is_out_of_memory
 from convtts.state.layout import Layout
 from convtts.state.shardio import DROPPED, KEPT, is_disk_full, write_atomic
 
@@ -67,7 +67,7 @@ class Settings:
 class Context:
     """What speaking an utterance needs; a worker makes a new one at every model build."""
 
-    backend: object  # convtts.speak.base.Backend
+    backend: Backend
     gate: object | None  # convtts.gate.quality.Gate, or None when validate is off
     layout: Layout
     settings: Settings
@@ -270,9 +270,9 @@ def manifest_row(ctx: Context, segment: dict, rel: str, audio, attempt: int, see
         synthesis_seconds=round(seconds, 4),
         run=ctx.settings.run_id,
     )
-    prompt_audio = getattr(ctx.backend, "prompt_audio", None)  # a zero-shot voice's recording
+    prompt_audio = ctx.backend.prompt_audio(segment.get("speaker"))  # a zero-shot voice's recording
     if prompt_audio is not None:
-        row["prompt_audio"] = prompt_audio(segment.get("speaker"))
+        row["prompt_audio"] = prompt_audio
     return row
 
 

@@ -1,6 +1,6 @@
 """A slot reads its model's weight files once, into the page cache, so that its workers' mapped loads share them.
 
-Each worker maps the checkpoints (torch.load(mmap=True), convtts.speak.cosyvoice.loading): the
+Each worker maps the checkpoints its voice lists (Resources.weights; torch.load(mmap=True)): the
 pages are the node's page cache, read from disk once and shared by every worker of every slot on
 the node. The slot reads the files front to back in a thread while its workers start (imports
 and CUDA take seconds), so with a cold cache the disk is read once, in order, rather than in
@@ -14,21 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-from convtts.speak import backend_class
 from convtts.words import plural
 
 log = logging.getLogger(__name__)
 
 CHUNK = 8 << 20
-
-
-def weight_files(config) -> list[Path]:
-    """The backend's weight files (a backend class may list them: weight_files(config))."""
-    try:
-        listed = getattr(backend_class(config.tts.backend), "weight_files", None)
-    except Exception:
-        return []
-    return [Path(p) for p in listed(config)] if listed is not None else []
 
 
 def warm_page_cache(paths: list[Path], rank: int) -> threading.Thread | None:

@@ -16,7 +16,7 @@ from convtts.cli import setup_logging
 from convtts.config import Config
 from convtts.gate.quality import open_gate
 from convtts.run.batching import Regrowth, can_batch, grow_rows, speak_batched
-from convtts.run.memory import cap_gpu_memory, gpu_mb, rss_mb
+from convtts.run.memory import cap_gpu_memory, rss_mb
 from convtts.run.messages import (
     Built,
     DiskFull,
@@ -163,7 +163,7 @@ class Worker:
 
     # -- the slot's messages ---------------------------------------------------------------
     def rows(self) -> int:
-        return getattr(self.backend, "batch_rows", 1) if can_batch(self.backend) else 1
+        return self.backend.batch_rows if can_batch(self.backend) else 1
 
     def low_water(self) -> int:
         """Ask for more while this many ids are still queued: a batched worker's rows never wait."""
@@ -262,9 +262,9 @@ class Worker:
         self.since_build = 0
         self.regrowth = Regrowth()  # a new backend has all its rows
         seconds = time.time() - started
-        phases = dict(getattr(self.backend, "load_phases", {}))
+        phases = dict(self.backend.load_phases)
         phases["other"] = round(max(0.0, seconds - sum(phases.values())), 3)
-        digest = weights_digest(self.backend)
+        digest = self.backend.weights_digest()
         log.info(
             "model built (%s) in %.2fs (%s), rss %.0f MiB, gpu %.0f MiB%s",
             reason,
@@ -294,7 +294,7 @@ class Worker:
             self.context = None
 
     def gpu_mb(self) -> float:
-        return gpu_mb(self.backend, self.config.workers.gpu_memory)
+        return self.backend.gpu_memory_mb(self.config.workers.gpu_memory)
 
     def rebuild_reason(self) -> str | None:
         w = self.config.workers
@@ -360,12 +360,6 @@ class Worker:
         self.in_flight.discard(uid)
         self.since_build += 1
         self.regrowth.finished += 1
-
-
-def weights_digest(backend) -> str:
-    """The backend's digest of its loaded weights, or '' for a backend that keeps none we can read."""
-    digest = getattr(backend, "weights_digest", None)
-    return digest() if digest is not None else ""
 
 
 def release_backend(backend) -> None:

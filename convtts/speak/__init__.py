@@ -1,10 +1,9 @@
 """TTS backends behind one interface; `check_backend` runs before any worker, `build_backend` inside each.
 
 `tts.backend` is `piper`, `cosyvoice`, `silence` (benchmarking: silence of the planned length), or
-`package.module:Class` for a backend of your own: a class
-taking the Config, with the Backend attributes and methods, and optionally a `check(config)` static
-method that raises ConfigError before any worker starts. Such a class may name the languages it
-speaks in a `languages` attribute (ISO 639-1 codes; without one it is taken to speak any).
+`package.module:Class` for a backend of your own: a class deriving from `convtts.speak.base.Backend`
+(or `BatchedBackend`) and taking the Config; base.py declares everything the run stage reads of it
+and the defaults of what it may leave out (`check`, `resources`, `languages`, ...).
 
 `voice_languages` is what the plan asks: a lookup of data, with no voice code imported.
 """
@@ -15,17 +14,19 @@ import importlib
 import json
 
 from convtts.config import SHIPPED_CONFIG_DIRS, Config, ConfigError, load_config
-from convtts.speak.base import Backend, SynthesisError
+from convtts.speak.base import Backend, BatchedBackend, Resources, SynthesisError
 
 __all__ = [
     "Backend",
+    "BatchedBackend",
+    "Resources",
     "SynthesisError",
-    "backend_row_mb",
-    "backend_rows",
+    "backend_class",
+    "backend_resources",
     "build_backend",
     "check_backend",
+    "sized",
     "voice_languages",
-    "with_rows",
 ]
 
 BUILT_IN = {
@@ -50,7 +51,7 @@ def voice_languages(config: Config) -> frozenset[str] | None:
     if name == "cosyvoice":
         v3 = "cosyvoice3" in config.tts.cosyvoice.model_dir.lower()
         return COSYVOICE3_LANGUAGES if v3 else COSYVOICE_LANGUAGES
-    languages = getattr(backend_class(name), "languages", None)
+    languages = backend_class(name).languages
     return frozenset(languages) if languages else None
 
 
@@ -73,24 +74,22 @@ def configs_speaking(language: str) -> list[str]:
     return [f"configs/{name}" for name, speaks in speakers.items() if speaks is None or language in speaks]
 
 
-def backend_class(name: str):
+def backend_class(name: str) -> type[Backend]:
+    """The class `tts.backend` names: a built-in voice's, or package.module:Class deriving from Backend."""
     module_name, _, class_name = name.partition(":")
     module_name, class_name = BUILT_IN.get(name, (module_name, class_name))
     try:
-        return getattr(importlib.import_module(module_name), class_name)
+        cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"tts.backend {name!r} cannot be loaded: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ConfigError(f"tts.backend {name!r} is not a class deriving from convtts.speak.base.Backend")
+    return cls
 
 
 def check_backend(config: Config) -> None:
     """Fail fast (ConfigError) on a backend that cannot run: missing model, unknown speakers."""
-    name = config.tts.backend
-    if name in BUILT_IN:
-        check = importlib.import_module(BUILT_IN[name][0]).check
-    else:
-        check = getattr(backend_class(name), "check", None)
-    if check is not None:
-        check(config)
+    backend_class(config.tts.backend).check(config)
 
 
 def build_backend(config: Config) -> Backend:
@@ -98,43 +97,14 @@ def build_backend(config: Config) -> Backend:
     return backend_class(config.tts.backend)(config)
 
 
-def _backend_figure(config: Config, name: str):
-    """The backend class's sizing method `name` (rows, row_gpu_mb, passes); None if it has none or is unknown."""
+def backend_resources(config: Config, device: str) -> Resources:
+    """What a worker of the configured backend needs on `device`; a name that is neither built in nor
+    package.module:Class has the defaults (check_backend refuses it)."""
     if config.tts.backend not in BUILT_IN and ":" not in config.tts.backend:
-        return None
-    return getattr(backend_class(config.tts.backend), name, None)
+        return Resources()
+    return backend_class(config.tts.backend).resources(config, device)
 
 
-def backend_rows(config: Config) -> int:
-    """Utterances one worker of this backend speaks at once (a batched backend's `rows(config)`), else 1."""
-    rows = _backend_figure(config, "rows")
-    return int(rows(config)) if rows is not None else 1
-
-
-def backend_rows_with_room(config: Config) -> int:
-    """Rows a batched worker takes where the GPU's memory holds them (its backend's `rows_with_room`), else 0."""
-    rows = _backend_figure(config, "rows_with_room")
-    return int(rows(config)) if rows is not None else 0
-
-
-def backend_row_mb(config: Config) -> float:
-    """GPU MiB each batch row of a worker takes (a batched backend's `row_gpu_mb(config)`), else 0."""
-    figure = _backend_figure(config, "row_gpu_mb")
-    return float(figure(config)) if figure is not None else 0.0
-
-
-def backend_passes(config: Config) -> tuple[float, int] | None:
-    """(GPU MiB each row holds, MiB one pass may take) for a batched backend that sizes its passes, else None."""
-    figures = _backend_figure(config, "passes")
-    return figures(config) if figures is not None else None
-
-
-def with_pass_mb(config: Config, mb: int) -> Config:
-    """The config with a batched backend's pass budget set (its `with_pass_mb(config, mb)`)."""
-    return backend_class(config.tts.backend).with_pass_mb(config, mb)
-
-
-def with_rows(config: Config, rows: int) -> Config:
-    """The config with a batched backend's rows set (its `with_rows(config, rows)`); unchanged for others."""
-    setter = getattr(backend_class(config.tts.backend), "with_rows", None)
-    return setter(config, rows) if setter is not None else config
+def sized(config: Config, rows: int, pass_mb: int = 0) -> Config:
+    """The config with the backend's rows (and pass budget, unless 0) set as the slot sized them."""
+    return backend_class(config.tts.backend).sized(config, rows, pass_mb)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from convtts.config import Config, ConfigError, PiperConfig, check_piper_voices
-from convtts.speak.base import SynthesisError
+from convtts.speak.base import Backend, SynthesisError
 
 
 def voice_files(piper: PiperConfig) -> tuple[Path, Path]:
@@ -40,10 +40,11 @@ def check(config: Config) -> None:
             raise ConfigError(f"Piper voice file not found: {path}")
 
 
-class PiperBackend:
+class PiperBackend(Backend):
     """One Piper voice model; each configured speaker is a set of synthesis settings on it."""
 
     name = "piper"
+    check = staticmethod(check)
 
     def __init__(self, config: Config):
         import onnxruntime

@@ -3,7 +3,7 @@
 With it, run_all.sh measures the pipeline's own cost (planning, slots, workers, audio writes,
 manifests, merge) with no model in the way. The length rule is the plan's own estimate:
 `text.words_per_minute` (150 by default, so 0.4 s a word), or for Chinese, Japanese and Korean
-text `text.chars_per_minute` (convtts/plan/language.py counts the characters), at least one word's
+text `text.chars_per_minute` (convtts/language.py counts the characters), at least one word's
 worth, so that the audio hours of a run equal the plan's `estimated_hours`.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from convtts.config import Config, ConfigError, TextConfig
-from convtts.plan.language import detect, spoken_units
+from convtts.language import detect, spoken_units
+from convtts.speak.base import Backend
 
 
 def check(config: Config) -> None:
@@ -29,10 +30,11 @@ def silence_samples(text: str, rates: TextConfig, sample_rate: int) -> int:
     return round(rates.seconds(units, language) * sample_rate)
 
 
-class SilenceBackend:
+class SilenceBackend(Backend):
     """Returns zeros of the planned length; any speaker name is accepted."""
 
     name = "silence"
+    check = staticmethod(check)
 
     def __init__(self, config: Config):
         self.sample_rate = config.tts.silence.sample_rate
@@ -40,6 +42,3 @@ class SilenceBackend:
 
     def synthesize(self, text: str, speaker: str, seed: int) -> np.ndarray:
         return np.zeros(silence_samples(text, self.rates, self.sample_rate), dtype=np.float32)
-
-    def close(self) -> None:
-        pass

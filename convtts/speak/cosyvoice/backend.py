@@ -4,7 +4,6 @@ pool of thousands."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import gc
 import io
 import logging
@@ -19,10 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from convtts.config import Config, ConfigError
-from convtts.speak.base import FEED_WAIT, OutOfMemory, SynthesisError, is_out_of_memory
+from convtts.speak.base import FEED_WAIT, BatchedBackend, OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.speak.cosyvoice.chunks import within_budget
 from convtts.speak.cosyvoice.loading import IMPORTS, CudaContext, LoadClock
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
+from convtts.speak.cosyvoice.resources import resources as cosyvoice_resources
+from convtts.speak.cosyvoice.resources import sized
 from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
 
 log = logging.getLogger(__name__)
@@ -192,12 +193,6 @@ def weights_checksum(tensors) -> str:
     return hashlib.blake2b(total.numpy().tobytes(), digest_size=8).hexdigest()
 
 
-def _with_cosyvoice(config: Config, **changes) -> Config:
-    """The config with these tts.cosyvoice fields changed (the slot's sizing of its workers)."""
-    cosy = dataclasses.replace(config.tts.cosyvoice, **changes)
-    return dataclasses.replace(config, tts=dataclasses.replace(config.tts, cosyvoice=cosy))
-
-
 def chunk_budget(config: Config) -> int:
     """Text tokens a chunk of the batched path may hold: what the static KV cache was sized for; 0 (no
     bound) where upstream's decode runs, whose cache grows with each row."""
@@ -253,11 +248,14 @@ def raised_at(error: BaseException) -> str:
     return f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
 
 
-class CosyVoiceBackend:
+class CosyVoiceBackend(BatchedBackend):
     """One loaded CosyVoice model in a worker; CUDA_VISIBLE_DEVICES is set by the caller beforehand."""
 
     name = "cosyvoice"
     feed_may_wait = True  # synthesize_many takes FEED_WAIT from its feed (the engine asks again next step)
+    check = staticmethod(check)
+    resources = staticmethod(cosyvoice_resources)
+    sized = staticmethod(sized)
 
     def __init__(self, config: Config):
         clock = LoadClock()
@@ -328,60 +326,12 @@ class CosyVoiceBackend:
 
     def _automatic_rows(self) -> int:
         """batch_size 0 outside a slot (which sets it before workers start): as the slot would for one worker."""
-        from convtts.run.tuning import choose_layout
+        from convtts.tuning import choose_layout
 
-        _, rows = choose_layout(
-            1,
-            "cuda" if self.uses_cuda else "cpu",
-            1,
-            self.config.workers.gpu_mb_per_worker,
-            self.row_gpu_mb(self.config),
-        )
+        device = "cuda" if self.uses_cuda else "cpu"
+        row_mb = cosyvoice_resources(self.config, device).row_mb
+        _, rows = choose_layout(1, device, 1, self.config.workers.gpu_mb_per_worker, row_mb)
         return rows
-
-    @staticmethod
-    def weight_files(config: Config) -> list[Path]:
-        """The checkpoints a load maps: what the slot reads into the page cache for its workers."""
-        model_dir = Path(config.tts.cosyvoice.model_dir)
-        files = [model_dir / name for name in ("llm.pt", "flow.pt", "hift.pt")]
-        files += sorted((model_dir / "CosyVoice-BlankEN").glob("*.safetensors"))
-        return [path for path in files if path.is_file()]
-
-    @staticmethod
-    def rows(config: Config) -> int:
-        """Rows a worker of this backend asks for (the slot sizes its pieces by them): batch_size, 0 automatic."""
-        return config.tts.cosyvoice.batch_size
-
-    @staticmethod
-    def rows_with_room(config: Config) -> int:
-        """Rows a worker takes instead where the GPU's memory holds them (batch_size_with_room; 0: off)."""
-        return config.tts.cosyvoice.batch_size_with_room
-
-    @staticmethod
-    def row_gpu_mb(config: Config) -> float:
-        """GPU MiB per batch row: its static KV cache at the LLM's precision, and its share of the flow's work."""
-        from convtts.speak.cosyvoice.sizes import FLOW_MB_PER_ROW, row_kv_mb
-
-        return row_kv_mb(config) + FLOW_MB_PER_ROW
-
-    @staticmethod
-    def passes(config: Config) -> tuple[float, int]:
-        """(GPU MiB each row holds all run long: its static KV cache; MiB one flow or vocoder pass may take:
-        tts.cosyvoice.flow.max_mb). A worker of fixed rows peaks at its model, its rows' and one pass."""
-        from convtts.speak.cosyvoice.sizes import row_kv_mb
-
-        return row_kv_mb(config), config.tts.cosyvoice.flow.max_mb
-
-    @staticmethod
-    def with_pass_mb(config: Config, mb: int) -> Config:
-        """The config with tts.cosyvoice.flow.max_mb set to `mb` (the slot's fit to the GPU's memory)."""
-        flow = dataclasses.replace(config.tts.cosyvoice.flow, max_mb=mb)
-        return _with_cosyvoice(config, flow=flow)
-
-    @staticmethod
-    def with_rows(config: Config, rows: int) -> Config:
-        """The config with tts.cosyvoice.batch_size set to `rows` (the slot's automatic choice)."""
-        return _with_cosyvoice(config, batch_size=rows)
 
     @property
     def batch_rows(self) -> int:

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice
-from convtts.plan.voices import read_pool
+from convtts.speak.pool import read_pool
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The static KV cache gives every row a fixed number of positions: the longest prompt plus the
 most speech tokens upstream lets a chunk decode (20 per text token by default). Both follow from
 text.max_words and the zero-shot prompts, so the slot can size workers and rows before any
-worker loads a model (convtts.run.tuning). The batched path cuts a chunk of more text tokens
+worker loads a model (convtts.tuning). The batched path cuts a chunk of more text tokens
 (chunks.py); a row that still needs more (one very long word) grows the cache.
 """
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from convtts.cuda_graphs import StepGraphs, length_bucket, row_bucket
 from convtts.speak.cosyvoice.engine import attention
-from convtts.speak.cosyvoice.engine.graphs import StepGraphs, length_bucket, row_bucket
 from convtts.speak.cosyvoice.engine.kvcache import PaddedCache, StaticCache, round_capacity
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,4 +1,6 @@
-"""CUDA graphs of the decode step, one per bucket of rows and cache length; eager where graphs cannot run.
+"""CUDA graphs of a decode step, one per bucket of rows and cache length; eager where graphs cannot run.
+
+Below every stage: the CosyVoice engine's LLM decode and the gate's Whisper decoder both step this way.
 
 A decode step is a few hundred small kernels, each launched from Python: on an H200 the GPU
 waits on the launches. Captured once per (rows, length) bucket and replayed, a step costs one
@@ -14,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from convtts.speak.base import is_out_of_memory
+from convtts.errors import is_out_of_memory
 
 log = logging.getLogger(__name__)
 
