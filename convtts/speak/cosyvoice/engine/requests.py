@@ -13,6 +13,12 @@ import torch
 WAITING, RUNNING, DECODED, DONE, FAILED = "waiting", "running", "decoded", "done", "failed"
 
 
+class EndlessDecode(RuntimeError):
+    """A chunk decoded up to its length bound without drawing an end token (upstream's
+    max_token_text_ratio); its utterance fails, unrendered: such a take is babble or silence of about
+    ten times the text's length, never the text."""
+
+
 @dataclass(eq=False)
 class Request:
     """One utterance: the caller's key for it, its frontend inputs (one dict per text chunk), its seed.
