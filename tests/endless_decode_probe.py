@@ -36,6 +36,11 @@ def backend_for(model_dir: str, prompt: list[str]):
     return CosyVoiceBackend(config), voice
 
 
+def said(error: BaseException) -> str:
+    """An error as a failure row's reason gives it: its type, then its text."""
+    return f"{type(error).__name__}: {error}"
+
+
 def alone(backend, item, batched) -> list:
     """[what the engine with one row makes of the item: its samples or its error, the batched take's largest
     deviation from it (None where either has no audio)]."""
@@ -43,7 +48,7 @@ def alone(backend, item, batched) -> list:
 
     [(_, audio)] = list(backend.synthesize_many([item]))
     if isinstance(audio, BaseException):
-        return [str(audio), None]
+        return [said(audio), None]
     if isinstance(batched, BaseException) or len(batched) != len(audio):
         return [len(audio), None]
     return [len(audio), float(np.abs(batched - audio).max())]
@@ -58,7 +63,7 @@ def main(model_dir: str, *prompt: str) -> dict:
     items = [(i, TEXTS[i % len(TEXTS)], voice, seed) for i, seed in enumerate(SEEDS)]
     started, returned, takes = time.perf_counter(), [], {}
     for key, result in backend.synthesize_many(items):
-        returned.append([key, str(result) if isinstance(result, BaseException) else len(result)])
+        returned.append([key, said(result) if isinstance(result, BaseException) else len(result)])
         takes[key] = result
     wall = time.perf_counter() - started
     report = {
