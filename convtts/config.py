@@ -325,7 +325,8 @@ class CosyVoiceConfig:
     # pool of thousands, memory stays flat; a voice that left is computed again when next spoken.
     prompt_cache: int = 64
     # A CosyVoice3 flow in fp16 (precision.flow or fp16) is refused: on the released weights it overflows
-    # to NaN (CosyVoice issue 1873). true runs it anyway (weights of your own, checked with check-model).
+    # to NaN (github.com/FunAudioLLM/CosyVoice/issues/1873). true runs it anyway (weights of your own,
+    # checked with check-model).
     allow_fp16_flow: bool = False
 
     def check(self) -> None:
@@ -364,8 +365,8 @@ class CosyVoiceConfig:
         if (Path(self.model_dir) / "cosyvoice3.yaml").is_file():  # the file that makes it v3 (runtime.VERSION_YAML)
             raise ConfigError(
                 f"tts.cosyvoice.{fp16[0]}: a CosyVoice3 flow in fp16 overflows to NaN on the released weights "
-                "(CosyVoice issue 1873): use bf16, which keeps fp32's range; tts.cosyvoice.allow_fp16_flow: true "
-                "runs it anyway"
+                "(github.com/FunAudioLLM/CosyVoice/issues/1873): use bf16, which keeps fp32's range; "
+                "tts.cosyvoice.allow_fp16_flow: true runs it anyway"
             )
 
 
