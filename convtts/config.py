@@ -324,6 +324,10 @@ class CosyVoiceConfig:
     # Zero-shot voices whose prompt features a worker keeps (least recently used go first): with a
     # pool of thousands, memory stays flat; a voice that left is computed again when next spoken.
     prompt_cache: int = 64
+    # A CosyVoice3 flow in fp16 (precision.flow or fp16) is refused: on the released weights it overflows
+    # to NaN (github.com/FunAudioLLM/CosyVoice/issues/1873). true runs it anyway (weights of your own,
+    # checked with check-model).
+    allow_fp16_flow: bool = False
 
     def check(self) -> None:
         if self.prompt_cache < 1:
@@ -335,6 +339,7 @@ class CosyVoiceConfig:
                 f"tts.cosyvoice.batch_size_with_room must be between 0 (off) and 256, got {self.batch_size_with_room}"
             )
         self.precision.check()
+        self.check_fp16_flow()
         self.flow.check()
         if self.decode not in DECODES:
             raise ConfigError(f"tts.cosyvoice.decode must be one of {DECODES}, got {self.decode!r}")
@@ -349,6 +354,19 @@ class CosyVoiceConfig:
         if not 0 <= self.max_row_tokens <= 65536:
             raise ConfigError(
                 f"tts.cosyvoice.max_row_tokens must be between 0 (automatic) and 65536, got {self.max_row_tokens}"
+            )
+
+    def check_fp16_flow(self) -> None:
+        """Refuse a CosyVoice3 flow in fp16, unless allow_fp16_flow says the user knows."""
+        asks = (("precision.flow: fp16", self.precision.flow == "fp16"), ("fp16: true", self.fp16))
+        fp16 = [key for key, on in asks if on]
+        if not fp16 or self.allow_fp16_flow or not self.model_dir:
+            return
+        if (Path(self.model_dir) / "cosyvoice3.yaml").is_file():  # the file that makes it v3 (runtime.VERSION_YAML)
+            raise ConfigError(
+                f"tts.cosyvoice.{fp16[0]}: a CosyVoice3 flow in fp16 overflows to NaN on the released weights "
+                "(github.com/FunAudioLLM/CosyVoice/issues/1873): use bf16, which keeps fp32's range; "
+                "tts.cosyvoice.allow_fp16_flow: true runs it anyway"
             )
 
 

@@ -31,15 +31,16 @@ NO_CHECKOUT = (
 )
 PROMPT_TEXT = "Hello, this is a short prompt for a new voice."
 INSTRUCTION = "You are a helpful assistant.<|endofprompt|>"  # CosyVoice3 asks for it in every prompt
-# int16 steps a batched row may stand from upstream's rendering of it alone, in fp32: the engine keeps
-# a row within 1e-5 of full scale of it (0.33 of a step) whatever shares its passes, and each side is
-# rounded to int16 once. Measured on v3 (CPU): 1.1e-7 beside a real neighbour; the flow's mel (to
-# 1e-6) and the vocoder's samples (1e-7) the same beside random tokens, 4x the padding or a NaN mel.
-# Whether two rows of the run share a pass is up to timing (when each decode ends), hence the
-# probe's own batched call. In bf16 (configs/cosyvoice3.yaml) a row vocoded in a pass of one is
-# upstream's fp32 HiFT, in a larger pass the engine's bf16 copy: 2.2e-3 to 2.8e-3 of full scale
-# apart (70 to 92 steps) whatever the neighbour, the bf16 flow 5e-5; test_flow_vocoder.py bounds
-# the bf16 formats against fp32.
+# int16 steps a batched row may stand from upstream's rendering of it alone, both in fp32: only the
+# order of the sums differs (u = 2**-24 of each result, about sqrt(n) u a layer for sums of n ~ 1e3
+# terms; test_cosyvoice_batch.py derives it), within 1e-5 of full scale, a third of one int16 step
+# (2**-15 = 3.1e-5). Rounded to int16 apart, two values less than a step apart land at most one
+# step apart. Measured on v3 (CPU, AVX-512 MKL): 1.1e-7 beside a real neighbour, 0 or 1 step, the
+# same with 1 or 2 threads; under AVX2 kernels 1.3e-7, 1 step. The flow's mel (1e-6) and the
+# vocoder's samples (1e-7) the same beside random tokens, 4x the padding or a NaN mel. Whether two
+# rows of the run share a pass is up to timing (when each decode ends), hence the probe's own
+# batched call. The shipped config's bf16 LLM and flow are another format (a bf16 flow: 2e-3 of
+# full scale of fp32, 65 steps): the run is held to fp32, and test_flow_vocoder.py bounds bf16.
 SAME_AS_ALONE = 1
 CONVERSATION = {
     "id": "dog",

@@ -55,10 +55,13 @@ def build_model_dir(
     else:
         from convtts.testing import cosyvoice_qwen as qwen
 
-        if eos_bias not in (None, "none"):
-            raise ValueError("eos_bias high/low is for v1 models; pin v2/v3 with tokens_per_text_token")
-        exact = None if eos_bias == "none" else float(tokens_per_text_token or qwen.DEFAULT_TOKENS_PER_TEXT_TOKEN)
-        built = qwen.build_qwen_model_dir(out, version, size, speakers, exact, seed)
+        if eos_bias == "high":
+            raise ValueError("eos_bias high is for v1 models; pin v2/v3 with tokens_per_text_token")
+        if eos_bias is not None and tokens_per_text_token is not None:
+            raise ValueError("give tokens_per_text_token or eos_bias, not both")
+        pin = None if eos_bias else float(tokens_per_text_token or qwen.DEFAULT_TOKENS_PER_TEXT_TOKEN)
+        built = qwen.build_qwen_model_dir(out, version, size, speakers, pin, seed, endless=eos_bias == "low")
+        exact = v1.UPSTREAM_MAX_RATIO if eos_bias == "low" else pin
         shift = None
     info = {
         "generator": "convtts.testing.cosyvoice_model",
@@ -132,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         "--eos-bias",
         choices=("high", "low", "none"),
         default=None,
-        help="upstream's bounds instead: high stops at the minimum (2 per text token), "
-        "low runs to the maximum (20), none lets the random model stop where it does",
+        help="upstream's bounds instead: high stops at the minimum (2 per text token, v1 only), "
+        "low never draws an end token and runs to the maximum (20), none lets the random model stop where it does",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and embeddings")
     args = parser.parse_args(argv)

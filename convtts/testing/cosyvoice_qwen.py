@@ -375,9 +375,12 @@ def silence_stop_tokens(llm, version: int) -> None:
 
 
 def build_qwen_model_dir(
-    out: Path, version: int, size: str, speakers: list[str], ratio: float | None, seed: int
+    out: Path, version: int, size: str, speakers: list[str], ratio: float | None, seed: int, endless: bool = False
 ) -> dict:
-    """Write a v2 or v3 directory; returns what the info file records. Needs the runtime imported."""
+    """Write a v2 or v3 directory; returns what the info file records. Needs the runtime imported.
+
+    `ratio` pins the decode length; `endless` (ratio None) keeps upstream's bounds with the stop tokens
+    never drawn: every chunk runs to the maximum, as a trained model does on a text it cannot say."""
     import torch
     from hyperpyyaml import load_hyperpyyaml
 
@@ -388,7 +391,7 @@ def build_qwen_model_dir(
         render_yaml(version, size, ratio, seed=seed), overrides={"qwen_pretrain_path": str(out / BLANK_EN)}
     )
     llm = modules["llm"].float()
-    if ratio is not None:
+    if ratio is not None or endless:
         silence_stop_tokens(llm, version)
     for name, module in (("llm", llm), ("flow", modules["flow"]), ("hift", modules["hift"])):
         torch.save(module.state_dict(), out / f"{name}.pt")

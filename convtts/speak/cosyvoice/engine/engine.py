@@ -24,7 +24,7 @@ from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine.audio import AudioStage
 from convtts.speak.cosyvoice.engine.readback import TokenReadback
-from convtts.speak.cosyvoice.engine.requests import RUNNING, Sequence, place
+from convtts.speak.cosyvoice.engine.requests import RUNNING, EndlessDecode, Sequence, place
 from convtts.speak.cosyvoice.engine.runner import DecodeOptions
 from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner, supports_static
 from convtts.speak.cosyvoice.engine.sampler import GpuSampler, Sampler
@@ -50,6 +50,15 @@ def plain_flow(model) -> bool:
     inner = getattr(model, "model", None)
     estimator = getattr(getattr(getattr(inner, "flow", None), "decoder", None), "estimator", None)
     return getattr(inner, "fp16", False) is False and isinstance(estimator, torch.nn.Module)
+
+
+def endless(seq: Sequence, ratio: float) -> EndlessDecode:
+    text = int(seq.chunk["text"].shape[1])
+    return EndlessDecode(
+        f"chunk {seq.index + 1} of {len(seq.request.chunks)} decoded {len(seq.tokens)} speech tokens, its bound "
+        f"({ratio:g} per text token of its {text}), without an end token: a text or voice prompt the model "
+        "cannot say; not rendered"
+    )
 
 
 class StageTimer:
@@ -344,7 +353,11 @@ class BatchEngine:
         if len(seq.tokens) >= seq.max_len or token in self.stop_set:
             return False
         self._keep(seq, token)
-        return len(seq.tokens) < seq.max_len
+        if len(seq.tokens) < seq.max_len:
+            return True
+        if seq.max_len > seq.min_len:  # equal bounds fix the length (a pinned model): nothing ran away
+            seq.request.error = seq.request.error or endless(seq, self.ratios[1])
+        return False
 
     def _keep(self, seq: Sequence, token: int) -> None:
         seq.tokens.append(token)

@@ -8,9 +8,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from convtts.speak.base import SynthesisError
+
 # A sequence's life: waiting for a row, running (decoding in a row), decoded (its tokens wait for
 # the flow), done (spoken), failed (its request has an error).
 WAITING, RUNNING, DECODED, DONE, FAILED = "waiting", "running", "decoded", "done", "failed"
+
+
+class EndlessDecode(SynthesisError):
+    """A chunk decoded up to its length bound without drawing an end token (upstream's
+    max_token_text_ratio); its utterance fails, unrendered: such a take is babble or silence of about
+    ten times the text's length, never the text."""
 
 
 @dataclass(eq=False)
