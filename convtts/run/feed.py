@@ -43,7 +43,7 @@ from convtts.run.pieces import (
     row_words,
 )
 from convtts.state.layout import Layout
-from convtts.state.shardio import append_line, load_done, read_jsonl, shard_complete_and_whole, write_json_atomic
+from convtts.state.shardio import append_line, load_done, read_jsonl, shard_complete_and_whole, write_marker
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class FedWork:
             return self.feed.opened(shard, len(rows), len(rows), 0.0, [])
         work = open_shard(self.layout, shard, self.run_id)
         if not work.pending:  # every id has a whole row: the shard needs only its stats
-            write_json_atomic(self.layout.stats(shard), work.stats(self.run_id))
+            write_marker(self.layout, shard, work.stats(self.run_id))
         return self.feed.opened(shard, work.segments, work.already, work.audio_seconds, list(work.pending))
 
     def take(self, number: int, shard: str, ids: list[str], recheck: bool) -> FedShard | None:
