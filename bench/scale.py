@@ -47,7 +47,7 @@ from convtts.config import load_config
 from convtts.run.pieces import WorkQueue
 from convtts.run.utterance import Context, Settings, manifest_row
 from convtts.speak.silence import SilenceBackend
-from convtts.state.layout import Layout
+from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import write_atomic
 
 TINY_SECONDS = 0.05  # each row's audio: 1.3M full-length files would not fit the disk
@@ -106,7 +106,7 @@ def write_work(layout: Layout, run_id: str) -> int:
 
 def mark_done(layout: Layout, run_id: str) -> None:
     """The done markers, written by the slot's queue as it opens each shard and finds every id spoken."""
-    queue = WorkQueue(layout, layout.shard_names(), run_id, 1)
+    queue = WorkQueue(layout, layout.shard_names(), run_id, 1, WorkListing(layout))
     while queue.waiting:
         if queue.open_until_pending() is not None:
             raise RuntimeError("a shard has ids without audio")

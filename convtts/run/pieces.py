@@ -186,7 +186,8 @@ class WorkQueue:
         self.taken: list[str] = []  # shards handed to this slot beyond its own (none: see feed.FedWork)
         self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
         self.waiting = deque(shards)
-        self.estimates = {s: estimate_pending(layout, s, listing) for s in shards}
+        planned = planned_segments(layout)
+        self.estimates = {s: estimate_pending(layout, s, listing, planned.get(s)) for s in shards}
         self.total = sum(self.estimates.values())  # utterances to speak in this run, exact once all are open
         # the estimates of the shards still waiting, summed: remaining() is asked several times a piece,
         # and a long run's slot holds thousands of waiting shards and a window of a few open ones
@@ -470,10 +471,24 @@ def open_manifests(layout: Layout, shard: str, paths: list[Path] | None = None) 
     return done
 
 
-def estimate_pending(layout: Layout, shard: str, listing: WorkListing | None = None) -> int:
-    """Ids of a shard not yet in a manifest, by counting lines (opening the shard gives the exact figure)."""
+def planned_segments(layout: Layout) -> dict[str, int]:
+    """Each shard's segments, as plan.json gives them (a plan made before it did: none)."""
+    plan = read_json(layout.plan_file) or {}
+    names, sizes = plan.get("shards"), plan.get("shard_segments")
+    if not isinstance(names, list) or not isinstance(sizes, list) or len(names) != len(sizes):
+        return {}
+    return dict(zip(names, sizes))
+
+
+def estimate_pending(
+    layout: Layout, shard: str, listing: WorkListing | None = None, planned: int | None = None
+) -> int:
+    """Ids of a shard not yet in a manifest, by counting lines (opening the shard gives the exact figure).
+    `planned`: the shard's segments from plan.json, so that only a shard begun before is read."""
     spoken = sum(_count_lines(path) for path in (listing or layout).manifests(shard))
-    return max(_count_lines(layout.shard_file(shard)) - spoken, 0)
+    if planned is None:
+        planned = _count_lines(layout.shard_file(shard))
+    return max(planned - spoken, 0)
 
 
 def _count_lines(path) -> int:
