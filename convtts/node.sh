@@ -26,11 +26,12 @@ usage() {
 usage: $PROG --input FILE [--output-dir DIR] [--config configs/X.yaml]
 ${PAD}[--gpus 0,1,... | --gpus cpu:N] [--workers K] [--mps auto|on|off|per-gpu]
 ${PAD}[--fraction F | --count N] [--seed S] [--set group.key=value ...]
-${PAD}[--log-dir DIR] [--force-replan]
+${PAD}[--log-dir DIR] [--force-replan] [--verify]
 ${PAD}[--engine ray [--address auto|HOST:PORT|local] [--slot-resource GPU|NAME]]
 ${PAD}[--node-rank R --nodes N | --slurm]
 Speaks every selected conversation turn into OUTPUT_DIR (default: output/). Run it again after
-any interruption: it finishes the work and redoes nothing that is done.
+any interruption: it finishes the work and redoes nothing that is done. A finished shard is
+trusted by its done marker while its files keep their sizes; --verify opens every audio file.
 --engine ray: one slot per GPU of a Ray cluster, shards handed out as slots ask (OUTPUT_DIR and
 the log folder on a filesystem every node shares). --node-rank/--nodes (--slurm: from SLURM_NODEID
 and SLURM_NNODES): this node speaks shards[R::N], beside the other nodes' run_all.sh.
@@ -54,7 +55,7 @@ disk_full() {
 
 STARTED="$(date +%s.%N)"  # the command's start: slots time their start-up from it
 INPUT="" OUT="$HOME_DIR/output" CONFIG="" GPUS="" WORKERS="" MPS="auto" LOG_ROOT="" FORCE=""
-ENGINE="bash" ADDRESS="" SLOT_RESOURCE="" NODE_RANK="" NODES="" SLURM=""
+ENGINE="bash" ADDRESS="" SLOT_RESOURCE="" NODE_RANK="" NODES="" SLURM="" VERIFY=()
 PRE_ARGS=() SETS=()
 # An option's value, or one line and exit 2 when it is missing or empty (--gpus '').
 needs() { [[ -n "$val" ]] || bad_usage "$opt needs $*"; }
@@ -71,6 +72,7 @@ while [[ $# -gt 0 ]]; do
     --set) needs group.key=value; SETS+=(--set "$val"); shift 2 ;;
     --log-dir) needs a folder; LOG_ROOT="$val"; shift 2 ;;
     --force-replan) FORCE="--force"; shift ;;
+    --verify) VERIFY=(--verify); shift ;;
     --engine) needs "bash or ray"; ENGINE="$val"; shift 2 ;;
     --address) needs "auto, HOST:PORT or local"; ADDRESS="$val"; shift 2 ;;
     --slot-resource) needs "a Ray resource name"; SLOT_RESOURCE="$val"; shift 2 ;;
@@ -236,6 +238,7 @@ else
     mps_slot_env "$device"
     env ${MPS_SLOT_ENV[@]+"${MPS_SLOT_ENV[@]}"} CUDA_VISIBLE_DEVICES="$visible" "${SLOT[@]}" --output-dir "$OUT" --plan-ready "$PLAN_EXIT" "${SETS[@]}" \
       --rank "$rank" --world "$WORLD" --device "$kind" --run-id "$RUN_ID" --log-dir "$LOG_DIR" "${NODE_ARGS[@]}" \
+      ${VERIFY[@]+"${VERIFY[@]}"} \
       --parent-pid $$ >>"$LOG_DIR/slot-$rank.log" 2>&1 &
     SLOT_PIDS+=($!)
   done

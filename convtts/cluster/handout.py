@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from convtts.run.pieces import MIN_PIECE, longest_next, row_words, take_longest, wants_shard
 from convtts.state.layout import Layout
-from convtts.state.shardio import read_json, read_jsonl, write_json_atomic
+from convtts.state.shardio import read_json, read_jsonl, write_marker
 
 log = logging.getLogger("ray_engine")
 
@@ -200,7 +200,7 @@ class Book:
         work.new, work.failed, work.audio = work.new + new, work.failed + failed, work.audio + audio
         work.out.discard(number)
         if not work.pending and not work.out:
-            write_json_atomic(self.layout.stats(work.name), work.stats(self.run_id))  # last: the done marker
+            write_marker(self.layout, work.name, work.stats(self.run_id))  # last: the done marker
             del self.open[work.name]
             self.finished.add(work.name)
             log.info(

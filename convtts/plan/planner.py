@@ -347,6 +347,7 @@ class ShardWriter:
     def __init__(self, layout: Layout, target: int):
         self.layout, self.target = layout, target
         self.names: list[str] = []
+        self.sizes: list[int] = []  # segments of each shard, for plan.json: a slot starts from them
         self.count = 0
         self.segments_fh = self.records_fh = None
 
@@ -358,16 +359,20 @@ class ShardWriter:
         if segments <= self.target or len(turn_sizes) < 2:
             self._make_room(segments)
             self.segments_fh.write(segment_lines)
-            self.count += segments
+            self._wrote(segments)
         else:
             lines = segment_lines.splitlines(keepends=True)
             start = 0
             for size in turn_sizes:
                 self._make_room(size)
                 self.segments_fh.write(b"".join(lines[start : start + size]))
-                self.count += size
+                self._wrote(size)
                 start += size
         self.records_fh.write(conversation_line)
+
+    def _wrote(self, segments: int) -> None:
+        self.count += segments
+        self.sizes[-1] = self.count
 
     def _make_room(self, segments: int) -> None:
         if self.segments_fh is None or (self.count and self.count + segments > self.target):
@@ -377,6 +382,7 @@ class ShardWriter:
         self.close()
         name = shard_name(len(self.names))
         self.names.append(name)
+        self.sizes.append(0)
         self.segments_fh = open(self.layout.shard_file(name), "wb")
         self.records_fh = open(self.layout.shard_conversations(name), "wb")
         self.count = 0
@@ -570,7 +576,7 @@ def make_plan(
         if input_info(input_path) != info:
             raise InputError(f"{input_path} changed while the plan was being made; run again")
         info["sha256"] = digest
-        plan = _summary(fingerprint(input_path, config), info, counts, writer.names, config)
+        plan = _summary(fingerprint(input_path, config), info, counts, writer, config)
         staging.plan_file.write_bytes(orjson.dumps(plan, option=orjson.OPT_INDENT_2) + b"\n")
         if before_install is not None:  # it sees the new plan (staging) beside the old one; it may refuse it
             before_install(staging)
@@ -692,7 +698,7 @@ def _none_of(conversations: int) -> str:
     return f"none of the {conversations:,} selected conversations has a turn"
 
 
-def _summary(fp: str, info: dict, counts: dict, shards: list[str], config: Config) -> dict:
+def _summary(fp: str, info: dict, counts: dict, shards: ShardWriter, config: Config) -> dict:
     return {
         "version": PLAN_VERSION,
         "fingerprint": fp,
@@ -710,7 +716,8 @@ def _summary(fp: str, info: dict, counts: dict, shards: list[str], config: Confi
         "languages": counts["languages"],  # turns spoken, by language
         "skipped_languages": counts["skipped_languages"],  # turns skipped: the voice does not speak them
         "settings": plan_settings(config),  # what a refused rerun names the changes against
-        "shards": shards,
+        "shards": shards.names,
+        "shard_segments": shards.sizes,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -43,6 +43,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--parent-pid", type=int, default=0, help="stop when this process (run_all.sh) is gone, however it ended"
     )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="open every audio file of the shards marked done, instead of trusting their markers' sizes",
+    )
     p.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"), help="tags this run's manifest rows")
     p.add_argument(
         "--plan-ready",
@@ -112,7 +117,7 @@ def make_slot(args: argparse.Namespace, layout: Layout, config, feed, started: f
     # Pieces of one shard are written from several nodes, whose pids may be the same: a fed slot's
     # workers name their temporary files after their host too, and clean up only their own.
     tag = "-h" + hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest() if feed else ""
-    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix, tag)
+    options = SlotOptions(args.rank, workers, args.run_id, args.log_dir, writer_prefix, tag, args.verify)
 
     def share() -> list[str]:
         if args.plan_ready:

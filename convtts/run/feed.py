@@ -42,8 +42,8 @@ from convtts.run.pieces import (
     remove_temporaries_of,
     row_words,
 )
-from convtts.state.layout import Layout
-from convtts.state.shardio import append_line, load_done, read_jsonl, shard_complete_and_whole, write_json_atomic
+from convtts.state.layout import Layout, WorkListing
+from convtts.state.shardio import append_line, load_done, read_jsonl, shard_complete_and_whole, write_marker
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,9 @@ class FedWork:
         self.todo_words = self.done_words = 0.0
         self.mean_words = 0.0
         self.taken: list[str] = []  # fed slots own no shards
+        # work/ as this run began: a shard is opened once a run, before any piece of it goes out, so
+        # no writer of this run has touched it when it is opened (a lost slot's rechecks list again)
+        self.listing = WorkListing(layout)
 
     def remaining(self) -> int:
         return sum(len(s.pending) for s in self.shards.values())
@@ -190,12 +193,13 @@ class FedWork:
 
     def open(self, shard: str) -> list[str] | None:
         """The resume point of a shard, as a slot with its own shards makes it; the driver gets what is left."""
-        if shard_complete_and_whole(self.layout, shard):  # logs any damage it finds
+        manifests = self.listing.manifests(shard)
+        if shard_complete_and_whole(self.layout, shard, self.listing):  # logs any damage it finds
             rows = read_jsonl(self.layout.shard_file(shard))
             return self.feed.opened(shard, len(rows), len(rows), 0.0, [])
-        work = open_shard(self.layout, shard, self.run_id)
+        work = open_shard(self.layout, shard, self.run_id, manifests)
         if not work.pending:  # every id has a whole row: the shard needs only its stats
-            write_json_atomic(self.layout.stats(shard), work.stats(self.run_id))
+            write_marker(self.layout, shard, work.stats(self.run_id), manifests)
         return self.feed.opened(shard, work.segments, work.already, work.audio_seconds, list(work.pending))
 
     def take(self, number: int, shard: str, ids: list[str], recheck: bool) -> FedShard | None:

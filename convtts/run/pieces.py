@@ -34,6 +34,7 @@ import re
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
@@ -45,7 +46,7 @@ from convtts.state.shardio import (
     read_jsonl,
     read_rows_checked,
     write_atomic,
-    write_json_atomic,
+    write_marker,
 )
 from convtts.words import plural
 
@@ -180,10 +181,13 @@ class WorkQueue:
         self, layout: Layout, shards: list[str], run_id: str, workers: int, listing: WorkListing | None = None
     ):
         self.layout, self.run_id, self.workers = layout, run_id, workers
+        self.listing = listing  # work/ as the slot started, kept current with its own workers' files
+        self.writers = [f"w{wid}" for wid in range(workers)]  # those workers' names (worker.Worker.writer)
         self.taken: list[str] = []  # shards handed to this slot beyond its own (none: see feed.FedWork)
         self.rows = 1  # utterances a worker decodes at once (the backend's batch size)
         self.waiting = deque(shards)
-        self.estimates = {s: estimate_pending(layout, s, listing) for s in shards}
+        planned = planned_segments(layout)
+        self.estimates = {s: estimate_pending(layout, s, listing, planned.get(s)) for s in shards}
         self.total = sum(self.estimates.values())  # utterances to speak in this run, exact once all are open
         # the estimates of the shards still waiting, summed: remaining() is asked several times a piece,
         # and a long run's slot holds thousands of waiting shards and a window of a few open ones
@@ -265,7 +269,7 @@ class WorkQueue:
             shard = self.waiting.popleft()
             estimate = self.estimates.pop(shard, 0)
             self.waiting_ids -= estimate
-            work = open_shard(self.layout, shard, self.run_id)
+            work = open_shard(self.layout, shard, self.run_id, self.manifests_of(shard))
             self.total += len(work.pending) - estimate
             self.todo_words += sum(work.words.values()) - estimate * self.mean_words
             self.open[shard] = work
@@ -329,9 +333,16 @@ class WorkQueue:
         if work.finished():
             self.close(work)
 
+    def manifests_of(self, shard: str) -> list[Path]:
+        """The shard's manifest files: those listed as the slot started and those its workers wrote since."""
+        if self.listing is None:
+            return self.layout.manifests(shard)
+        self.listing.notice(shard, [self.layout.manifest(shard, writer) for writer in self.writers])
+        return self.listing.manifests(shard)
+
     def close(self, work: ShardWork) -> None:
         stats = work.stats(self.run_id)
-        write_json_atomic(self.layout.stats(work.name), stats)  # last: the shard's done marker
+        write_marker(self.layout, work.name, stats, self.manifests_of(work.name))  # last: the shard's done marker
         del self.open[work.name]
         log.info(
             "%s finished: %d of %d spoken (%d now, in %s), %d failed",
@@ -371,14 +382,15 @@ def mean_words(layout: Layout) -> float:
     return (plan.get("words") or 0) / segments if segments else 0.0
 
 
-def open_shard(layout: Layout, shard: str, run_id: str) -> ShardWork:
-    """The resume point of a shard: drop its stats, clean up after killed writers, list what is left."""
+def open_shard(layout: Layout, shard: str, run_id: str, manifests: list[Path] | None = None) -> ShardWork:
+    """The resume point of a shard: drop its stats, clean up after killed writers, list what is left.
+    `manifests`: the shard's manifest files, else listed here."""
     layout.stats(shard).unlink(missing_ok=True)
     audio_dir = layout.audio_dir(shard)
     audio_dir.mkdir(parents=True, exist_ok=True)
     for tmp in audio_dir.glob(".*.tmp*"):
         tmp.unlink(missing_ok=True)  # left by a worker killed mid-write
-    done = open_manifests(layout, shard)
+    done = open_manifests(layout, shard, manifests)
     rows = read_jsonl(layout.shard_file(shard))
     spoken = [row["id"] for row in rows if row["id"] in done]
     todo = [row for row in rows if row["id"] not in done]
@@ -439,15 +451,16 @@ def longest_first(rows: list[dict], words: dict[str, int]) -> list[str]:
     return [row["id"] for row in sorted(rows, key=lambda row: -words[row["id"]])]
 
 
-def open_manifests(layout: Layout, shard: str) -> dict[str, dict]:
+def open_manifests(layout: Layout, shard: str, paths: list[Path] | None = None) -> dict[str, dict]:
     """Ids already spoken, by row. Each file loses its torn tail (a kill), lines that are not rows,
     rows whose audio is missing or not whole, and rows a later row of the same id replaced, so the
-    files hold what a rerun may trust. What was damaged is logged, naming the file."""
-    paths = layout.manifests(shard)
+    files hold what a rerun may trust. What was damaged is logged, naming the file.
+    `paths`: the shard's manifest files, else listed here."""
+    paths = layout.manifests(shard) if paths is None else paths
     for path in paths:
         drop_torn_tail(path)
     problems: list[str] = []
-    done = load_done(layout, shard, problems)
+    done = load_done(layout, shard, problems, paths=paths)
     for problem in problems:
         log.warning("%s: %s", shard, problem)
     for path in paths:
@@ -458,10 +471,24 @@ def open_manifests(layout: Layout, shard: str) -> dict[str, dict]:
     return done
 
 
-def estimate_pending(layout: Layout, shard: str, listing: WorkListing | None = None) -> int:
-    """Ids of a shard not yet in a manifest, by counting lines (opening the shard gives the exact figure)."""
+def planned_segments(layout: Layout) -> dict[str, int]:
+    """Each shard's segments, as plan.json gives them (a plan made before it did: none)."""
+    plan = read_json(layout.plan_file) or {}
+    names, sizes = plan.get("shards"), plan.get("shard_segments")
+    if not isinstance(names, list) or not isinstance(sizes, list) or len(names) != len(sizes):
+        return {}
+    return dict(zip(names, sizes))
+
+
+def estimate_pending(
+    layout: Layout, shard: str, listing: WorkListing | None = None, planned: int | None = None
+) -> int:
+    """Ids of a shard not yet in a manifest, by counting lines (opening the shard gives the exact figure).
+    `planned`: the shard's segments from plan.json, so that only a shard begun before is read."""
     spoken = sum(_count_lines(path) for path in (listing or layout).manifests(shard))
-    return max(_count_lines(layout.shard_file(shard)) - spoken, 0)
+    if planned is None:
+        planned = _count_lines(layout.shard_file(shard))
+    return max(planned - spoken, 0)
 
 
 def _count_lines(path) -> int:

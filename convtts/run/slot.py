@@ -111,6 +111,7 @@ class SlotOptions:
     log_dir: str | None = None
     writer_prefix: str = ""  # names its workers' files: "" gives w0, w1 ... (see parallel_cosyvoice --feed)
     temporary_tag: str = ""  # after the pid in its workers' temporary names (a fed slot: its host's)
+    verify: bool = False  # open every audio file of the shards marked done (--verify), not trust their markers
 
 
 @dataclass
@@ -186,7 +187,8 @@ class Slot:
         self.shards = self.share()
         # work/ listed once: a glob per shard is quadratic, and nothing writes to these shards yet
         listing = WorkListing(self.layout)
-        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing)]  # logs any damage
+        verify = self.options.verify
+        todo = [s for s in self.shards if not shard_complete_and_whole(self.layout, s, listing, verify)]  # logs damage
         if not todo and self.feed is None:
             log.info("slot %d: %s already complete", self.options.rank, plural(len(self.shards), "shard"))
             return EXIT_OK

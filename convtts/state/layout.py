@@ -104,6 +104,12 @@ class WorkListing:
     def manifests(self, shard: str) -> list[Path]:
         return self._files(shard, self.layout.manifest(shard), ".manifest.jsonl")
 
+    def notice(self, shard: str, paths) -> None:
+        """Those of `paths` (files of the shard the caller's own processes write) that exist now: the
+        listing kept current without listing the folder again."""
+        names = self.names.setdefault(shard, [])
+        names += [p.name for p in paths if p.name not in names and p.is_file()]
+
     def failure_files(self, shard: str) -> list[Path]:
         return self._files(shard, self.layout.failures(shard), ".failures.jsonl")
 

@@ -12,6 +12,7 @@ import orjson
 import soundfile as sf
 
 from convtts.state.layout import Layout, WorkListing
+from convtts.state.marker import FACTS, facts_differ, facts_of
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,10 @@ def crash_counts(layout: Layout, shard: str, run_id: str) -> Counter:
 
 def shard_complete(layout: Layout, shard: str) -> bool:
     """A shard is finished when its stats file, written last, says nothing failed."""
-    stats = read_json(layout.stats(shard))
+    return _says_complete(read_json(layout.stats(shard)))
+
+
+def _says_complete(stats) -> bool:
     return isinstance(stats, dict) and stats.get("failed", 1) == 0 and stats.get("pending", 1) == 0
 
 
@@ -253,19 +257,40 @@ def only_gate_refusals(layout: Layout, shard: str) -> bool:
     return all("check" in failures.get(uid, {}) for uid in unsettled)
 
 
-def shard_complete_and_whole(layout: Layout, shard: str, listing: WorkListing | None = None) -> bool:
-    """shard_complete, and nothing since damaged: every planned id has a row whose audio is whole,
-    and no manifest line is garbage. A rerun opens any shard that fails this; the log says why.
+def shard_complete_and_whole(
+    layout: Layout, shard: str, listing: WorkListing | None = None, verify: bool = False
+) -> bool:
+    """shard_complete, and nothing since damaged. A marker with facts (state/marker.py) is trusted
+    while every size it recorded is the same; otherwise, and with `verify`, every planned id must
+    have a row whose audio is whole and no manifest line may be garbage, and the facts are then
+    recorded (an older marker has none). A rerun opens any shard that fails this; the log says why.
     `listing`: work/ listed once for all the shards a caller checks (a glob each is quadratic)."""
-    stats = layout.stats(shard)
-    if stats.exists() and not isinstance(read_json(stats), dict):
-        log.warning("%s: stats file %s does not parse; opening the shard again", shard, stats)
+    path = layout.stats(shard)
+    stats = read_json(path)
+    if stats is None and path.exists() or stats is not None and not isinstance(stats, dict):
+        log.warning("%s: stats file %s does not parse; opening the shard again", shard, path)
         return False
-    if not shard_complete(layout, shard):
+    if not _says_complete(stats):
         return False
+    manifests = listing.manifests(shard) if listing else layout.manifests(shard)
+    facts = stats.get(FACTS)
+    if isinstance(facts, dict) and not verify:
+        change = facts_differ(layout, shard, facts, manifests)
+        if change is None:
+            return True
+        log.info("%s: %s since it was marked done; checking its rows and audio", shard, change)
+    ids = [row["id"] for row in read_jsonl(layout.shard_file(shard))]
+    if not _all_whole(layout, shard, ids, manifests):
+        return False
+    if facts != facts_of(layout, shard, ids, manifests):
+        write_marker(layout, shard, stats, manifests, ids)
+    return True
+
+
+def _all_whole(layout: Layout, shard: str, ids: list[str], manifests: list[Path]) -> bool:
     problems: list[str] = []
-    done = load_done(layout, shard, problems, paths=listing.manifests(shard) if listing else None)
-    missing = [row["id"] for row in read_jsonl(layout.shard_file(shard)) if row["id"] not in done]
+    done = load_done(layout, shard, problems, paths=manifests)
+    missing = [uid for uid in ids if uid not in done]
     if missing or problems:
         log.warning(
             "%s was marked done, but %d of its utterances are not whole and %d problems were found "
@@ -277,3 +302,16 @@ def shard_complete_and_whole(layout: Layout, shard: str, listing: WorkListing | 
         )
         return False
     return True
+
+
+def write_marker(
+    layout: Layout, shard: str, stats: dict, manifests: list[Path] | None = None, ids: list[str] | None = None
+) -> None:
+    """The shard's stats file, written last: its done marker. A finished shard's gets its facts
+    (`manifests`: the shard's manifest files, else listed here; `ids`: its planned ids, else read)."""
+    if _says_complete(stats):
+        if ids is None:
+            ids = [row["id"] for row in read_jsonl(layout.shard_file(shard))]
+        manifests = layout.manifests(shard) if manifests is None else manifests
+        stats = {**stats, FACTS: facts_of(layout, shard, ids, manifests)}
+    write_json_atomic(layout.stats(shard), stats)
