@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import logging
@@ -42,7 +43,8 @@ SAME_IDS_SINCE = 4
 # modification time, so a touched or moved input looked like another one.
 CONTENT_SINCE = 3
 # Plans from this version on carry a digest of what the text rules make of fixed conversations
-# (plan/canary.py): a plan made by other cleaning or splitting reads as stale by itself.
+# (plan/canary.py, at the default text settings): a plan made by other cleaning or splitting reads
+# as stale by itself.
 RULES_SINCE = 5
 HASH_BLOCK = 1 << 20  # sha256 over 1 MiB reads: 1.2 GB/s on a busy 2-core machine (OpenSSL's SHA
 # extensions); blake2b, pure software there, ran at 0.5 to 0.6 GB/s
@@ -446,20 +448,22 @@ def fingerprint(input_path: str | Path, config: Config, info: dict | None = None
 
 def rules_digest(config: Config) -> str:
     """A digest of the segments (ids, texts, languages) the text rules make of plan/canary.py's
-    conversations under the config's text settings: it changes when the rules' output does."""
-    from convtts.plan.canary import CANARY
+    conversations at the default text settings: it changes when the rules' code does (the settings
+    are the fingerprint's own part, so a changed setting is named as itself, not as the rules)."""
+    global _RULES_DIGEST
+    if _RULES_DIGEST is None:  # a preprocess asks several times; the code does not change meanwhile
+        from convtts.plan.canary import CANARY
 
-    key = orjson.dumps(to_dict(config.text), option=orjson.OPT_SORT_KEYS)
-    if key not in _RULES_DIGESTS:  # a preprocess asks several times, for one text config
+        defaults = dataclasses.replace(config, text=TextConfig())
         said = []
         for record in CANARY:
-            segments, _ = plan_conversation(record["id"], record, config)
+            segments, _ = plan_conversation(record["id"], record, defaults)
             said += [(s["id"], s["text"], s.get("language")) for s in segments]
-        _RULES_DIGESTS[key] = hashlib.sha256(orjson.dumps(said)).hexdigest()[:16]
-    return _RULES_DIGESTS[key]
+        _RULES_DIGEST = hashlib.sha256(orjson.dumps(said)).hexdigest()[:16]
+    return _RULES_DIGEST
 
 
-_RULES_DIGESTS: dict[bytes, str] = {}
+_RULES_DIGEST: str | None = None
 
 
 def rules_changed(layout: Layout, config: Config) -> bool:
