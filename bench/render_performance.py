@@ -89,9 +89,18 @@ def render(jobs: list[dict]) -> str:
     letters = command_letters(shown)
     lines = [BEGIN, HEADER, "|" + "---|" * 10]
     for job in shown:
-        cells = [gpu_cell(job), job["model"], job["text"], job_cell(job), figure_cell(job),
-                 tenths(job["steady_audio_s_per_s"]) if job["steady_audio_s_per_s"] else "",
-                 settings_cell(job), job["date"], job["commit"], letters[job["command"]]]
+        cells = [
+            gpu_cell(job),
+            job["model"],
+            job["text"],
+            job_cell(job),
+            figure_cell(job),
+            tenths(job["steady_audio_s_per_s"]) if job["steady_audio_s_per_s"] else "",
+            settings_cell(job),
+            job["date"],
+            job["commit"],
+            letters[job["command"]],
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for command, letter in letters.items():
@@ -131,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     rendered = with_table(page, render(read_jobs(args.csv)))
     if args.check:
         if rendered != page:
-            print(f"{args.page}: the table differs from {args.csv}; run python3 bench/render_performance.py",
-                  file=sys.stderr)
+            print(
+                f"{args.page}: the table differs from {args.csv}; run python3 bench/render_performance.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     args.page.write_text(rendered, encoding="utf-8")

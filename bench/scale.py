@@ -224,7 +224,12 @@ def main() -> int:
             deleted = delete_slice(layout)
             resume = rerun(root, "resume", args.gpus)
             missing = sum(not (layout.root / r["audio"]).is_file() for r in map(orjson.loads, read_lines(layout)))
-            figures["resume"] = {"deleted": deleted, "missing_after": missing, **resume, **per_row(resume, rows, conversations)}
+            figures["resume"] = {
+                "deleted": deleted,
+                "missing_after": missing,
+                **resume,
+                **per_row(resume, rows, conversations),
+            }
         figures.update(cpu_count=os.cpu_count(), load_average=os.getloadavg(), folder_entries=largest_folders(layout))
         report(figures, args.out)
         return 0 if noop["rc"] == 0 and figures.get("resume", {}).get("rc", 0) == 0 else 1

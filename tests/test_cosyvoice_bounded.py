@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import COSYVOICE_CHECKOUT as CHECKOUT
-from conftest import REPO, script_env, need
+from conftest import REPO, need, script_env
 
 need("cosyvoice", "cosyvoice")
 

@@ -116,7 +116,9 @@ def midway(out: Path, log: Path, node_id: str) -> bool:
         return False
     for name, rows in writer_rows(out, f"{run_dir.parent.name}-s{victim[0]}-w*").items():
         shard = name.split(".")[0]
-        if len(rows) >= 2 and not (out / "work" / f"{shard}.stats.json").exists():
+        planned = len(read_jsonl_tolerant(out / "plan" / "shards" / f"{shard}.jsonl"))
+        # some of the shard spoken and some not: a shard the slot has just finished leaves it no work in hand
+        if 2 <= len(rows) < planned and not (out / "work" / f"{shard}.stats.json").exists():
             return True
     return False
 

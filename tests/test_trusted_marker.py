@@ -80,9 +80,9 @@ def test_markers_record_the_sizes_on_disk(finished):
         assert facts["rows"] == len(planned) > 0
         audio = out / "audio" / shard
         assert facts["audio"] == {p.name: p.stat().st_size for p in audio.iterdir()}
-        assert sorted(Path(r["audio"]).name for r in rows.values() if r["audio"].startswith(f"audio/{shard}/")) == sorted(
-            facts["audio"]
-        )
+        assert sorted(
+            Path(r["audio"]).name for r in rows.values() if r["audio"].startswith(f"audio/{shard}/")
+        ) == sorted(facts["audio"])
         for name, size in facts["manifests"].items():
             assert (out / "work" / name).stat().st_size == size
 

@@ -480,9 +480,7 @@ def planned_segments(layout: Layout) -> dict[str, int]:
     return dict(zip(names, sizes))
 
 
-def estimate_pending(
-    layout: Layout, shard: str, listing: WorkListing | None = None, planned: int | None = None
-) -> int:
+def estimate_pending(layout: Layout, shard: str, listing: WorkListing | None = None, planned: int | None = None) -> int:
     """Ids of a shard not yet in a manifest, by counting lines (opening the shard gives the exact figure).
     `planned`: the shard's segments from plan.json, so that only a shard begun before is read."""
     spoken = sum(_count_lines(path) for path in (listing or layout).manifests(shard))
