@@ -111,14 +111,24 @@ def as_version_2(layout: Layout, source, config) -> None:
     layout.plan_file.write_bytes(orjson.dumps(plan))
 
 
-def test_an_output_of_plan_version_2_is_remade_with_its_work_kept(tmp_path):
+def planned_with_work(tmp_path):
+    """A plan of three conversations and a work manifest spoken for it: (input, layout, config, manifest)."""
     source = write_input(tmp_path / "in.json", llava_conversations(3))
     layout, config = Layout(tmp_path / "out"), load_config(None, list(SETTINGS))
     make_plan(source, layout, config)
     layout.work_dir.mkdir()
     work = layout.manifest("shard-00000", "w0")
     work.write_text('{"id": "spoken-before"}\n')
-    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+    return source, layout, config, work
+
+
+def preprocess_args(source, layout) -> list:
+    return ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+
+
+def test_an_output_of_plan_version_2_is_remade_with_its_work_kept(tmp_path):
+    source, layout, config, work = planned_with_work(tmp_path)
+    args = preprocess_args(source, layout)
 
     as_version_2(layout, source, config)
     kept = preprocess(*args)
@@ -185,16 +195,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def with_other_rules(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", WITH_OTHER_RULES, *map(str, args)], env=script_env(), capture_output=True, text=True
+    )
+
+
 def test_a_plan_made_by_other_text_rules_is_never_kept(tmp_path):
     """A cleaner that says more (no version raised by hand): the plan it made reads as stale to the
     shipped rules, which remake it; the texts differ, so the work is kept and the rerun refused,
     naming the text rules; with the changed rules back, the plan and its work are as they were."""
     source = write_input(tmp_path / "in.json", llava_conversations(3))
     layout = Layout(tmp_path / "out")
-    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
-    other = subprocess.run(
-        [sys.executable, "-c", WITH_OTHER_RULES, *map(str, args)], env=script_env(), capture_output=True, text=True
-    )
+    args = preprocess_args(source, layout)
+    other = with_other_rules(*args)
     assert other.returncode == 0, other.stderr
     made_by = orjson.loads(layout.plan_file.read_bytes())["rules"]
     assert made_by != rules_digest(load_config(None, list(SETTINGS)))
@@ -210,9 +224,7 @@ def test_a_plan_made_by_other_text_rules_is_never_kept(tmp_path):
     assert f"text rules: {made_by} -> " in refused.stderr and "--force-replan" in refused.stderr
     assert layout.plan_file.read_bytes() == old_plan and work.read_text()
 
-    same = subprocess.run(
-        [sys.executable, "-c", WITH_OTHER_RULES, *map(str, args)], env=script_env(), capture_output=True, text=True
-    )
+    same = with_other_rules(*args)
     assert same.returncode == 0 and "is up to date" in same.stderr, same.stderr
     replanned = preprocess(*args, "--force-replan")
     assert replanned.returncode == 0, replanned.stderr
@@ -222,17 +234,12 @@ def test_a_plan_made_by_other_text_rules_is_never_kept(tmp_path):
 def test_a_plan_of_other_text_rules_with_the_same_shards_keeps_its_work(tmp_path):
     """Rules that changed what the canary says but not this input's segments: the plan is remade and
     the work spoken for it kept (every shard holds the same ids, texts and voices)."""
-    source = write_input(tmp_path / "in.json", llava_conversations(3))
-    layout, config = Layout(tmp_path / "out"), load_config(None, list(SETTINGS))
-    make_plan(source, layout, config)
-    layout.work_dir.mkdir()
-    work = layout.manifest("shard-00000", "w0")
-    work.write_text('{"id": "spoken-before"}\n')
+    source, layout, config, work = planned_with_work(tmp_path)
     plan = orjson.loads(layout.plan_file.read_bytes())
     plan["rules"] = "0" * 16  # the digest of rules that said the canary otherwise
     plan["fingerprint"] = "0" * 64
     layout.plan_file.write_bytes(orjson.dumps(plan))
-    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+    args = preprocess_args(source, layout)
     kept = preprocess(*args)
     assert kept.returncode == 0, kept.stderr
     assert "is of other text rules" in kept.stderr and "the work spoken for them is kept" in kept.stderr
@@ -241,17 +248,12 @@ def test_a_plan_of_other_text_rules_with_the_same_shards_keeps_its_work(tmp_path
 
 def test_a_plan_of_version_4_is_remade_with_its_work_kept(tmp_path):
     """Plans of version 4 carry no rules digest; their ids and texts are today's (SAME_IDS_SINCE)."""
-    source = write_input(tmp_path / "in.json", llava_conversations(3))
-    layout, config = Layout(tmp_path / "out"), load_config(None, list(SETTINGS))
-    make_plan(source, layout, config)
-    layout.work_dir.mkdir()
-    work = layout.manifest("shard-00000", "w0")
-    work.write_text('{"id": "spoken-before"}\n')
+    source, layout, config, work = planned_with_work(tmp_path)
     plan = orjson.loads(layout.plan_file.read_bytes())
     del plan["rules"]
     plan.update(version=4, fingerprint=fingerprint(source, config, version=4))
     layout.plan_file.write_bytes(orjson.dumps(plan))
-    args = ["--input", source, "--output-dir", layout.root, *(x for s in SETTINGS for x in ("--set", s))]
+    args = preprocess_args(source, layout)
     kept = preprocess(*args)
     assert kept.returncode == 0, kept.stderr
     assert "in the format of plan version 4" in kept.stderr and work.read_text()

@@ -101,8 +101,8 @@ class QualityTally:
             "respoken": self.respoken,
             "respoken_share": round(self.respoken / self.gated, 4) if self.gated else None,
             "respeaks": self.respeaks,
-            "wer": _wer_figures(self.wers) if scored else {"scored": 0},
-            **({"cer": _wer_figures(self.cers)} if self.cers else {}),
+            "wer": _rate_figures(self.wers) if scored else {"scored": 0},
+            **({"cer": _rate_figures(self.cers)} if self.cers else {}),
             "asr_skipped": dict(self.asr_skipped),
             "failed_by_reason": dict(self.failed_by_reason),
             "refused": {
@@ -119,7 +119,7 @@ class QualityTally:
 _COUNTERS = ("wers", "cers", "asr_skipped", "failed_by_reason", "refused", "refused_by_check")
 
 
-def _wer_figures(wers: Counter) -> dict:
+def _rate_figures(wers: Counter) -> dict:
     """How many error rates were scored, their mean, percentiles and maximum."""
     values = np.array(sorted(wers), dtype=float)
     counts = np.array([wers[v] for v in sorted(wers)], dtype=np.int64)
