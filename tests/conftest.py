@@ -123,6 +123,23 @@ def python_reports(code: str, *args, env: dict | None = None, timeout: float = 3
     return orjson.loads(done.stdout.strip().splitlines()[-1])
 
 
+# A small job of two conversations in two shards, spoken at once: the damaged-state and trusted-marker
+# tests damage and rerun its output.
+SMALL_JOB_ARGS = (
+    "--gpus",
+    "cpu:1",
+    "--workers",
+    "1",
+    "--count",
+    "2",
+    "--set",
+    "shards.segments_per_shard=5",
+    "--set",
+    "tts.backend=paced_backend:PacedTone",
+)
+SMALL_JOB_ENV = {"CONVTTS_TEST_UTTERANCE_SECONDS": "0.01"}  # tones of the text's length, made at once
+
+
 def run_all(*args, env: dict | None = None, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     _require_e2e_marker()
     return subprocess.run(

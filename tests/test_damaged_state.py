@@ -13,24 +13,13 @@ from pathlib import Path
 import orjson
 import pytest
 
+from conftest import SMALL_JOB_ARGS as ARGS
+from conftest import SMALL_JOB_ENV as ENV
 from conftest import assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
 from convtts.state.verify import check_complete
 
 pytestmark = pytest.mark.e2e
 
-ARGS = (
-    "--gpus",
-    "cpu:1",
-    "--workers",
-    "1",
-    "--count",
-    "2",
-    "--set",
-    "shards.segments_per_shard=5",
-    "--set",
-    "tts.backend=paced_backend:PacedTone",
-)
-ENV = {"CONVTTS_TEST_UTTERANCE_SECONDS": "0.01"}  # tones of the text's length, made at once
 
 
 @pytest.fixture(scope="module")

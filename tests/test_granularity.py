@@ -260,8 +260,11 @@ def test_batched_rows_stay_full_across_pieces_and_the_tail_is_short(tmp_path, hu
         spans = spans_of(rows, worker)  # decode to their end undisturbed: hold_first_batch) until its last began
         begin, end = first_batch_end(spans, 4) + 0.5, max(a for a, _ in spans) - longest
         live = [sum(a <= t < b for a, b in spans) for t in [begin + 0.05 * i for i in range(int((end - begin) / 0.05))]]
-        # a row is free only for the moment between an utterance's end and the next one's start
-        assert len(live) > 40 and min(live) >= 3 and sum(live) / len(live) >= 3.8, (worker, live)
+        # a row is free only for the moment between an utterance's end and the next one's start; two
+        # rows may end together on a busy machine, but rows that drain before the next piece go to 1 or 0
+        short = sum(n < 3 for n in live)
+        assert len(live) > 40 and min(live) >= 2 and short <= max(2, len(live) // 20), (worker, live)
+        assert sum(live) / len(live) >= 3.8, (worker, live)
     ends = [max(b for _, b in spans_of(rows, worker)) for worker in ("slot0-w0", "slot0-w1")]
     assert abs(ends[0] - ends[1]) <= longest + 0.5, (ends, longest)
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from conftest import SMALL_JOB_ARGS as ARGS
+from conftest import SMALL_JOB_ENV as ENV
 from conftest import assert_complete, llava_conversations, read_jsonl, run_all, script_env, write_input
 from convtts.state.marker import FACTS
-from test_damaged_state import ARGS, ENV  # the same job as the damaged-state tests
 
 pytestmark = pytest.mark.e2e
 
