@@ -21,7 +21,6 @@ from convtts.state.verify import check_complete
 pytestmark = pytest.mark.e2e
 
 
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A complete output of two conversations (two shards), its input, and its manifest rows by id."""
