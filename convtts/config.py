@@ -186,10 +186,26 @@ class PiperConfig:
     )
 
 
+PROMPT_MODES = ("zero_shot", "cross_lingual", "instruct")
+
+
 @dataclass(frozen=True)
 class PromptVoice:
-    audio: str  # prompt wav file for a zero-shot voice (CosyVoice v2/v3)
-    text: str  # its transcript
+    """A voice spoken from a recording: zero_shot (the LLM hears the transcript and the recording's
+    speech tokens), cross_lingual (it hears neither, so the voice speaks any language; the flow still
+    takes the recording) or instruct (CosyVoice2/3: `instruct` in the transcript's place, e.g.
+    "用四川话说这句话<|endofprompt|>")."""
+
+    audio: str  # the recording (CosyVoice v1, v2, v3)
+    text: str = ""  # its transcript (zero_shot)
+    mode: str = "zero_shot"
+    # instruct: what the model is told in place of the transcript; cross_lingual: put before the text
+    # of each chunk (a CosyVoice3 text needs <|endofprompt|>: upstream's system prompt when empty)
+    instruct: str = ""
+
+    def check(self) -> None:
+        if self.mode not in PROMPT_MODES:
+            raise ConfigError(f"mode must be one of {PROMPT_MODES}, got {self.mode!r}")
 
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -330,6 +346,11 @@ class CosyVoiceConfig:
     allow_fp16_flow: bool = False
 
     def check(self) -> None:
+        for name, prompt in self.prompts.items():
+            try:
+                prompt.check()
+            except ConfigError as exc:
+                raise ConfigError(f"tts.cosyvoice.prompts.{name}: {exc}") from None
         if self.prompt_cache < 1:
             raise ConfigError(f"tts.cosyvoice.prompt_cache must be at least 1, got {self.prompt_cache}")
         if not 0 <= self.batch_size <= 256:
@@ -647,25 +668,48 @@ def shipped_config(name: str) -> Path | None:
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Read a YAML file (or the defaults), apply `a.b=value` overrides, build and check.
 
-    A bare name that is no file ('cosyvoice2') means the shipped config of that name.
+    A bare name that is no file ('cosyvoice2') means the shipped config of that name. A file's
+    `base:` names the config it changes (a path, relative to the file, or a shipped name): its
+    groups are merged over the base's, key by key.
     """
-    data: dict = {}
-    if path is not None and not Path(path).exists() and shipped_config(str(path)):
-        path = shipped_config(str(path))
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of groups")
+    data = read_config(path, ()) if path is not None else {}
     for item in overrides:
         apply_override(data, item)
     config = build(Config, data, "")
     config.check()
     return config
+
+
+def read_config(path: str | Path, seen: tuple[Path, ...]) -> dict:
+    """A config file's data, merged over its base's (if it names one)."""
+    if not Path(path).exists() and shipped_config(str(path)):
+        path = shipped_config(str(path))
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of groups")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: base must name a config file or a shipped config, got {base!r}")
+    here = Path(path).resolve()
+    if here in seen:
+        raise ConfigError(f"{path}: its bases come back to it ({' -> '.join(map(str, seen))})")
+    relative = here.parent / base
+    return merged(read_config(relative if relative.exists() else base, (*seen, here)), data)
+
+
+def merged(base: dict, changes: dict) -> dict:
+    """`changes` over `base`: mappings key by key, anything else (lists too) replaced."""
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def apply_override(data: dict, item: str) -> None:

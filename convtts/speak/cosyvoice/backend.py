@@ -21,10 +21,10 @@ from convtts.config import Config, ConfigError
 from convtts.speak.base import FEED_WAIT, BatchedBackend, OutOfMemory, SynthesisError, is_out_of_memory
 from convtts.speak.cosyvoice.chunks import within_budget
 from convtts.speak.cosyvoice.loading import IMPORTS, CudaContext, LoadClock
-from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices
+from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices, spoken_prefix
 from convtts.speak.cosyvoice.resources import resources as cosyvoice_resources
 from convtts.speak.cosyvoice.resources import sized
-from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model
+from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model, model_version
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +281,7 @@ class CosyVoiceBackend(BatchedBackend):
         if context is not None:
             context.wait()
         self.sample_rate = int(self.model.sample_rate)
+        self.version = model_version(self.cosy.model_dir)
         self.builtin = set(self.model.list_available_spks())
         # Upstream's frontend serves one caller at a time: the batched engine's look-ahead thread,
         # or upstream's own one-at-a-time path.
@@ -388,6 +389,8 @@ class CosyVoiceBackend(BatchedBackend):
 
     def _frontend_chunks(self, text: str, speaker: str) -> list[dict]:
         frontend, tf = self.model.frontend, self.cosy.text_frontend
+        if speaker in self.prompts and self.prompts[speaker].mode != "zero_shot":
+            return self._other_mode_chunks(text, speaker)
         if speaker in self.prompts:
             key, prompt = self.registered.key(speaker), self.prompts[speaker]
             prompt_text = frontend.text_normalize(prompt.text, split=False, text_frontend=tf)
@@ -403,6 +406,17 @@ class CosyVoiceBackend(BatchedBackend):
             parts = normalized(frontend, text, tf, self.text_budget)
             return [dict(frontend.frontend_sft(part, speaker)) for part in parts]
         raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
+
+    def _other_mode_chunks(self, text: str, speaker: str) -> list[dict]:
+        """A cross-lingual or instruct voice's chunks: its registered features (PromptCache.register,
+        as frontend_cross_lingual / frontend_instruct2 build them) and each chunk's text, a cross-lingual
+        voice's prefix before it."""
+        frontend, key, prompt = self.model.frontend, self.registered.key(speaker), self.prompts[speaker]
+        prefix = spoken_prefix(prompt, self.version) if prompt.mode == "cross_lingual" else ""
+        return [
+            dict(frontend.frontend_zero_shot(prefix + part, "", prompt.audio, self.sample_rate, key))
+            for part in normalized(frontend, text, self.cosy.text_frontend, self.text_budget)
+        ]
 
     @staticmethod
     def _result(request):
@@ -424,11 +438,21 @@ class CosyVoiceBackend(BatchedBackend):
     def _outputs(self, text: str, speaker: str):
         options = dict(stream=False, speed=self.cosy.speed, text_frontend=self.cosy.text_frontend)
         if speaker in self.prompts:
+            if self.prompts[speaker].mode != "zero_shot":
+                return self._other_mode_outputs(text, speaker)
             key, prompt = self.registered.key(speaker), self.prompts[speaker]
             return self.model.inference_zero_shot(text, prompt.text, prompt.audio, zero_shot_spk_id=key, **options)
         if speaker in self.builtin:
             return self.model.inference_sft(text, speaker, **options)
         raise SynthesisError(f"unknown CosyVoice speaker {speaker!r}; known: {self._known()}")
+
+    def _other_mode_outputs(self, text: str, speaker: str):
+        """Upstream's loop of inference_cross_lingual / inference_instruct2 (each chunk through the model's
+        tts) on the chunks the batched path takes: some releases' frontend_cross_lingual deletes its
+        prompt from the registered voice itself, and upstream speaks a text with a `<|...|>` prefix
+        unnormalised and in one piece."""
+        for chunk in self._frontend_chunks(text, speaker):  # under synthesize's frontend lock
+            yield from self.model.model.tts(**chunk, stream=False, speed=self.cosy.speed)
 
     def _known(self) -> str:
         known = sorted(self.builtin | set(self.prompts))

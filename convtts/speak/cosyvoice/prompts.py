@@ -22,6 +22,47 @@ PROMPT_RATE = 16000  # rate of the prompt audio the frontend expects
 
 def check_prompt(where: str, audio: str, text: str, version: int) -> None:
     """A prompt recording reads whole as audio of at most 30 s, and its transcript is there (with v3's marker)."""
+    check_recording(where, audio)
+    if not text.strip():
+        raise ConfigError(f"{where}: the transcript is empty")
+    if version == 3 and END_OF_PROMPT not in text:
+        raise ConfigError(f"{where}: the transcript must contain {END_OF_PROMPT} for a CosyVoice3 model")
+
+
+def check_voice(where: str, prompt: PromptVoice, version: int) -> None:
+    """A voice of tts.cosyvoice.prompts has what its mode needs: its recording, and the transcript
+    (zero_shot) or the instruction (instruct, CosyVoice2/3) the model is told."""
+    if prompt.mode == "zero_shot":
+        check_prompt(f"{where}.audio", prompt.audio, prompt.text, version)
+        return
+    check_recording(f"{where}.audio", prompt.audio)
+    if prompt.mode == "instruct":
+        if version == 1:
+            raise ConfigError(
+                f"{where}: mode instruct needs a CosyVoice2 or CosyVoice3 model (instruct2); "
+                "for a CosyVoice-300M model use zero_shot or cross_lingual"
+            )
+        if not prompt.instruct.strip():
+            raise ConfigError(
+                f"{where}.instruct: mode instruct needs the instruction, e.g. '用四川话说这句话{END_OF_PROMPT}'"
+            )
+    if version == 3 and END_OF_PROMPT not in spoken_prefix(prompt, version):
+        raise ConfigError(f"{where}.instruct must contain {END_OF_PROMPT} for a CosyVoice3 model")
+
+
+V3_SYSTEM_PROMPT = "You are a helpful assistant." + END_OF_PROMPT  # upstream's own, before a cross-lingual text
+
+
+def spoken_prefix(prompt: PromptVoice, version: int) -> str:
+    """What a cross-lingual voice puts before each chunk's text (CosyVoice3 needs its marker there,
+    the transcript being left out); an instruct voice's instruction."""
+    if prompt.mode == "cross_lingual" and version == 3 and not prompt.instruct:
+        return V3_SYSTEM_PROMPT
+    return prompt.instruct
+
+
+def check_recording(where: str, audio: str) -> None:
+    """A prompt recording reads whole as audio of 0.2 to 30 s."""
     import soundfile
 
     if not Path(audio).is_file():
@@ -44,17 +85,12 @@ def check_prompt(where: str, audio: str, text: str, version: int) -> None:
         )
     if info.duration > MAX_PROMPT_SECONDS:
         raise ConfigError(f"{where}: {audio} is {info.duration:.1f} s; CosyVoice takes prompts of at most 30 s")
-    if not text.strip():
-        raise ConfigError(f"{where}: the transcript is empty")
-    if version == 3 and END_OF_PROMPT not in text:
-        raise ConfigError(f"{where}: the transcript must contain {END_OF_PROMPT} for a CosyVoice3 model")
 
 
 def check_prompts(cosy: CosyVoiceConfig, voices: list[str], version: int) -> None:
     """Every prompted voice of tts.cosyvoice.prompts has a readable audio file of at most 30 s and a transcript."""
     for voice in voices:
-        prompt = cosy.prompts[voice]
-        check_prompt(f"tts.cosyvoice.prompts.{voice}.audio", prompt.audio, prompt.text, version)
+        check_voice(f"tts.cosyvoice.prompts.{voice}", cosy.prompts[voice], version)
 
 
 def check_pool(pool: str, version: int) -> int:
@@ -120,10 +156,24 @@ class PromptCache:
         started = time.perf_counter()
         prompt = self.voices[voice]
         audio = prompt.audio if self.takes_path else load_prompt_16k(prompt.audio)
-        self.model.add_zero_shot_spk(prompt.text, audio, self.PREFIX + voice)
+        if prompt.mode == "zero_shot":
+            self.model.add_zero_shot_spk(prompt.text, audio, self.PREFIX + voice)
+        else:
+            self.model.frontend.spk2info[self.PREFIX + voice] = self.mode_features(prompt, audio)
         self.order[voice] = None
         self.made += 1
         self.seconds += time.perf_counter() - started
         while len(self.order) > self.size:
             gone, _ = self.order.popitem(last=False)
             del self.model.frontend.spk2info[self.PREFIX + gone]
+
+    def mode_features(self, prompt: PromptVoice, audio) -> dict:
+        """A cross-lingual or instruct voice's features as the runtime's own frontend builds them for
+        its mode (add_zero_shot_spk's, less what the mode leaves out of the LLM; instruct2's prompt text
+        is its instruction, which releases mark differently), its text left to each chunk."""
+        frontend, rate = self.model.frontend, self.model.sample_rate
+        if prompt.mode == "instruct":
+            features = frontend.frontend_instruct2("", prompt.instruct, audio, rate, "")
+        else:
+            features = frontend.frontend_cross_lingual("", audio, rate, "")
+        return {name: value for name, value in features.items() if name not in ("text", "text_len")}

@@ -66,7 +66,7 @@ def prompt_tokens(config: Config) -> int:
             seconds = soundfile.info(prompt.audio).duration
         except Exception:  # checked before any worker starts; an estimate needs no error of its own
             seconds = 30.0
-        longest = max(longest, int(seconds * rate) + len(prompt.text) // CHARS_PER_TEXT_TOKEN + 1)
+        longest = max(longest, int(seconds * rate) + len(prompt.text + prompt.instruct) // CHARS_PER_TEXT_TOKEN + 1)
     return longest
 
 
