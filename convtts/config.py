@@ -144,10 +144,17 @@ class SpeakerConfig:
     # A pool of zero-shot voices instead of speakers.voices: a directory of recordings with .txt
     # transcripts, or a .jsonl / .csv manifest of name, audio, text (convtts/speak/pool.py).
     pool: str = ""
+    # The voices a turn of each language takes, e.g. {zh: [中文女, 中文男], en: [英文女]} (ISO 639-1, as
+    # the plan tags turns); turns of a language not listed take any voice. Empty: the voices grouped
+    # by the language each says it speaks (a prompt's or pool row's `language`, a built-in speaker's name).
+    by_language: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def check(self) -> None:
         if not self.voices:
             raise ConfigError("speakers.voices must name at least one voice")
+        for language, voices in self.by_language.items():
+            if not voices:
+                raise ConfigError(f"speakers.by_language.{language} names no voice")
         if self.policy not in SPEAKER_POLICIES:
             raise ConfigError(f"speakers.policy must be one of {SPEAKER_POLICIES}, got {self.policy!r}")
         if self.pool:
@@ -158,6 +165,10 @@ class SpeakerConfig:
             stray = [v for v in getattr(self, side) if v not in self.voices]
             if stray:
                 raise ConfigError(f"speakers.{side} names voices not in speakers.voices: {stray}")
+        for language, voices in self.by_language.items():
+            stray = [v for v in voices if v not in self.voices]
+            if stray:
+                raise ConfigError(f"speakers.by_language.{language} names voices not in speakers.voices: {stray}")
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,7 @@ class PromptVoice:
     # instruct: what the model is told in place of the transcript; cross_lingual: put before the text
     # of each chunk (a CosyVoice3 text needs <|endofprompt|>: upstream's system prompt when empty)
     instruct: str = ""
+    language: str = ""  # the language the voice speaks (ISO 639-1), for speakers.by_language; "": any
 
     def check(self) -> None:
         if self.mode not in PROMPT_MODES:

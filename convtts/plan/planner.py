@@ -24,7 +24,13 @@ from convtts.language import LANGUAGES, counts_characters, detect, spoken_units
 from convtts.plan.reader import InputError, conversation_turns, json_type, read_spans, records
 from convtts.plan.segments import split_characters
 from convtts.plan.textclean import clean, split_segments
-from convtts.plan.voices import Casting, names_digest, side_voices, voice_names  # noqa: F401  (side_voices: for callers)
+from convtts.plan.voices import (  # noqa: F401  (side_voices: for callers)
+    Casting,
+    names_digest,
+    said_languages,
+    side_voices,
+    voice_names,
+)
 from convtts.speak import configs_speaking, voice_languages
 from convtts.state.layout import Layout, shard_name
 from convtts.words import plural
@@ -162,8 +168,8 @@ def plan_conversation(
     `casting` is Casting.of(config.speakers, voice_names(...)) when there is a pool; `speaks` the
     languages of the voice (voice_languages(config); None: any): a turn in another one is skipped.
     """
-    casting = casting or Casting.of(config.speakers)
-    voices = casting.sides(cid)
+    casting = casting or casting_for(config)
+    sides: dict[str | None, dict[str, str]] = {}  # the conversation's voices for each language it speaks
     link, phrases = config.text.link_words(), config.text.phrases()
     segments, skipped = [], []
     for turn, item in enumerate(conversation_turns(record)):
@@ -191,7 +197,8 @@ def plan_conversation(
                 }
             )
             continue
-        speaker = casting.turn(cid, turn, side, voices)
+        voices = sides[language] if language in sides else sides.setdefault(language, casting.sides(cid, language))
+        speaker = casting.turn(cid, turn, side, voices, language)
         for number, piece in enumerate(split_turn(text, language, config)):
             segment = {
                 "id": f"{cid}-{turn:03d}-{number:02d}",
@@ -322,7 +329,7 @@ def _plan_in_worker(batch):
 
 def _planned(items, config: Config, total: int, workers: int):
     """plan_batch over all items, in order; a bounded number of batches in flight keeps memory flat."""
-    casting = Casting.of(config.speakers, voice_names(config.speakers))
+    casting = casting_for(config)
     speaks = voice_languages(config)
     if total < PARALLEL_MIN or workers < 2:
         for batch in _batches(items, BATCH):
@@ -473,6 +480,12 @@ def rules_changed(layout: Layout, config: Config) -> bool:
     return isinstance(made_by, str) and made_by != rules_digest(config)
 
 
+def casting_for(config: Config) -> Casting:
+    """Who speaks what under this config: its voices (or its pool's), grouped by language."""
+    said = said_languages(config.speakers, config.tts.cosyvoice.prompts)
+    return Casting.of(config.speakers, voice_names(config.speakers), said)
+
+
 def plan_settings(config: Config) -> dict:
     """The config groups in PLAN_GROUPS; a voice pool by the names of its voices, not its path (a
     pool moved elsewhere, or a recording or transcript changed, assigns the same voices)."""
@@ -481,6 +494,14 @@ def plan_settings(config: Config) -> dict:
     pool = settings["speakers"].pop("pool")  # without a pool, the settings of plans made before pools
     if pool:
         settings["speakers"]["pool"] = names_digest(voice_names(config.speakers))
+    # the voices each language takes, as cast (explicit or said by the voices); none: the settings of
+    # plans made before languages had voices
+    del settings["speakers"]["by_language"]
+    groups = {lang: casting.voices for lang, casting in casting_for(config).by_language.items()}
+    if groups:
+        settings["speakers"]["by_language"] = {
+            lang: list(names) if len(names) <= 32 else names_digest(names) for lang, names in groups.items()
+        }
     # Links said as their domain (the default; link_phrase unused): the settings of plans made before
     # text.links, so that an output in progress stays fresh after an upgrade and goes on speaking its
     # own plan's texts.

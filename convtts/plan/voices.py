@@ -18,17 +18,61 @@ from convtts.speak.pool import read_pool
 def voice_names(config: SpeakerConfig) -> tuple[str, ...]:
     """The voices the plan assigns: the pool's (sorted by name), or speakers.voices without a pool.
 
-    A side restricted by speakers.human / speakers.assistant must name voices of the pool.
+    A side restricted by speakers.human / speakers.assistant, or a language's voices in
+    speakers.by_language, must name voices of the pool.
     """
     if not config.pool:
         return config.voices
     names = tuple(voice.name for voice in read_pool(config.pool))
     known = set(names)
-    for side in ("human", "assistant"):
-        stray = [v for v in getattr(config, side) if v not in known]
+    named = {f"speakers.{side}": getattr(config, side) for side in ("human", "assistant")}
+    named.update({f"speakers.by_language.{lang}": voices for lang, voices in config.by_language.items()})
+    for where, voices in named.items():
+        stray = [v for v in voices if v not in known]
         if stray:
-            raise ConfigError(f"speakers.{side} names voices that are not in speakers.pool {config.pool}: {stray[:5]}")
+            raise ConfigError(f"{where} names voices that are not in speakers.pool {config.pool}: {stray[:5]}")
     return names
+
+
+# CosyVoice-300M-SFT's built-in speakers, by the language their names say
+BUILTIN_LANGUAGES = {
+    "中文女": "zh",
+    "中文男": "zh",
+    "英文女": "en",
+    "英文男": "en",
+    "日语男": "ja",
+    "粤语女": "yue",
+    "韩语女": "ko",
+}
+
+
+def said_languages(config: SpeakerConfig, prompts: dict) -> dict[str, str]:
+    """The language each voice says it speaks, where it says one: a pool row's `language`, a
+    prompt's (tts.cosyvoice.prompts), or a built-in speaker's name."""
+    if config.pool:
+        return {voice.name: voice.language for voice in read_pool(config.pool) if voice.language}
+    said = {voice: BUILTIN_LANGUAGES[voice] for voice in config.voices if voice in BUILTIN_LANGUAGES}
+    said.update(
+        {voice: prompts[voice].language for voice in config.voices if voice in prompts and prompts[voice].language}
+    )
+    return said
+
+
+def voices_by_language(
+    config: SpeakerConfig, voices: tuple[str, ...], said: dict[str, str]
+) -> dict[str, tuple[str, ...]]:
+    """The voices each language's turns take: speakers.by_language, else the voices grouped by the
+    language they say they speak. A language whose voices are all of them is left out: its turns
+    would take any voice anyway (and the plans of configs whose voices share one language stay as they were)."""
+    if config.by_language:
+        groups = {lang: tuple(names) for lang, names in config.by_language.items()}
+    else:
+        groups: dict[str, tuple[str, ...]] = {}
+        for voice in voices:
+            if voice in said:
+                groups[said[voice]] = (*groups.get(said[voice], ()), voice)
+    everyone = set(voices)
+    return {lang: names for lang, names in sorted(groups.items()) if set(names) != everyone}
 
 
 def names_digest(names: tuple[str, ...]) -> str:
@@ -88,16 +132,35 @@ class Casting:
     assistant: tuple[str, ...]
     voice_places: dict
     assistant_places: dict
+    by_language: dict = None  # language -> the Casting of its voices (voices_by_language)
 
     @classmethod
-    def of(cls, config: SpeakerConfig, voices: tuple[str, ...] | None = None) -> Casting:
-        """`voices` as voice_names(config) gives them (read once by the caller: a pool is a file to read)."""
+    def of(
+        cls, config: SpeakerConfig, voices: tuple[str, ...] | None = None, said: dict[str, str] | None = None
+    ) -> Casting:
+        """`voices` as voice_names(config) gives them (read once by the caller: a pool is a file to read);
+        `said` the languages voices say they speak (said_languages)."""
         voices = tuple(config.voices if voices is None else voices)
+        groups = voices_by_language(config, voices, said or {})
         human, assistant = tuple(config.human or voices), tuple(config.assistant or voices)
-        return cls(config, voices, human, assistant, places_of(voices), places_of(assistant))
+        by_language = {lang: cls.restricted(config, names, human, assistant) for lang, names in groups.items()}
+        return cls(config, voices, human, assistant, places_of(voices), places_of(assistant), by_language)
 
-    def sides(self, cid: str) -> dict[str, str]:
-        """by_role: a voice per side for this conversation, the two sides apart when 2+ voices allow."""
+    @classmethod
+    def restricted(cls, config, voices: tuple[str, ...], human: tuple[str, ...], assistant: tuple[str, ...]) -> Casting:
+        """The casting of one language's voices: each side keeps those of its own it allows, or takes them all."""
+        human = tuple(v for v in human if v in voices) or voices
+        assistant = tuple(v for v in assistant if v in voices) or voices
+        return cls(config, voices, human, assistant, places_of(voices), places_of(assistant), {})
+
+    def of_language(self, language: str | None) -> Casting:
+        return (self.by_language or {}).get(language, self)
+
+    def sides(self, cid: str, language: str | None = None) -> dict[str, str]:
+        """by_role: a voice per side for this conversation (among its language's voices, where
+        speakers.by_language has some), the two sides apart when 2+ voices allow."""
+        if language is not None and self.of_language(language) is not self:
+            return self.of_language(language).sides(cid)
         seed = self.config.seed
         if self.config.policy == "single":
             return dict.fromkeys(("human", "assistant", "system"), self.voices[0])
@@ -108,10 +171,12 @@ class Casting:
         system = _pick_without(self.voices, self.voice_places, (human, assistant), seed, cid, "system") or assistant
         return {"human": human, "assistant": assistant, "system": system}
 
-    def turn(self, cid: str, turn: int, side: str, sides: dict[str, str]) -> str:
+    def turn(self, cid: str, turn: int, side: str, sides: dict[str, str], language: str | None = None) -> str:
+        """The voice of one turn: its side's (`sides`, of the turn's language), or per_turn a seeded one."""
         if self.config.policy != "per_turn":
             return sides[side]
-        pool = {"human": self.human, "assistant": self.assistant}.get(side, self.voices)
+        casting = self.of_language(language)
+        pool = {"human": casting.human, "assistant": casting.assistant}.get(side, casting.voices)
         return _pick(pool, self.config.seed, cid, turn)
 
 

@@ -6,8 +6,9 @@ A pool is one of:
   (or .lab) file of the same name; the voice's name is the file name without its extension, and
   files in subdirectories are named by their relative path (`en/anna`);
 - a JSON-lines manifest (.jsonl): one `{"name": "anna", "audio": "prompts/anna.wav", "text": "..."}`
-  a line, `name` optional (the audio file's name without its extension);
-- a CSV manifest (.csv) with a header row holding at least `audio` and `text` (and `name`).
+  a line, `name` optional (the audio file's name without its extension), `language` optional (the
+  language the voice speaks, for speakers.by_language);
+- a CSV manifest (.csv) with a header row holding at least `audio` and `text` (and `name`, `language`).
 Relative audio paths are read from the manifest's folder. The voices are kept sorted by name, so the
 order of the lines does not change which conversation gets which voice. Reading a pool checks its
 structure (every voice has a transcript, no name twice); the backend checks the recordings.
@@ -33,6 +34,7 @@ class PoolVoice:
     audio: str  # the recording's path, absolute
     text: str  # its transcript
     where: str  # where the pool defines it, for error messages: 'voices.jsonl line 17'
+    language: str = ""  # the language it speaks (a manifest's `language`), for speakers.by_language; "": any
 
 
 def read_pool(path: str | Path) -> list[PoolVoice]:
@@ -119,11 +121,14 @@ def _entry(entry: dict, manifest: Path, where: str) -> PoolVoice:
     name = entry.get("name") or Path(audio).stem
     if not isinstance(name, str):
         raise ConfigError(f"speakers.pool {where}: name must be a string")
-    return _voice(name, str(resolved.resolve()), text, where)
+    language = entry.get("language") or ""
+    if not isinstance(language, str):
+        raise ConfigError(f"speakers.pool {where}: language must be a string such as zh or en")
+    return _voice(name, str(resolved.resolve()), text, where, language.strip().lower())
 
 
-def _voice(name: str, audio: str, text: str, where: str) -> PoolVoice:
+def _voice(name: str, audio: str, text: str, where: str, language: str = "") -> PoolVoice:
     name = name.strip()
     if not name:
         raise ConfigError(f"speakers.pool {where}: the voice has an empty name")
-    return PoolVoice(name, audio, text.strip(), where)
+    return PoolVoice(name, audio, text.strip(), where, language)
