@@ -118,8 +118,16 @@ def test_each_mode_asks_only_for_what_it_uses(tmp_path):
     [
         ({"mode": "instruct", "instruct": "Speak slowly."}, 1, "mode instruct needs a CosyVoice2 or CosyVoice3 model"),
         ({"mode": "instruct"}, 2, "v.instruct: mode instruct needs the instruction"),
-        ({"mode": "instruct", "instruct": "请用广东话表达。"}, 3, "v.instruct must contain <|endofprompt|>"),
-        ({"mode": "cross_lingual", "instruct": "No marker."}, 3, "v.instruct must contain <|endofprompt|>"),
+        (
+            {"mode": "instruct", "instruct": "请用广东话表达。"},
+            3,
+            "v.instruct: the instruction must contain <|endofprompt|>",
+        ),
+        (
+            {"mode": "cross_lingual", "instruct": "No marker."},
+            3,
+            "v.instruct: the instruction must contain <|endofprompt|>",
+        ),
         ({"mode": "zero_shot"}, 2, "v.audio: the transcript is empty"),
         ({"mode": "cross_lingual", "audio": "missing.wav"}, 2, "v.audio: file not found: missing.wav"),
     ],
@@ -199,3 +207,28 @@ def test_run_all_speaks_a_mixed_conversation_with_the_shipped_mode_config(tmp_pa
     assert sorted(r["language"] for r in rows) == ["en", "zh", "zh"]
     assert {r["speaker"] for r in rows} == set(shipped.speakers.voices)
     assert "1 worker of 2 rows each" in logs
+
+
+def test_a_pools_voices_may_have_modes_and_need_only_what_theirs_uses(tmp_path):
+    from convtts.speak.cosyvoice.prompts import as_prompt
+    from convtts.speak.pool import read_pool
+
+    a_recording(tmp_path / "a.wav")
+    lines = [
+        '{"name": "any", "audio": "a.wav", "mode": "cross_lingual", "language": "zh"}',
+        '{"name": "sichuan", "audio": "a.wav", "mode": "instruct", "instruct": "用四川话说这句话<|endofprompt|>"}',
+        '{"name": "plain", "audio": "a.wav", "text": "Its transcript."}',
+    ]
+    (tmp_path / "voices.jsonl").write_text("\n".join(lines))
+    voices = {voice.name: as_prompt(voice) for voice in read_pool(tmp_path / "voices.jsonl")}
+    assert [(v.mode, v.language) for v in voices.values()] == [
+        ("cross_lingual", "zh"),
+        ("zero_shot", ""),
+        ("instruct", ""),
+    ]
+    for voice in voices.values():
+        check_voice("pool voice", voice, 2, keyed=False)
+    (tmp_path / "bad.jsonl").write_text('{"audio": "a.wav", "mode": "instruct2"}')
+    with pytest.raises(ConfigError) as refused:
+        read_pool(tmp_path / "bad.jsonl")
+    assert "bad.jsonl line 1: mode must be one of ('zero_shot', 'cross_lingual', 'instruct')" in str(refused.value)

@@ -7,8 +7,10 @@ A pool is one of:
   files in subdirectories are named by their relative path (`en/anna`);
 - a JSON-lines manifest (.jsonl): one `{"name": "anna", "audio": "prompts/anna.wav", "text": "..."}`
   a line, `name` optional (the audio file's name without its extension), `language` optional (the
-  language the voice speaks, for speakers.by_language);
-- a CSV manifest (.csv) with a header row holding at least `audio` and `text` (and `name`, `language`).
+  language the voice speaks, for speakers.by_language), `mode` and `instruct` optional (how it is
+  spoken, as a voice of tts.cosyvoice.prompts: a cross-lingual or instruct voice needs no `text`);
+- a CSV manifest (.csv) with a header row holding at least `audio` and `text` (and `name`,
+  `language`, `mode`, `instruct`).
 Relative audio paths are read from the manifest's folder. The voices are kept sorted by name, so the
 order of the lines does not change which conversation gets which voice. Reading a pool checks its
 structure (every voice has a transcript, no name twice); the backend checks the recordings.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from convtts.config import ConfigError
+from convtts.config import PROMPT_MODES, ConfigError
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 TRANSCRIPT_SUFFIXES = (".txt", ".lab")
@@ -35,6 +37,10 @@ class PoolVoice:
     text: str  # its transcript
     where: str  # where the pool defines it, for error messages: 'voices.jsonl line 17'
     language: str = ""  # the language it speaks (a manifest's `language`), for speakers.by_language; "": any
+    mode: str = (
+        "zero_shot"  # how it is spoken, as a prompt's (convtts.config.PromptVoice): zero_shot, cross_lingual, instruct
+    )
+    instruct: str = ""
 
 
 def read_pool(path: str | Path) -> list[PoolVoice]:
@@ -113,8 +119,13 @@ def _read(path: Path) -> str:
 
 def _entry(entry: dict, manifest: Path, where: str) -> PoolVoice:
     audio, text = entry.get("audio"), entry.get("text")
+    mode, instruct = entry.get("mode") or "zero_shot", entry.get("instruct") or ""
     if not isinstance(audio, str) or not audio.strip():
         raise ConfigError(f"speakers.pool {where}: no audio path")
+    if mode not in PROMPT_MODES or not isinstance(instruct, str):
+        raise ConfigError(f"speakers.pool {where}: mode must be one of {PROMPT_MODES} and instruct a string")
+    if text is None and mode != "zero_shot":
+        text = ""  # a cross-lingual or instruct voice has no use for its transcript
     if not isinstance(text, str):
         raise ConfigError(f"speakers.pool {where}: no text (the recording's transcript)")
     resolved = Path(audio) if Path(audio).is_absolute() else manifest.parent / audio
@@ -124,11 +135,12 @@ def _entry(entry: dict, manifest: Path, where: str) -> PoolVoice:
     language = entry.get("language") or ""
     if not isinstance(language, str):
         raise ConfigError(f"speakers.pool {where}: language must be a string such as zh or en")
-    return _voice(name, str(resolved.resolve()), text, where, language.strip().lower())
+    voice = _voice(name, str(resolved.resolve()), text, where)
+    return PoolVoice(voice.name, voice.audio, voice.text, where, language.strip().lower(), mode, instruct.strip())
 
 
-def _voice(name: str, audio: str, text: str, where: str, language: str = "") -> PoolVoice:
+def _voice(name: str, audio: str, text: str, where: str) -> PoolVoice:
     name = name.strip()
     if not name:
         raise ConfigError(f"speakers.pool {where}: the voice has an empty name")
-    return PoolVoice(name, audio, text.strip(), where, language)
+    return PoolVoice(name, audio, text.strip(), where)

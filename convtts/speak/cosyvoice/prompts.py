@@ -29,13 +29,15 @@ def check_prompt(where: str, audio: str, text: str, version: int) -> None:
         raise ConfigError(f"{where}: the transcript must contain {END_OF_PROMPT} for a CosyVoice3 model")
 
 
-def check_voice(where: str, prompt: PromptVoice, version: int) -> None:
-    """A voice of tts.cosyvoice.prompts has what its mode needs: its recording, and the transcript
-    (zero_shot) or the instruction (instruct, CosyVoice2/3) the model is told."""
+def check_voice(where: str, prompt: PromptVoice, version: int, keyed: bool = True) -> None:
+    """A voice has what its mode needs: its recording, and the transcript (zero_shot) or the
+    instruction (instruct, CosyVoice2/3) the model is told. `keyed`: errors name the key at fault
+    (a voice of tts.cosyvoice.prompts), else the voice (a pool's)."""
+    audio, instruct = (f"{where}.audio", f"{where}.instruct") if keyed else (where, where)
     if prompt.mode == "zero_shot":
-        check_prompt(f"{where}.audio", prompt.audio, prompt.text, version)
+        check_prompt(audio, prompt.audio, prompt.text, version)
         return
-    check_recording(f"{where}.audio", prompt.audio)
+    check_recording(audio, prompt.audio)
     if prompt.mode == "instruct":
         if version == 1:
             raise ConfigError(
@@ -44,10 +46,10 @@ def check_voice(where: str, prompt: PromptVoice, version: int) -> None:
             )
         if not prompt.instruct.strip():
             raise ConfigError(
-                f"{where}.instruct: mode instruct needs the instruction, e.g. '用四川话说这句话{END_OF_PROMPT}'"
+                f"{instruct}: mode instruct needs the instruction, e.g. '用四川话说这句话{END_OF_PROMPT}'"
             )
     if version == 3 and END_OF_PROMPT not in spoken_prefix(prompt, version):
-        raise ConfigError(f"{where}.instruct must contain {END_OF_PROMPT} for a CosyVoice3 model")
+        raise ConfigError(f"{instruct}: the instruction must contain {END_OF_PROMPT} for a CosyVoice3 model")
 
 
 V3_SYSTEM_PROMPT = "You are a helpful assistant." + END_OF_PROMPT  # upstream's own, before a cross-lingual text
@@ -98,7 +100,7 @@ def check_pool(pool: str, version: int) -> int:
     started = time.time()
     voices = read_pool(pool)
     for voice in voices:
-        check_prompt(f"speakers.pool {voice.where}: voice {voice.name!r}", voice.audio, voice.text, version)
+        check_voice(f"speakers.pool {voice.where}: voice {voice.name!r}", as_prompt(voice), version, keyed=False)
     log.info("speakers.pool %s: %d voices, every recording read in %.1f s", pool, len(voices), time.time() - started)
     return len(voices)
 
@@ -114,11 +116,16 @@ def load_prompt_16k(path: str):
     return torchaudio.functional.resample(audio, rate, PROMPT_RATE) if rate != PROMPT_RATE else audio
 
 
+def as_prompt(voice) -> PromptVoice:
+    """A pool's voice (convtts.speak.pool.PoolVoice) as a prompt of tts.cosyvoice.prompts."""
+    return PromptVoice(voice.audio, voice.text, voice.mode, voice.instruct, voice.language)
+
+
 def prompted_voices(config: Config) -> dict[str, PromptVoice]:
     """The zero-shot voices by name: the pool's (speakers.pool), or those of speakers.voices in
     tts.cosyvoice.prompts."""
     if config.speakers.pool:
-        return {voice.name: PromptVoice(voice.audio, voice.text) for voice in read_pool(config.speakers.pool)}
+        return {voice.name: as_prompt(voice) for voice in read_pool(config.speakers.pool)}
     prompts = config.tts.cosyvoice.prompts
     return {voice: prompts[voice] for voice in config.speakers.voices if voice in prompts}
 
