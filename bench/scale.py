@@ -100,7 +100,7 @@ def write_work(layout: Layout, run_id: str) -> int:
             row.update(worker="slot0-w0", pid=os.getpid(), finished=time.time(), rss_mb=400.0, gpu_mb=0.0)
             lines.append(orjson.dumps(row) + b"\n")
             rows += 1
-        layout.manifest(shard, "w0").write_bytes(b"".join(lines))
+        write_atomic(layout.manifest(shard, "w0"), b"".join(lines))
     return rows
 
 
@@ -243,11 +243,11 @@ def read_lines(layout: Layout) -> list[bytes]:
 
 
 def largest_folders(layout: Layout) -> dict:
-    """Entries of the folders that grow with the job."""
-    return {
-        name: sum(1 for _ in os.scandir(path))
-        for name, path in (("plan/shards", layout.shards_dir), ("work", layout.work_dir), ("audio", layout.audio_root))
-    }
+    """The most entries a folder holds, in each tree that grows with the job (its folders of a
+    thousand shards included)."""
+    trees = (("plan/shards", layout.shards_dir), ("work", layout.work_dir), ("audio", layout.audio_root))
+    trees += (("merge", layout.merge_dir),)
+    return {name: max(len(os.listdir(folder)) for folder, _, _ in os.walk(path)) for name, path in trees}
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def build(source: Path, layout: Layout, config, force: bool, same_plan: bool = F
     a changed cleaner or splitter, cut the text otherwise): the new plan is made, and kept with the
     work when every shard holds the old plan's utterances (the same ids, texts and voices, in order).
     """
-    stale_work = [] if same_plan else sorted(layout.work_dir.glob("shard-*.manifest.jsonl"))
+    stale_work = [] if same_plan else layout.all_manifests()
     version = plan_version(layout)
     other_rules = rules_changed(layout, config)
     compare = bool(stale_work) and not force and (version < PLAN_VERSION or other_rules)

@@ -32,7 +32,7 @@ from convtts.plan.voices import (  # noqa: F401  (side_voices: for callers)
     voice_names,
 )
 from convtts.speak import configs_speaking, voice_languages
-from convtts.state.layout import Layout, shard_name
+from convtts.state.layout import FAN_OUT_SHARDS, Layout, shard_folder, shard_name
 from convtts.words import plural
 
 log = logging.getLogger(__name__)
@@ -597,6 +597,7 @@ def make_plan(
                 counts = {**counts, **written}
             finally:
                 writer.close()
+        fan_out(staging, writer.names, layout)
         digest = content_digest(input_path)  # before the check: the hash is of the bytes planned
         if input_info(input_path) != info:
             raise InputError(f"{input_path} changed while the plan was being made; run again")
@@ -615,6 +616,36 @@ def make_plan(
         plural(len(plan["shards"]), "shard"),
     )
     return plan
+
+
+def fan_out(staging: Layout, names: list[str], layout: Layout) -> None:
+    """A plan of more than FAN_OUT_SHARDS shards keeps them a thousand a folder (Layout.fanned), as
+    its work and audio will be; where the output already holds work, its layout is kept."""
+    fanned = work_fanned(layout)
+    if not (fanned if fanned is not None else len(names) > FAN_OUT_SHARDS):
+        return
+    for name in names:
+        folder = staging.shards_dir / shard_folder(name)
+        folder.mkdir(exist_ok=True)
+        for file in (f"{name}.jsonl", f"{name}.conversations.jsonl"):
+            os.replace(staging.shards_dir / file, folder / file)
+    log.info("%s: a thousand a folder", plural(len(names), "shard"))
+
+
+def work_fanned(layout: Layout) -> bool | None:
+    """Whether the output's work is kept a thousand shards a folder (True), in one folder (False,
+    as every output made before was), or there is none (None)."""
+    for root in (layout.work_dir, layout.audio_root):
+        try:
+            entries = list(os.scandir(root))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.name.startswith("shard-"):
+                return False
+            if entry.name.isdigit() and entry.is_dir():
+                return True
+    return None
 
 
 def _index(path, skipped) -> tuple[list[str], tuple[array, array], Counter]:

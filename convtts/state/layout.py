@@ -22,6 +22,11 @@ class Layout:
     audio/shard-00042/<id>.wav             the audio
     merge/00/shard-00042.part              that shard's share of the outputs, as the last merge made it
     manifest.jsonl, failures.jsonl, conversations.json, summary.json, config.yaml
+
+    A plan of more than FAN_OUT_SHARDS shards keeps them a thousand a folder, and so do its work
+    and audio: plan/shards/01/shard-01042.jsonl, work/01/shard-01042.w3.manifest.jsonl,
+    audio/01/shard-01042/<id>.wav (a million conversations make about 65,000 shards). Whether an
+    output is laid out so is read from its plan (fanned): outputs made before keep their layout.
     """
 
     def __init__(self, root: str | Path):
@@ -41,44 +46,70 @@ class Layout:
         self.merge_dir = self.root / "merge"
         self.merge_state = self.merge_dir / "state.json"
 
+    def fanned(self) -> bool:
+        """Whether the plan keeps its shards (and the output its work and audio) a thousand a folder."""
+        return (self.shards_dir / shard_folder(shard_name(0))).is_dir()
+
+    def _folder(self, root: Path, shard: str) -> Path:
+        return root / shard_folder(shard) if self.fanned() else root
+
     def shard_names(self) -> list[str]:
-        return sorted(p.name[: -len(".jsonl")] for p in self.shards_dir.glob("shard-?????.jsonl"))
+        pattern = "*/shard-?????.jsonl" if self.fanned() else "shard-?????.jsonl"
+        return sorted(p.name[: -len(".jsonl")] for p in self.shards_dir.glob(pattern))
 
     def shard_file(self, shard: str) -> Path:
-        return self.shards_dir / f"{shard}.jsonl"
+        return self._folder(self.shards_dir, shard) / f"{shard}.jsonl"
 
     def shard_conversations(self, shard: str) -> Path:
-        return self.shards_dir / f"{shard}.conversations.jsonl"
+        return self._folder(self.shards_dir, shard) / f"{shard}.conversations.jsonl"
+
+    def work_folders(self) -> list[Path]:
+        """The folders that hold work files of shards: work/, or its thousand-shard folders."""
+        if not self.fanned():
+            return [self.work_dir]
+        try:
+            return sorted(Path(e.path) for e in os.scandir(self.work_dir) if e.is_dir() and e.name.isdigit())
+        except FileNotFoundError:
+            return []
 
     # Several workers speak pieces of one shard at once, each into files of its own: an append
     # from two processes to one file is not atomic on NFS or Lustre, and a writer killed mid-line
     # would leave a fragment the next writer's line is glued to. A file's only writer cuts its
     # torn tail before appending; readers take every file of the shard.
     def manifest(self, shard: str, writer: str | None = None) -> Path:
-        return self.work_dir / (f"{shard}.{writer}.manifest.jsonl" if writer else f"{shard}.manifest.jsonl")
+        name = f"{shard}.{writer}.manifest.jsonl" if writer else f"{shard}.manifest.jsonl"
+        return self._folder(self.work_dir, shard) / name
 
     def manifests(self, shard: str) -> list[Path]:
-        return _existing(self.manifest(shard), self.work_dir.glob(f"{shard}.*.manifest.jsonl"))
+        legacy = self.manifest(shard)
+        return _existing(legacy, legacy.parent.glob(f"{shard}.*.manifest.jsonl"))
 
     def failures(self, shard: str, writer: str | None = None) -> Path:
-        return self.work_dir / (f"{shard}.{writer}.failures.jsonl" if writer else f"{shard}.failures.jsonl")
+        name = f"{shard}.{writer}.failures.jsonl" if writer else f"{shard}.failures.jsonl"
+        return self._folder(self.work_dir, shard) / name
 
     def failure_files(self, shard: str) -> list[Path]:
-        return _existing(self.failures(shard), self.work_dir.glob(f"{shard}.*.failures.jsonl"))
+        legacy = self.failures(shard)
+        return _existing(legacy, legacy.parent.glob(f"{shard}.*.failures.jsonl"))
 
     def crashes(self, shard: str, writer: str | None = None) -> Path:
         """A slot's record of worker deaths; a slot fed pieces by the Ray driver keeps its own (`writer`)."""
-        return self.work_dir / (f"{shard}.{writer}.crashes.jsonl" if writer else f"{shard}.crashes.jsonl")
+        name = f"{shard}.{writer}.crashes.jsonl" if writer else f"{shard}.crashes.jsonl"
+        return self._folder(self.work_dir, shard) / name
 
     def stats(self, shard: str) -> Path:
-        return self.work_dir / f"{shard}.stats.json"
+        return self._folder(self.work_dir, shard) / f"{shard}.stats.json"
+
+    def all_manifests(self) -> list[Path]:
+        """Every shard's manifest files in work/."""
+        return sorted(p for folder in self.work_folders() for p in folder.glob("shard-*.manifest.jsonl"))
 
     def audio_dir(self, shard: str) -> Path:
-        return self.audio_root / shard
+        return self._folder(self.audio_root, shard) / shard
 
     def merge_part(self, shard: str) -> Path:
         """A thousand shards a folder: a million conversations make tens of thousands of shards."""
-        return self.merge_dir / f"{int(shard.rpartition('-')[2]) // 1000:02d}" / f"{shard}.part"
+        return self.merge_dir / shard_folder(shard) / f"{shard}.part"
 
     def slot_status(self, rank: int) -> Path:
         return self.slots_dir / f"slot-{rank}.json"
@@ -93,13 +124,14 @@ class WorkListing:
     def __init__(self, layout: Layout):
         self.layout = layout
         self.names: dict[str, list[str]] = {}
-        try:
-            entries = [e.name for e in os.scandir(layout.work_dir)]
-        except FileNotFoundError:
-            entries = []
-        for name in entries:
-            if name.startswith("shard-"):  # hidden temporaries start with a dot, as glob skips them
-                self.names.setdefault(name.partition(".")[0], []).append(name)
+        for folder in layout.work_folders():
+            try:
+                entries = [e.name for e in os.scandir(folder)]
+            except FileNotFoundError:
+                entries = []
+            for name in entries:
+                if name.startswith("shard-"):  # hidden temporaries start with a dot, as glob skips them
+                    self.names.setdefault(name.partition(".")[0], []).append(name)
 
     def manifests(self, shard: str) -> list[Path]:
         return self._files(shard, self.layout.manifest(shard), ".manifest.jsonl")
@@ -117,7 +149,7 @@ class WorkListing:
         # writers' files are {shard}.{writer}{suffix}; the legacy one is {shard}{suffix}
         names = self.names.get(shard, [])
         writers = [
-            self.layout.work_dir / n
+            legacy.parent / n
             for n in names
             if n.endswith(suffix) and n != legacy.name and len(n) >= len(shard) + 1 + len(suffix)
         ]
@@ -130,3 +162,11 @@ def _existing(legacy: Path, writers) -> list[Path]:
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
+
+
+FAN_OUT_SHARDS = 1000  # a plan of more shards keeps them a thousand a folder (Layout.fanned)
+
+
+def shard_folder(shard: str) -> str:
+    """The thousand-shard folder of a shard: '01' for shard-01042."""
+    return f"{int(shard.rpartition('-')[2]) // 1000:02d}"
