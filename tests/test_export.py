@@ -111,6 +111,21 @@ def samples(path: Path | bytes) -> np.ndarray:
     return data
 
 
+def test_every_field_a_user_trains_with_is_in_every_format():
+    """One row schema (convtts/state/rows.py): the parquet has a column of its type for each field,
+    lhotse a place of its own or `custom`, and the manifest row each field the plan gives."""
+    from convtts.results.export.hf import COLUMNS
+    from convtts.results.export.lhotse_format import CUSTOM
+    from convtts.run.utterance import MANIFEST_FIELDS
+    from convtts.state.rows import FIELDS
+
+    columns = {name: dtype for name, _, dtype in COLUMNS}
+    assert columns == {field.name: field.kind for field in FIELDS if field.kind != "audio"}
+    assert set(CUSTOM) == {field.name for field in FIELDS if not field.in_lhotse}
+    assert MANIFEST_FIELDS == tuple(field.name for field in FIELDS if field.planned)
+    assert MANIFEST_FIELDS[:2] == ("id", "conversation_id") and "prompt_audio" not in MANIFEST_FIELDS
+
+
 def test_hugging_face_parquet_loads_with_datasets(spoken):
     datasets = need("datasets", "export-test")
     pq = need("pyarrow.parquet", "export")

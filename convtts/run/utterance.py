@@ -19,23 +19,12 @@ import soundfile as sf
 from convtts.config import Config, OutputConfig
 from convtts.speak.base import Backend, SynthesisError, is_out_of_memory
 from convtts.state.layout import Layout
+from convtts.state.rows import PLANNED
 from convtts.state.shardio import DROPPED, KEPT, is_disk_full, write_atomic
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FIELDS = (
-    "id",
-    "conversation_id",
-    "source_id",
-    "turn",
-    "segment",
-    "role",
-    "side",
-    "speaker",
-    "language",
-    "text",
-    "source_text",
-)
+MANIFEST_FIELDS = PLANNED  # the plan's fields of each row (convtts/state/rows.py)
 
 
 @dataclass(frozen=True)

@@ -14,28 +14,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from convtts.results.export.formats import Format, Part
+from convtts.state.rows import KINDS
 
 ROWS_PER_GROUP = 100  # audio rows are large: small row groups let readers stream them
 
-COLUMNS = [  # (name, arrow type, datasets dtype)
-    ("id", pa.string(), "string"),
-    ("text", pa.string(), "string"),
-    ("speaker", pa.string(), "string"),
-    ("language", pa.string(), "string"),
-    ("role", pa.string(), "string"),
-    ("side", pa.string(), "string"),
-    ("conversation_id", pa.string(), "string"),
-    ("source_id", pa.string(), "string"),
-    ("turn", pa.int32(), "int32"),
-    ("segment", pa.int32(), "int32"),
-    ("duration", pa.float64(), "float64"),
-    ("num_samples", pa.int64(), "int64"),
-    ("sample_rate", pa.int32(), "int32"),
-    ("source_text", pa.string(), "string"),
-    ("backend", pa.string(), "string"),
-    ("seed", pa.int64(), "int64"),
-    ("prompt_audio", pa.string(), "string"),
-]
+# The parquet columns beside the audio, in the order exports made before have them (parts of one
+# dataset must agree); their types are the row schema's (convtts/state/rows.py).
+ORDER = (
+    "id", "text", "speaker", "language", "role", "side", "conversation_id", "source_id", "turn", "segment",
+    "duration", "num_samples", "sample_rate", "source_text", "backend", "seed", "prompt_audio",
+)  # fmt: skip
+ARROW = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64()}
+COLUMNS = [(name, ARROW[KINDS[name]], KINDS[name]) for name in ORDER]  # (name, arrow type, datasets dtype)
 _TEXT_COLUMNS = [name for name, kind, _ in COLUMNS if kind == pa.string()]
 AUDIO_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 

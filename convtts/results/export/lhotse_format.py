@@ -15,20 +15,10 @@ import orjson
 
 from convtts.results.export.formats import Format, Part
 from convtts.results.export.nemo import LinesPart, concatenate
+from convtts.state.rows import LHOTSE_CUSTOM
 
 KINDS = ("recordings", "supervisions", "cuts")
-CUSTOM = (
-    "conversation_id",
-    "source_id",
-    "turn",
-    "segment",
-    "role",
-    "side",
-    "source_text",
-    "backend",
-    "seed",
-    "prompt_audio",
-)
+CUSTOM = LHOTSE_CUSTOM
 
 
 def lhotse_lines(fields: dict, audio: Path) -> list[bytes]:

@@ -16,28 +16,9 @@ import orjson
 
 from convtts.results.merge import planned_segments
 from convtts.state.layout import Layout
+from convtts.state.rows import EXPORTED
 
-# Manifest fields a user trains with; the rest (worker, pid, memory, timings) describe the run.
-FIELDS = (
-    "id",
-    "conversation_id",
-    "source_id",
-    "turn",
-    "segment",
-    "role",
-    "side",
-    "speaker",
-    "language",
-    "text",
-    "source_text",
-    "duration",
-    "num_samples",
-    "sample_rate",
-    "backend",
-    "seed",
-    "audio",
-    "prompt_audio",
-)  # the zero-shot voice's recording (speaker is its name); null for other voices
+FIELDS = EXPORTED  # the manifest fields a user trains with (convtts/state/rows.py)
 
 
 class SourceError(ValueError):
