@@ -13,6 +13,9 @@ work (synchronised).
     python3 bench/pass_cost.py --model-dir /tmp/cv300m --out "$OUT/pass-cost.json"
     python3 bench/pass_cost.py --model-dir /tmp/tiny --rows 1,2 --seconds 0.5 --out /tmp/p.json   # CPU check
 
+The figures end with a profile for the engine's table of GPU kinds (speak/cosyvoice/engine/profiles.py):
+each pass's own price and its price a padded row-frame, fitted to the passes measured.
+
 `--attention` is tts.cosyvoice.flow.attention: auto (shipped) runs the flow's attention as the kernel
 over each row's own frames where Triton runs, torch as torch's attention over the padded width; each
 pass's figures say which ran (`kernel`).
@@ -167,6 +170,39 @@ def profiles(model, chunk, tokens, precision: str, attention: str = "auto") -> d
         }
 
 
+def row_frames(model, chunk, tokens) -> int:
+    """The padded row-frames of one pass of these rows (the figure profiles.PassCosts prices)."""
+    from convtts.speak.cosyvoice.engine.flow import Flow
+    from convtts.testing.flow_vocoder import make_rows
+
+    flow = Flow(model.model.flow, "fp32", model.model.device)
+    rows = make_rows(chunk, tokens)
+    return len(rows) * max(flow.frames(row) for row in rows)
+
+
+def fit(passes: list[dict]) -> dict:
+    """A pass's own price (ms) and its price a padded row-frame (us), by least squares over the
+    measured passes: eager, replayed and captured flow passes (one slope, the eager one's), and vocoder
+    passes. A profile entry for speak/cosyvoice/engine/profiles.py."""
+    frames = [p["row_frames"] for p in passes]
+
+    def line(seconds):
+        if len(set(frames)) < 2:
+            return None, None
+        slope, intercept = statistics.linear_regression(frames, seconds)
+        return round(max(intercept, 0.0) * 1000, 2), round(slope * 1e6, 3)
+
+    pass_ms, frame_us = line([p["flow"]["eager_s"] for p in passes])
+    vocoder_ms, vocoder_us = line([p["vocoder"]["one_pass_s"] for p in passes])
+
+    def fixed(key):
+        times = [p["flow"][key] - (frame_us or 0) * p["row_frames"] / 1e6 for p in passes if p["flow"][key]]
+        return round(max(statistics.median(times), 0.0) * 1000, 2) if times else None
+
+    flow = {"pass_ms": pass_ms, "frame_us": frame_us, "replay_ms": fixed("replay_s"), "capture_ms": fixed("capture_s")}
+    return {"flow": flow, "vocoder": {"pass_ms": vocoder_ms, "frame_us": vocoder_us}}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True)
@@ -197,6 +233,7 @@ def main() -> int:
         for rows in (int(r) for r in args.rows.split(",")):
             tokens = token_lists(model, [seconds] * rows)
             figures = {"rows": rows, "seconds": seconds, "audio_s": rows * seconds}
+            figures["row_frames"] = row_frames(model, chunk, tokens)
             figures["flow"] = flow_times(model, chunk, tokens, args.precision, args.repeat, args.attention)
             figures["vocoder"] = vocoder_times(model, chunk, tokens, args.precision, args.repeat)
             if args.profile:
@@ -204,6 +241,9 @@ def main() -> int:
             results["passes"].append(figures)
             print(orjson.dumps(figures).decode(), flush=True)
             Path(args.out).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    results["profile"] = {"estimator": type(model.model.flow.decoder.estimator).__name__, **fit(results["passes"])}
+    Path(args.out).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    print("profile for speak/cosyvoice/engine/profiles.py:", orjson.dumps(results["profile"]).decode())
     return 0
 
 

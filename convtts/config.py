@@ -265,16 +265,14 @@ class FlowConfig:
     spread: float = 1.25  # longest over shortest row in one flow pass (grouping spread)
     # the same once a worker has no more input in hand: its last rows wait on each pass, and the GPU has room
     tail_spread: float = 100.0
-    # A pass's costs (grouping cost), measured on an H200 with bf16 CosyVoice-300M (bench/pass_cost.py): an
-    # eager flow solve 0.4-1.3 s whatever its size (launch-bound), a replayed graph 60 ms, one that captures
-    # its step's graph first 130-190 ms more, then about 18 us a padded row-frame (2 x rows x frames x 10 steps
-    # of work); a vocoder pass 11-16 ms, then about 7.5 us.
-    pass_ms: float = 700.0
-    capture_ms: float = 220.0
-    replay_ms: float = 60.0
-    frame_us: float = 18.0
-    vocoder_pass_ms: float = 12.0
-    vocoder_frame_us: float = 7.5
+    # A pass's costs (grouping cost) are the engine's calibration for the GPU kind
+    # (speak/cosyvoice/engine/profiles.py, measured with bench/pass_cost.py); set, these take their place.
+    pass_ms: float | None = None  # an eager flow pass's own price, in ms
+    capture_ms: float | None = None  # one that captures its step's graph first
+    replay_ms: float | None = None  # a replayed pass
+    frame_us: float | None = None  # each padded row-frame, in us
+    vocoder_pass_ms: float | None = None
+    vocoder_frame_us: float | None = None
     frame_buckets: int = 8  # widths a doubling of frames is cut into (a pass is padded up to the next)
     # the rows a pass is padded up to (copies of its last row; past the last bucket, a multiple of 32): finer
     # buckets pad less work onto the GPU and capture more graphs (finer ones not measured yet)
@@ -296,7 +294,7 @@ class FlowConfig:
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"tts.cosyvoice.flow.attention must be one of {ATTENTIONS}, got {self.attention!r}")
         for name in ("pass_ms", "capture_ms", "replay_ms", "frame_us", "vocoder_pass_ms", "vocoder_frame_us"):
-            if not 0.0 <= getattr(self, name) <= 1e6:
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) <= 1e6:
                 raise ConfigError(f"tts.cosyvoice.flow.{name} must be between 0 and 1e6, got {getattr(self, name)}")
         for name in ("spread", "tail_spread"):
             if not 1.0 <= getattr(self, name) <= 100.0:

@@ -515,7 +515,7 @@ def test_the_pass_cost_bench_lists_what_a_pass_runs(tmp_path):
     folder = build_model_dir(tmp_path / "tiny", "tiny", ["a"], tokens_per_text_token=3, version=1)
     out = tmp_path / "costs.json"
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "pass_cost.py"), "--model-dir", str(folder), "--rows", "2"]
+        [sys.executable, str(REPO / "bench" / "pass_cost.py"), "--model-dir", str(folder), "--rows", "1,3"]
         + ["--seconds", "0.5", "--repeat", "1", "--profile", "--out", str(out)],
         env=script_env(),
         capture_output=True,
@@ -523,7 +523,12 @@ def test_the_pass_cost_bench_lists_what_a_pass_runs(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    (figures,) = json.loads(out.read_text())["passes"]
+    report = json.loads(out.read_text())
+    figures, wider = report["passes"]
+    assert wider["row_frames"] == 3 * figures["row_frames"] > 0
+    profile = report["profile"]  # fitted to the two passes: a price of its own and one a row-frame
+    assert profile["estimator"] == "ConditionalDecoder" and profile["flow"]["pass_ms"] >= 0
+    assert profile["flow"]["frame_us"] is not None and profile["vocoder"]["pass_ms"] is not None
     assert figures["flow"]["eager_s"] > 0 and figures["vocoder"]["one_pass_s"] > 0
     assert figures["flow"]["kernel"] is False  # the shipped auto, on a CPU: torch's attention
     for part in ("flow", "vocoder"):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from convtts.config import ConfigError, load_config
-from convtts.speak.cosyvoice.engine.flow import PassCosts, cheapest_groups, length_groups
+from convtts.speak.cosyvoice.engine.flow import cheapest_groups, length_groups
+from convtts.speak.cosyvoice.engine.profiles import DIT, UNET, PassCosts, configured, profile
 
 
 def priced(fixed: float, per_frame: float):
@@ -85,13 +86,22 @@ def test_pass_costs_in_seconds_replay_below_eager():
 
 def test_grouping_is_cost_by_default_and_checked():
     flow = load_config(None, []).tts.cosyvoice.flow
-    assert flow.grouping == "cost" and PassCosts.configured(flow) is not None
-    spread = load_config(None, ["tts.cosyvoice.flow.grouping=spread"]).tts.cosyvoice.flow
-    assert PassCosts.configured(spread) is None and PassCosts.vocoder(spread) is None
+    assert flow.grouping == "cost" and flow.pass_ms is None  # the engine's profile, unless set
     with pytest.raises(ConfigError, match="grouping must be cost or spread"):
         load_config(None, ["tts.cosyvoice.flow.grouping=widest"])
     with pytest.raises(ConfigError, match="pass_ms must be between"):
         load_config(None, ["tts.cosyvoice.flow.pass_ms=-1"])
+
+
+def test_each_flow_takes_its_gpu_kinds_measured_costs_and_the_config_may_set_them():
+    unet = profile("NVIDIA H200", UNET)
+    dit = profile("NVIDIA H200", DIT)
+    assert unet.flow.pass_ms > 10 * dit.flow.pass_ms  # the U-Net's eager pass is launch-bound, the DiT's not
+    assert profile("NVIDIA A100-SXM4-80GB", DIT) is dit  # a kind not measured: the H200's, for its flow
+    assert profile("cpu", "SomeOtherEstimator") is unet
+    flow, vocoder = configured(dit, load_config(None, ["tts.cosyvoice.flow.frame_us=50"]).tts.cosyvoice.flow)
+    assert (flow.pass_ms, flow.frame_us, flow.replay_ms) == (dit.flow.pass_ms, 50.0, dit.flow.replay_ms)
+    assert vocoder == dit.vocoder
 
 
 def test_flush_share_is_checked():

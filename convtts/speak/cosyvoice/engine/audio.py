@@ -8,7 +8,7 @@ import torch
 
 from convtts.config import CosyVoiceConfig, PrecisionConfig
 from convtts.speak.base import is_out_of_memory
-from convtts.speak.cosyvoice.engine.flow import Flow
+from convtts.speak.cosyvoice.engine.flow import Flow, pass_costs
 from convtts.speak.cosyvoice.engine.requests import Sequence, place
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder
 
@@ -28,7 +28,8 @@ class AudioStage:
 
     def __init__(self, flow, hift, device, precision: PrecisionConfig, settings: CosyVoiceConfig):
         self.flow_pass = Flow.configured(flow, precision.flow, settings, device)
-        self.vocoder = Vocoder.configured(hift, precision.vocoder, settings)
+        costs = pass_costs(flow, settings.flow, device)[1]  # this GPU kind's (profiles.py)
+        self.vocoder = Vocoder.configured(hift, precision.vocoder, settings, costs)
 
     def render(self, seqs: list[Sequence], speed: float, tail: bool = False, timer=None) -> None:
         """Append each sequence's audio to its request (or set the request's error); `tail`: the

@@ -10,47 +10,16 @@ solve itself (eager, bucketed, CUDA graphs) is solver.py's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from convtts.speak.cosyvoice.engine.precision import matmul_mode, part_module, storage_dtype
+from convtts.speak.cosyvoice.engine.profiles import PassCosts, configured, profile
 from convtts.speak.cosyvoice.engine.requests import Row, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import estimator_widths, flow_bytes_per_frame, rows_within
 from convtts.speak.cosyvoice.engine.solver import ROW_BUCKETS, Solver, width_bucket
 
 SPREAD = 1.25  # longest over shortest row in one pass (flow.grouping spread): padding costs work, not accuracy
-
-
-@dataclass(frozen=True)
-class PassCosts:
-    """What one pass costs apart from its size, and per padded row-frame (tts.cosyvoice.flow: pass_ms,
-    replay_ms, frame_us; the vocoder's vocoder_pass_ms, vocoder_frame_us)."""
-
-    pass_ms: float
-    frame_us: float
-    replay_ms: float | None = None  # a pass that replays a CUDA graph (None: no graphs)
-    capture_ms: float | None = None  # a pass that captures its graph (None: as an eager one)
-
-    @classmethod
-    def configured(cls, flow) -> PassCosts | None:
-        """The flow's costs, or None where flow.grouping is spread."""
-        if flow.grouping != "cost":
-            return None
-        return cls(flow.pass_ms, flow.frame_us, flow.replay_ms, flow.capture_ms)
-
-    @classmethod
-    def vocoder(cls, flow) -> PassCosts | None:
-        return cls(flow.vocoder_pass_ms, flow.vocoder_frame_us) if flow.grouping == "cost" else None
-
-    def seconds(self, row_frames: int, replayed: bool = False, captured: bool = False) -> float:
-        fixed = self.pass_ms
-        if replayed and self.replay_ms is not None:
-            fixed = self.replay_ms
-        elif captured and self.capture_ms is not None:
-            fixed = self.capture_ms
-        return (fixed + self.frame_us * row_frames / 1000) / 1000
 
 
 def length_groups(
@@ -141,7 +110,8 @@ class Flow:
 
     @classmethod
     def configured(cls, flow, precision: str, cosy, device) -> Flow:
-        """The flow as tts.cosyvoice configures it (cuda_graphs and tts.cosyvoice.flow)."""
+        """The flow as tts.cosyvoice configures it (cuda_graphs and tts.cosyvoice.flow), its passes cut
+        by this GPU kind's costs (pass_costs)."""
         return cls(
             flow,
             precision,
@@ -154,7 +124,7 @@ class Flow:
             frame_buckets=cosy.flow.frame_buckets,
             capture_after=cosy.flow.capture_after,
             tail_spread=cosy.flow.tail_spread,
-            costs=PassCosts.configured(cosy.flow),
+            costs=pass_costs(flow, cosy.flow, device)[0],
             row_buckets=cosy.flow.row_buckets,
             attention=cosy.flow.attention,
         )
@@ -324,3 +294,15 @@ def flow_batch_causal(runner: Flow, rows: list[Row]) -> list[torch.Tensor]:
         noise.expand(len(rows), -1, -1).contiguous(), mask, mu, flow_speakers(flow, rows, device), cond, frames
     )
     return [x[i : i + 1, :, feat.shape[0] : frames[i]].float() for i, feat in enumerate(feats)]
+
+
+def pass_costs(flow, flow_config, device) -> tuple[PassCosts, PassCosts] | tuple[None, None]:
+    """The flow's and the vocoder's pass costs on this device (profiles.py, with what
+    tts.cosyvoice.flow sets); (None, None) where flow.grouping is spread."""
+    if flow_config.grouping != "cost":
+        return None, None
+    import torch
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return configured(profile(name, type(flow.decoder.estimator).__name__), flow_config)

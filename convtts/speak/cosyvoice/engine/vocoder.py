@@ -20,9 +20,10 @@ from torch.distributions.uniform import Uniform
 
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine import snake
-from convtts.speak.cosyvoice.engine.flow import SPREAD, PassCosts, cheapest_groups, length_groups
+from convtts.speak.cosyvoice.engine.flow import SPREAD, cheapest_groups, length_groups
 from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
+from convtts.speak.cosyvoice.engine.profiles import PassCosts
 from convtts.speak.cosyvoice.engine.requests import Stream, own_random_stream
 from convtts.speak.cosyvoice.engine.sizing import hift_widths, rows_within, vocoder_bytes_per_sample
 
@@ -117,9 +118,10 @@ class Vocoder:
         self.passes, self.alone = 0, 0  # passes so far, and how many of them held one row (upstream's call)
 
     @classmethod
-    def configured(cls, hift, precision: str, cosy) -> Vocoder:
-        """The vocoder as tts.cosyvoice configures it (flow.vocoder_rows, flow.max_mb)."""
-        return cls(hift, precision, cosy.flow.vocoder_rows, cosy.flow.max_mb, PassCosts.vocoder(cosy.flow))
+    def configured(cls, hift, precision: str, cosy, costs: PassCosts | None = None) -> Vocoder:
+        """The vocoder as tts.cosyvoice configures it (flow.vocoder_rows, flow.max_mb), its passes cut by
+        `costs` (flow.pass_costs; None: by SPREAD)."""
+        return cls(hift, precision, cosy.flow.vocoder_rows, cosy.flow.max_mb, costs)
 
     def speak(self, streams: list[Stream], mels: list[torch.Tensor], speed: float) -> list:
         """Each row's samples (1-D float32 numpy), or the exception that row's vocoding raised."""
