@@ -218,7 +218,7 @@ if [[ "$ENGINE" == ray ]]; then
   DRIVER_EXIT="$LOG_DIR/driver.exit"
   RAY_ARGS=(--output-dir "$OUT" --address "${ADDRESS:-auto}" --slot-resource "${SLOT_RESOURCE:-GPU}" --mps "$MPS"
             --run-id "$RUN_ID" --log-dir "$LOG_DIR" --plan-ready "$PLAN_EXIT" --exit-file "$DRIVER_EXIT"
-            --parent-pid $$ "${SETS[@]}")
+            --parent-pid $$ ${VERIFY[@]+"${VERIFY[@]}"} "${SETS[@]}")
   if [[ -t 1 ]]; then RAY_ARGS+=(--progress); fi
   log_header "$LOG_DIR/driver.log"
   "$PYTHON" -m convtts.cluster.ray_engine "${RAY_ARGS[@]}" 2>>"$LOG_DIR/driver.log" &

@@ -291,3 +291,26 @@ def test_address_local_runs_the_job_on_a_cluster_of_its_own(tmp_path, cluster):
     assert [f.read_text() for f in log.rglob("driver.exit")] == ["0\n"]
     drivers = subprocess.run(["pgrep", "-f", f"convtts.cluster.ray_engine --output-dir {out}"], capture_output=True)
     assert drivers.stdout == b"", drivers.stdout
+
+
+def test_verify_reaches_the_ray_slots_and_finds_damage_that_keeps_the_size(tmp_path, cluster):
+    head, _ = cluster({"resources": {SLOT: 1}})
+    source = write_input(tmp_path / "in.json", llava_conversations(images=2))
+    out = tmp_path / "out"
+    args = ray_args(head.address)
+    first = start(source, out, tmp_path / "log", args)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr.decode()[-3000:]
+    rows = {r["id"]: r for r in assert_complete(out)}
+    row = next(iter(rows.values()))
+    audio = out / row["audio"]
+    data = audio.read_bytes()
+    audio.write_bytes(b"XXXX" + data[4:])  # the header overwritten in place: the same size, no WAV
+    # without --verify the slots would trust the marker's sizes, and only the merge would see it (exit 1)
+    verified = start(source, out, tmp_path / "log-verify", [*args, "--verify"])
+    _, stderr = verified.communicate(timeout=300)
+    assert verified.returncode == 0, stderr.decode()[-3000:]
+    assert audio.read_bytes()[:4] == b"RIFF"  # spoken again (Piper's takes differ: its noise is unseeded)
+    again = {r["id"]: r for r in assert_complete(out)}
+    assert again[row["id"]]["run"] != row["run"]
+    assert all(again[uid]["run"] == first_row["run"] for uid, first_row in rows.items() if uid != row["id"])

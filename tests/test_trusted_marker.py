@@ -101,10 +101,19 @@ def test_damage_that_keeps_the_size_is_found_by_verify(copy, tmp_path):
     data = audio.read_bytes()
     audio.write_bytes(b"XXXX" + data[4:])  # the header overwritten in place: the same size, no WAV
 
-    _, trusted, _ = rerun(source, out, tmp_path / "log")
+    saved = tmp_path / "damaged"
+    shutil.copytree(out, saved)
+    code, trusted, log = rerun(source, out, tmp_path / "log")
     assert redone(before, trusted) == set()  # the marker's sizes hold: the slot did not open the audio
     assert audio.read_bytes()[:4] == b"XXXX"
+    # the merge, which reads every changed file, finds it: exit 1, and the shard's marker withdrawn,
+    # so the plain rerun its closing line asks for speaks it again
+    assert code == 1 and not (out / "work" / "shard-00001.stats.json").exists()
+    code, after, _ = rerun(source, out, tmp_path / "log-again")
+    assert code == 0 and redone(before, after) == {row["id"]} and audio.read_bytes() == data
 
+    shutil.rmtree(out)
+    saved.rename(out)
     code, after, log = rerun(source, out, tmp_path / "log-verify", "--verify")
     assert code == 0
     assert redone(before, after) == {row["id"]}

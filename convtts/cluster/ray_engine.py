@@ -69,6 +69,7 @@ class Options:
     progress: bool
     settings: list = field(default_factory=list)  # --config/--set for the slots, which start before the plan
     plan_ready: str | None = None  # the file run_all.sh writes preprocess's exit code to
+    verify: bool = False  # the slots open every audio file of the shards marked done (--verify)
 
 
 class Driver:
@@ -146,6 +147,7 @@ class Driver:
             "--slots-on-node",
             str(on_node),
             *ready,
+            *(["--verify"] if self.o.verify else []),
             *self.o.settings,
         ]
 
@@ -476,6 +478,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--parent-pid", type=int, default=0, help="stop when this process (run_all.sh) is gone, however it ended"
     )
+    p.add_argument("--verify", action="store_true", help="the slots open every audio file of the shards marked done")
     add_config_args(p)
     return p.parse_args(argv)
 
@@ -514,6 +517,7 @@ def main(argv=None) -> int:
         args.progress,
         settings,
         os.path.abspath(args.plan_ready) if args.plan_ready else None,
+        args.verify,
     )
     driver = Driver(ray, options, config.workers.progress_interval)
     _install_stop_handlers()

@@ -17,6 +17,7 @@ the length of its line, and its turns here, for when it began in an earlier shar
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from collections import Counter
@@ -27,6 +28,8 @@ import orjson
 from convtts.results.report import QualityTally
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import DROPPED, KEPT, load_done, load_failures, read_jsonl
+
+log = logging.getLogger(__name__)
 
 PART_VERSION = 1
 # A file changed this close to the moment its facts were taken may change again within the same
@@ -143,8 +146,10 @@ def first_record(layout: Layout, shard: str) -> dict:
 
 def build(layout: Layout, shard: str, listing: WorkListing, facts_now: list, racy: bool) -> Part:
     """The shard's part from its plan and work files (the same lines a whole merge writes for it)."""
-    check_audio = facts_now[1]
-    done = load_done(layout, shard, paths=listing.manifests(shard), check_audio=check_audio)
+    check_audio, problems = facts_now[1], []
+    done = load_done(layout, shard, paths=listing.manifests(shard), check_audio=check_audio, problems=problems)
+    if problems:
+        withdraw_marker(layout, shard, problems)
     failed = load_failures(layout, shard, listing.failure_files(shard))
     counts = Counts()
     manifest, failures = bytearray(), bytearray()
@@ -165,6 +170,17 @@ def build(layout: Layout, shard: str, listing: WorkListing, facts_now: list, rac
         digest.update(data)
     header["digest"] = digest.hexdigest()
     return Part(header, bytes(manifest), bytes(failures), bytes(conversations))
+
+
+def withdraw_marker(layout: Layout, shard: str, problems: list[str]) -> None:
+    """A shard marked done whose rows or audio the merge found damaged loses its done marker: the
+    next run checks it in full and speaks what is missing, as the closing line tells the user to
+    (a marker's sizes would otherwise be trusted, and damage that keeps a file's size never mended)."""
+    for problem in problems[:5]:
+        log.warning("%s: %s", shard, problem)
+    if layout.stats(shard).exists():
+        layout.stats(shard).unlink(missing_ok=True)
+        log.warning("%s: its done marker is withdrawn; the next run checks it in full and speaks the rest", shard)
 
 
 def merge_rows(plan_file, results, counts: Counts, manifest, failures) -> dict:

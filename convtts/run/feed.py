@@ -142,8 +142,9 @@ class FedWork:
     again for the workers. The driver owns the shards: it writes their stats, and hands what a
     lost slot held to another as a recheck."""
 
-    def __init__(self, layout: Layout, run_id: str, writer: str, feed: ShardFeed, workers: int):
+    def __init__(self, layout: Layout, run_id: str, writer: str, feed: ShardFeed, workers: int, verify: bool = False):
         self.layout, self.run_id, self.writer, self.feed, self.workers = layout, run_id, writer, feed, workers
+        self.verify = verify  # open every audio file of a shard marked done (--verify), not trust its marker
         self.rows = 1
         self.shards: dict[str, FedShard] = {}
         self.owner: dict[str, DriverPiece] = {}  # id -> the driver's piece it came in
@@ -194,7 +195,7 @@ class FedWork:
     def open(self, shard: str) -> list[str] | None:
         """The resume point of a shard, as a slot with its own shards makes it; the driver gets what is left."""
         manifests = self.listing.manifests(shard)
-        if shard_complete_and_whole(self.layout, shard, self.listing):  # logs any damage it finds
+        if shard_complete_and_whole(self.layout, shard, self.listing, self.verify):  # logs any damage it finds
             rows = read_jsonl(self.layout.shard_file(shard))
             return self.feed.opened(shard, len(rows), len(rows), 0.0, [])
         work = open_shard(self.layout, shard, self.run_id, manifests)

@@ -194,7 +194,8 @@ class Slot:
             return EXIT_OK
         if self.feed is not None:
             writer = self.options.writer_prefix.rstrip("-")
-            self.work = FedWork(self.layout, self.options.run_id, writer, self.feed, self.options.workers)
+            options = self.options
+            self.work = FedWork(self.layout, options.run_id, writer, self.feed, options.workers, options.verify)
         else:
             self.work = WorkQueue(self.layout, todo, self.options.run_id, self.options.workers, listing)
             if not self.work.total:
