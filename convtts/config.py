@@ -205,19 +205,25 @@ class PromptVoice:
     """A voice spoken from a recording: zero_shot (the LLM hears the transcript and the recording's
     speech tokens), cross_lingual (it hears neither, so the voice speaks any language; the flow still
     takes the recording) or instruct (CosyVoice2/3: `instruct` in the transcript's place, e.g.
-    "用四川话说这句话<|endofprompt|>")."""
+    "用四川话说这句话<|endofprompt|>"). On a CosyVoice-300M-Instruct model an instruct voice is a
+    built-in `speaker` told `instruct`, with no recording."""
 
-    audio: str  # the recording (CosyVoice v1, v2, v3)
+    audio: str = ""  # the recording (CosyVoice v1, v2, v3)
     text: str = ""  # its transcript (zero_shot)
     mode: str = "zero_shot"
     # instruct: what the model is told in place of the transcript; cross_lingual: put before the text
     # of each chunk (a CosyVoice3 text needs <|endofprompt|>: upstream's system prompt when empty)
     instruct: str = ""
     language: str = ""  # the language the voice speaks (ISO 639-1), for speakers.by_language; "": any
+    speaker: str = ""  # mode instruct on CosyVoice-300M-Instruct: the built-in speaker told `instruct`
 
     def check(self) -> None:
         if self.mode not in PROMPT_MODES:
             raise ConfigError(f"mode must be one of {PROMPT_MODES}, got {self.mode!r}")
+        if self.speaker and (self.mode != "instruct" or self.audio):
+            raise ConfigError("speaker (a built-in speaker told `instruct`) goes with mode instruct and no audio")
+        if not self.speaker and not self.audio:
+            raise ConfigError("audio (the voice's recording) is missing")
 
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

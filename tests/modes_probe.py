@@ -1,6 +1,7 @@
 """Speaks texts with a cross-lingual or instruct voice three ways; prints a JSON report.
 
     python tests/modes_probe.py MODEL_DIR PROMPT_WAV MODE [INSTRUCT]
+    python tests/modes_probe.py MODEL_DIR speaker:NAME instruct INSTRUCT    # CosyVoice-300M-Instruct
 
 Upstream's own call with no registered voice (inference_cross_lingual / inference_instruct2, the
 reference), our one-at-a-time path (the same call on the voice's registered features), the batched
@@ -28,7 +29,8 @@ def backend_for(model_dir: str, prompt_wav: str, mode: str, instruct: str, rows:
     from convtts.config import Config, CosyVoiceConfig, PrecisionConfig, PromptVoice, SpeakerConfig, TTSConfig
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
-    voice = PromptVoice(audio=prompt_wav, mode=mode, instruct=instruct)
+    told = prompt_wav.removeprefix("speaker:") if prompt_wav.startswith("speaker:") else ""
+    voice = PromptVoice(audio="" if told else prompt_wav, mode=mode, instruct=instruct, speaker=told)
     # fp32: upstream's own path can still run the model's LLM (a cast one it cannot)
     cosy = CosyVoiceConfig(
         model_dir=model_dir, batch_size=rows, prompts={"anna": voice}, precision=PrecisionConfig("fp32", "fp32", "fp32")
@@ -45,8 +47,11 @@ def upstream(backend, text: str, seed: int):
     from convtts.speak.cosyvoice.prompts import load_prompt_16k, spoken_prefix
 
     prompt, model = backend.prompts["anna"], backend.model
-    audio = prompt.audio if backend.registered.takes_path else load_prompt_16k(prompt.audio)
     seed_everything(seed)
+    if prompt.speaker:
+        outputs = list(model.inference_instruct(text, prompt.speaker, prompt.instruct, stream=False))
+        return np.concatenate([out["tts_speech"].numpy().reshape(-1) for out in outputs])
+    audio = prompt.audio if backend.registered.takes_path else load_prompt_16k(prompt.audio)
     if prompt.mode == "instruct":
         outputs = list(model.inference_instruct2(text, prompt.instruct, audio, stream=False))
     else:

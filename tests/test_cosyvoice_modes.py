@@ -26,6 +26,7 @@ TOLERANCE = 1e-5
 CANTONESE = "You are a helpful assistant. 请用广东话表达。<|endofprompt|>"
 MODES = [  # (version, mode, instruction)
     (1, "cross_lingual", ""),
+    (1, "instruct", "Theo is a calm narrator who speaks slowly."),  # a built-in speaker told it (300M-Instruct)
     (2, "cross_lingual", ""),
     (2, "instruct", "Speak slowly and warmly."),  # cosyvoice2-eu adds the marker itself
     (3, "cross_lingual", ""),
@@ -62,7 +63,8 @@ def models(tmp_path_factory):
 
     def model(version: int):
         if version not in built:
-            out = tmp_path_factory.mktemp(f"modes-v{version}") / "tiny"
+            # named as released: the installed runtime speaks instruct only from a "-Instruct" directory
+            out = tmp_path_factory.mktemp(f"modes-v{version}") / ("tiny-Instruct" if version == 1 else "tiny")
             command = [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", str(version)]
             done = subprocess.run(
                 [*command, "--out", str(out)], env=runtime_env(version), capture_output=True, text=True, timeout=600
@@ -78,7 +80,8 @@ def models(tmp_path_factory):
 @pytest.mark.parametrize(("version", "mode", "instruct"), MODES, ids=[f"v{v}-{m}" for v, m, _ in MODES])
 def test_the_batched_engine_speaks_each_mode_as_upstream_does_alone(models, recording, version, mode, instruct):
     env = runtime_env(version)
-    command = [sys.executable, str(REPO / "tests" / "modes_probe.py"), str(models(version)), str(recording), mode]
+    voice = "speaker:英文男" if version == 1 and mode == "instruct" else str(recording)
+    command = [sys.executable, str(REPO / "tests" / "modes_probe.py"), str(models(version)), voice, mode]
     done = subprocess.run([*command, instruct], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -88,6 +91,10 @@ def test_the_batched_engine_speaks_each_mode_as_upstream_does_alone(models, reco
     assert all(d is not None and d < TOLERANCE for d in report["batched"]), report["batched"]
     keys = set(report["chunk_keys"])
     assert "llm_prompt_speech_token" not in keys  # neither mode gives the LLM the recording's tokens
+    if voice.startswith("speaker:"):  # upstream leaves the speaker's embedding out of the LLM, the flow keeps it
+        assert keys == {"text", "text_len", "flow_embedding", "prompt_text", "prompt_text_len"}
+        assert report["prompt_text"][: len(report["instruct_tokens"])] == report["instruct_tokens"]
+        return
     assert {"flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding"} <= keys  # the flow hears it
     if mode == "cross_lingual":
         assert "prompt_text" not in keys
@@ -116,7 +123,13 @@ def test_each_mode_asks_only_for_what_it_uses(tmp_path):
 @pytest.mark.parametrize(
     ("prompt", "version", "said"),
     [
-        ({"mode": "instruct", "instruct": "Speak slowly."}, 1, "mode instruct needs a CosyVoice2 or CosyVoice3 model"),
+        ({"mode": "instruct", "instruct": "Speak slowly."}, 1, "mode instruct with a recording needs a CosyVoice2"),
+        ({"mode": "instruct", "speaker": "中文男", "audio": ""}, 1, "v.instruct: mode instruct needs the instruction"),
+        (
+            {"mode": "instruct", "speaker": "中文男", "audio": "", "instruct": "Calm."},
+            2,
+            "a built-in speaker told an instruction is CosyVoice-300M-Instruct's",
+        ),
         ({"mode": "instruct"}, 2, "v.instruct: mode instruct needs the instruction"),
         (
             {"mode": "instruct", "instruct": "请用广东话表达。"},
@@ -137,6 +150,17 @@ def test_a_voice_missing_what_its_mode_needs_is_refused_by_name(tmp_path, prompt
     with pytest.raises(ConfigError) as refused:
         check_voice("v", voice, version)
     assert said in str(refused.value)
+
+
+def test_a_told_speaker_needs_mode_instruct_and_no_recording():
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, ["tts.cosyvoice.prompts.theo={speaker: 中文男, mode: zero_shot}"])
+    assert "speaker (a built-in speaker told `instruct`) goes with mode instruct and no audio" in str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, ["tts.cosyvoice.prompts.anna={text: t}"])
+    assert "tts.cosyvoice.prompts.anna: audio (the voice's recording) is missing" in str(refused.value)
+    told = load_config(None, ["tts.cosyvoice.prompts.theo={speaker: 中文男, mode: instruct, instruct: Calm.}"])
+    assert told.tts.cosyvoice.prompts["theo"].speaker == "中文男"
 
 
 def test_an_unknown_mode_is_refused_when_the_config_loads():

@@ -91,7 +91,8 @@ def check(config: Config) -> None:
         return
     voices = list(config.speakers.voices)
     check_prompts(cosy, [v for v in voices if v in cosy.prompts], version)
-    builtin = [v for v in voices if v not in cosy.prompts]
+    told = [cosy.prompts[v].speaker for v in voices if v in cosy.prompts and cosy.prompts[v].speaker]
+    builtin = [v for v in voices if v not in cosy.prompts] + told
     if not builtin:
         return
     if version >= 2:
@@ -411,11 +412,15 @@ class CosyVoiceBackend(BatchedBackend):
         """A cross-lingual or instruct voice's chunks: its registered features (PromptCache.register,
         as frontend_cross_lingual / frontend_instruct2 build them) and each chunk's text, a cross-lingual
         voice's prefix before it."""
-        frontend, key, prompt = self.model.frontend, self.registered.key(speaker), self.prompts[speaker]
+        frontend, prompt, tf = self.model.frontend, self.prompts[speaker], self.cosy.text_frontend
+        parts = normalized(frontend, text, tf, self.text_budget)
+        if prompt.speaker:  # CosyVoice-300M-Instruct: a built-in speaker told the instruction (inference_instruct)
+            instruct = frontend.text_normalize(prompt.instruct, split=False, text_frontend=tf)
+            return [dict(frontend.frontend_instruct(part, prompt.speaker, instruct)) for part in parts]
+        key = self.registered.key(speaker)
         prefix = spoken_prefix(prompt, self.version) if prompt.mode == "cross_lingual" else ""
         return [
-            dict(frontend.frontend_zero_shot(prefix + part, "", prompt.audio, self.sample_rate, key))
-            for part in normalized(frontend, text, self.cosy.text_frontend, self.text_budget)
+            dict(frontend.frontend_zero_shot(prefix + part, "", prompt.audio, self.sample_rate, key)) for part in parts
         ]
 
     @staticmethod
@@ -433,7 +438,7 @@ class CosyVoiceBackend(BatchedBackend):
     def prompt_audio(self, speaker: str) -> str | None:
         """The prompt recording a zero-shot voice speaks from (for the manifest); None for a built-in speaker."""
         prompt = self.prompts.get(speaker)
-        return str(Path(prompt.audio).resolve()) if prompt is not None else None
+        return str(Path(prompt.audio).resolve()) if prompt is not None and prompt.audio else None
 
     def _outputs(self, text: str, speaker: str):
         options = dict(stream=False, speed=self.cosy.speed, text_frontend=self.cosy.text_frontend)

@@ -34,6 +34,15 @@ def check_voice(where: str, prompt: PromptVoice, version: int, keyed: bool = Tru
     instruction (instruct, CosyVoice2/3) the model is told. `keyed`: errors name the key at fault
     (a voice of tts.cosyvoice.prompts), else the voice (a pool's)."""
     audio, instruct = (f"{where}.audio", f"{where}.instruct") if keyed else (where, where)
+    if prompt.speaker:
+        if version != 1:
+            raise ConfigError(
+                f"{where}: a built-in speaker told an instruction is CosyVoice-300M-Instruct's; a CosyVoice{version} "
+                "instruct voice is a recording (audio) with its instruction"
+            )
+        if not prompt.instruct.strip():
+            raise ConfigError(f"{instruct}: mode instruct needs the instruction")
+        return
     if prompt.mode == "zero_shot":
         check_prompt(audio, prompt.audio, prompt.text, version)
         return
@@ -41,8 +50,8 @@ def check_voice(where: str, prompt: PromptVoice, version: int, keyed: bool = Tru
     if prompt.mode == "instruct":
         if version == 1:
             raise ConfigError(
-                f"{where}: mode instruct needs a CosyVoice2 or CosyVoice3 model (instruct2); "
-                "for a CosyVoice-300M model use zero_shot or cross_lingual"
+                f"{where}: mode instruct with a recording needs a CosyVoice2 or CosyVoice3 model (instruct2); "
+                "a CosyVoice-300M-Instruct model tells a built-in speaker (speaker: 中文男) instead"
             )
         if not prompt.instruct.strip():
             raise ConfigError(

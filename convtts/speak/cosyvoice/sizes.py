@@ -63,7 +63,7 @@ def prompt_tokens(config: Config) -> int:
     longest = 0
     for prompt in voices:
         try:
-            seconds = soundfile.info(prompt.audio).duration
+            seconds = soundfile.info(prompt.audio).duration if prompt.audio else 0.0  # a told built-in speaker: none
         except Exception:  # checked before any worker starts; an estimate needs no error of its own
             seconds = 30.0
         longest = max(longest, int(seconds * rate) + len(prompt.text + prompt.instruct) // CHARS_PER_TEXT_TOKEN + 1)
