@@ -123,6 +123,31 @@ def python_reports(code: str, *args, env: dict | None = None, timeout: float = 3
     return orjson.loads(done.stdout.strip().splitlines()[-1])
 
 
+def steady_recording(path: Path, text: str) -> Path:
+    """`text` spoken by the default voice with its noise off, written to `path` (a prompt recording):
+    Piper's noise is unseeded, so a noisy recording would differ at every call."""
+    import soundfile as sf
+
+    from convtts.config import load_config
+    from convtts.speak.piper import PiperBackend
+
+    steady = "{length_scale: 1.0, noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0}"
+    piper = PiperBackend(load_config(None, ["speakers.voices=[joe]", f"tts.piper.voices.joe={steady}"]))
+    sf.write(path, piper.synthesize(text, "joe", 0), piper.sample_rate)
+    piper.close()
+    return path
+
+
+def version_env(version: int) -> dict:
+    """The scripts' environment for a model of this version: a v3 model needs the checkout (skipped without)."""
+    env = script_env()
+    if version == 3:
+        if not COSYVOICE_CHECKOUT:
+            pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
+        env["COSYVOICE_ROOT"] = COSYVOICE_CHECKOUT
+    return env
+
+
 # A small job of two conversations in two shards, spoken at once: the damaged-state and trusted-marker
 # tests damage and rerun its output.
 SMALL_JOB_ARGS = (

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
 
-from conftest import peak_rows, run_short_of_memory, speak_with_two_refused
+from conftest import peak_rows, run_short_of_memory, speak_with_two_refused, steady_recording
 from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
@@ -57,16 +56,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prompt(tmp_path_factory):
-    from convtts.config import load_config
-    from convtts.speak.piper import PiperBackend
-
-    path = tmp_path_factory.mktemp("prompt") / "anna.wav"
-    # noise scales 0: Piper's noise is unseeded, and every recording is a new draw of the ties above
-    steady = "{length_scale: 1.0, noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0}"
-    piper = PiperBackend(load_config(None, ["speakers.voices=[joe]", f"tts.piper.voices.joe={steady}"]))
-    sf.write(path, piper.synthesize(PROMPT, "joe", 0), piper.sample_rate)
-    piper.close()
-    return path
+    # noise off: every noisy recording is a new draw of the ties above
+    return steady_recording(tmp_path_factory.mktemp("prompt") / "anna.wav", PROMPT)
 
 
 def config(model_dir, prompt, batch_size: int) -> Config:

@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from conftest import COSYVOICE_CHECKOUT as CHECKOUT
-from conftest import REPO, need, script_env
+from conftest import REPO, need, steady_recording, version_env
 
 need("cosyvoice", "cosyvoice")
 
@@ -35,15 +34,6 @@ OFTEN_DRAWN = 917  # v3: the speech token this random model draws most (9 of 122
 ENDLESS = re.compile(r"EndlessDecode: chunk 1 of 1 decoded (\d+) speech tokens")
 
 
-def runtime_env(version: int) -> dict:
-    env = script_env()
-    if version == 3:
-        if not CHECKOUT:
-            pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
-        env["COSYVOICE_ROOT"] = CHECKOUT
-    return env
-
-
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=["v1", "v2", "v3"])
 def endless(request, tmp_path_factory):
     """(version, a model directory whose end token is never drawn, a prompt recording for v2/v3)."""
@@ -51,31 +41,21 @@ def endless(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"endless-v{version}") / "tiny"
     command = [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", str(version), "--out", str(out)]
     done = subprocess.run(
-        [*command, "--eos-bias", "low"], env=runtime_env(version), capture_output=True, text=True, timeout=600
+        [*command, "--eos-bias", "low"], env=version_env(version), capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return version, out, prompt_recording(tmp_path_factory) if version > 1 else None
 
 
 def prompt_recording(tmp_path_factory):
-    import soundfile as sf
-
-    from convtts.config import load_config
-    from convtts.speak.piper import PiperBackend
-
-    path = tmp_path_factory.mktemp("prompt") / "anna.wav"
-    steady = "{length_scale: 1.0, noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0}"  # the same recording each time
-    piper = PiperBackend(load_config(None, ["speakers.voices=[joe]", f"tts.piper.voices.joe={steady}"]))
-    sf.write(path, piper.synthesize(PROMPT_TEXT, "joe", 0), piper.sample_rate)
-    piper.close()
-    return path
+    return steady_recording(tmp_path_factory.mktemp("prompt") / "anna.wav", PROMPT_TEXT)
 
 
 def probe(version: int, model, prompt) -> dict:
     """tests/endless_decode_probe.py's report: each utterance batched, alone through the engine, and upstream's."""
     voice = [] if prompt is None else [str(prompt), (INSTRUCTION if version == 3 else "") + PROMPT_TEXT]
     command = [sys.executable, str(REPO / "tests" / "endless_decode_probe.py"), str(model), *voice]
-    done = subprocess.run(command, env=runtime_env(version), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, env=version_env(version), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import COSYVOICE_CHECKOUT as CHECKOUT
-from conftest import REPO, assert_complete, run_all, script_env, write_input
+from conftest import REPO, assert_complete, run_all, steady_recording, version_env, write_input
 from convtts.config import ConfigError, PromptVoice, load_config
 from convtts.speak.cosyvoice.prompts import V3_SYSTEM_PROMPT, check_voice
 
@@ -34,26 +33,9 @@ MODES = [  # (version, mode, instruction)
 ]
 
 
-def runtime_env(version: int) -> dict:
-    env = script_env()
-    if version == 3:
-        if not CHECKOUT:
-            pytest.skip("needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice")
-        env["COSYVOICE_ROOT"] = CHECKOUT
-    return env
-
-
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
-    from convtts.config import load_config
-    from convtts.speak.piper import PiperBackend
-
-    path = tmp_path_factory.mktemp("prompt") / "anna.wav"
-    steady = "{length_scale: 1.0, noise_scale: 0.0, noise_w_scale: 0.0, volume: 1.0}"  # the same recording each time
-    piper = PiperBackend(load_config(None, ["speakers.voices=[joe]", f"tts.piper.voices.joe={steady}"]))
-    sf.write(path, piper.synthesize(PROMPT_TEXT, "joe", 0), piper.sample_rate)
-    piper.close()
-    return path
+    return steady_recording(tmp_path_factory.mktemp("prompt") / "anna.wav", PROMPT_TEXT)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +49,7 @@ def models(tmp_path_factory):
             out = tmp_path_factory.mktemp(f"modes-v{version}") / ("tiny-Instruct" if version == 1 else "tiny")
             command = [sys.executable, "-m", "convtts.testing.cosyvoice_model", "--version", str(version)]
             done = subprocess.run(
-                [*command, "--out", str(out)], env=runtime_env(version), capture_output=True, text=True, timeout=600
+                [*command, "--out", str(out)], env=version_env(version), capture_output=True, text=True, timeout=600
             )
             assert done.returncode == 0, done.stderr[-3000:]
             built[version] = out
@@ -79,7 +61,7 @@ def models(tmp_path_factory):
 @pytest.mark.cosyvoice
 @pytest.mark.parametrize(("version", "mode", "instruct"), MODES, ids=[f"v{v}-{m}" for v, m, _ in MODES])
 def test_the_batched_engine_speaks_each_mode_as_upstream_does_alone(models, recording, version, mode, instruct):
-    env = runtime_env(version)
+    env = version_env(version)
     voice = "speaker:英文男" if version == 1 and mode == "instruct" else str(recording)
     command = [sys.executable, str(REPO / "tests" / "modes_probe.py"), str(models(version)), voice, mode]
     done = subprocess.run([*command, instruct], env=env, capture_output=True, text=True, timeout=600)
@@ -189,7 +171,7 @@ def test_the_shipped_mode_configs_change_only_the_voices_of_cosyvoice3():
 @pytest.mark.parametrize("config", ["cosyvoice3-cross-lingual", "cosyvoice3-instruct"])
 def test_run_all_speaks_a_mixed_conversation_with_the_shipped_mode_config(tmp_path, models, recording, config):
     """Chinese and English turns, with upstream's voices of the mode config (recordings swapped for the test's)."""
-    env = runtime_env(3)
+    env = version_env(3)
     shipped = load_config(REPO / "configs" / f"{config}.yaml")
     voices = [f'tts.cosyvoice.prompts.{name}.audio="{recording}"' for name in shipped.speakers.voices]
     settings = [f"tts.cosyvoice.model_dir={models(3)}", "tts.cosyvoice.batch_size=2", *voices]
