@@ -32,6 +32,7 @@ from convtts.plan.voices import (  # noqa: F401  (side_voices: for callers)
     voice_names,
 )
 from convtts.speak import configs_speaking, voice_languages
+from convtts.speak.pool import read_pool
 from convtts.state.layout import FAN_OUT_SHARDS, Layout, shard_folder, shard_name
 from convtts.words import plural
 
@@ -197,8 +198,9 @@ def plan_conversation(
                 }
             )
             continue
-        voices = sides[language] if language in sides else sides.setdefault(language, casting.sides(cid, language))
-        speaker = casting.turn(cid, turn, side, voices, language)
+        if language not in sides:
+            sides[language] = casting.sides(cid, language)
+        speaker = casting.turn(cid, turn, side, sides[language], language)
         for number, piece in enumerate(split_turn(text, language, config)):
             segment = {
                 "id": f"{cid}-{turn:03d}-{number:02d}",
@@ -482,8 +484,10 @@ def rules_changed(layout: Layout, config: Config) -> bool:
 
 def casting_for(config: Config) -> Casting:
     """Who speaks what under this config: its voices (or its pool's), grouped by language."""
-    said = said_languages(config.speakers, config.tts.cosyvoice.prompts)
-    return Casting.of(config.speakers, voice_names(config.speakers), said)
+    speakers = config.speakers
+    pool = read_pool(speakers.pool) if speakers.pool else None  # read once for the names and the languages
+    said = said_languages(speakers, config.tts.cosyvoice.prompts, pool)
+    return Casting.of(speakers, voice_names(speakers, pool), said)
 
 
 def plan_settings(config: Config) -> dict:
@@ -491,13 +495,14 @@ def plan_settings(config: Config) -> dict:
     pool moved elsewhere, or a recording or transcript changed, assigns the same voices)."""
     groups = to_dict(config)
     settings = {group: groups[group] for group in PLAN_GROUPS}
+    casting = casting_for(config)
     pool = settings["speakers"].pop("pool")  # without a pool, the settings of plans made before pools
     if pool:
-        settings["speakers"]["pool"] = names_digest(voice_names(config.speakers))
+        settings["speakers"]["pool"] = names_digest(casting.voices)
     # the voices each language takes, as cast (explicit or said by the voices); none: the settings of
     # plans made before languages had voices
     del settings["speakers"]["by_language"]
-    groups = {lang: casting.voices for lang, casting in casting_for(config).by_language.items()}
+    groups = {lang: of.voices for lang, of in casting.by_language.items()}
     if groups:
         settings["speakers"]["by_language"] = {
             lang: list(names) if len(names) <= 32 else names_digest(names) for lang, names in groups.items()

@@ -15,15 +15,15 @@ from convtts.speak.pool import read_pool
 # --- what the plan sees of a pool --------------------------------------------------------------
 
 
-def voice_names(config: SpeakerConfig) -> tuple[str, ...]:
+def voice_names(config: SpeakerConfig, pool: list | None = None) -> tuple[str, ...]:
     """The voices the plan assigns: the pool's (sorted by name), or speakers.voices without a pool.
 
     A side restricted by speakers.human / speakers.assistant, or a language's voices in
-    speakers.by_language, must name voices of the pool.
+    speakers.by_language, must name voices of the pool. `pool`: its voices, read_pool's, if read already.
     """
     if not config.pool:
         return config.voices
-    names = tuple(voice.name for voice in read_pool(config.pool))
+    names = tuple(voice.name for voice in (pool if pool is not None else read_pool(config.pool)))
     known = set(names)
     named = {f"speakers.{side}": getattr(config, side) for side in ("human", "assistant")}
     named.update({f"speakers.by_language.{lang}": voices for lang, voices in config.by_language.items()})
@@ -46,11 +46,12 @@ BUILTIN_LANGUAGES = {
 }
 
 
-def said_languages(config: SpeakerConfig, prompts: dict) -> dict[str, str]:
+def said_languages(config: SpeakerConfig, prompts: dict, pool: list | None = None) -> dict[str, str]:
     """The language each voice says it speaks, where it says one: a pool row's `language`, a
-    prompt's (tts.cosyvoice.prompts), or a built-in speaker's name."""
+    prompt's (tts.cosyvoice.prompts), or a built-in speaker's name. `pool` as voice_names takes it."""
     if config.pool:
-        return {voice.name: voice.language for voice in read_pool(config.pool) if voice.language}
+        voices = pool if pool is not None else read_pool(config.pool)
+        return {voice.name: voice.language for voice in voices if voice.language}
     said = {voice: BUILTIN_LANGUAGES[voice] for voice in config.voices if voice in BUILTIN_LANGUAGES}
     said.update(
         {voice: prompts[voice].language for voice in config.voices if voice in prompts and prompts[voice].language}
@@ -159,8 +160,9 @@ class Casting:
     def sides(self, cid: str, language: str | None = None) -> dict[str, str]:
         """by_role: a voice per side for this conversation (among its language's voices, where
         speakers.by_language has some), the two sides apart when 2+ voices allow."""
-        if language is not None and self.of_language(language) is not self:
-            return self.of_language(language).sides(cid)
+        casting = self.of_language(language)
+        if casting is not self:
+            return casting.sides(cid)
         seed = self.config.seed
         if self.config.policy == "single":
             return dict.fromkeys(("human", "assistant", "system"), self.voices[0])

@@ -81,11 +81,7 @@ def append_line(path: Path, row: dict) -> None:
     A write that fails part way (a full disk) is cut back off: the file keeps whole lines only.
     That is safe because each file has one writer.
     """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except FileNotFoundError:  # the first file of its thousand-shard folder (Layout.fanned)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = in_folder(path, lambda: os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
     try:
         start = os.fstat(fd).st_size
         try:
@@ -125,7 +121,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     leaves half a file under the real name, and a failed write leaves no temporary file either."""
     tmp = temporary_path(path)
     try:
-        with _created(tmp) as fh:
+        with in_folder(tmp, lambda: open(tmp, "wb")) as fh:
             fh.write(data)
         os.replace(tmp, path)
     except BaseException as exc:
@@ -135,14 +131,14 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _created(path: Path):
-    """`path` opened for writing, its folder made first if it has none (a thousand-shard folder's
-    first file, Layout.fanned)."""
+def in_folder(path: Path, create):
+    """create() (which makes `path`), its folder made first where it has none: a thousand-shard
+    folder's first file (Layout.fanned). The folder is made only then, not before every write."""
     try:
-        return open(path, "wb")
+        return create()
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "wb")
+        return create()
 
 
 def write_json_atomic(path: Path, value) -> None:
