@@ -85,7 +85,7 @@ def machine_rates(device, repeat: int) -> dict:
     source = torch.empty(size, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     copy = median_seconds(lambda: target.copy_(source), device, repeat)
-    return {"bf16_matmul_tflops": round(2 * n**3 / matmul / 1e12, 1), "copy_gbps": round(2 * size / copy / 1e9, 1)}
+    return {"bf16_matmul_tflops": round(2 * n**3 / matmul / 1e12, 3), "copy_gbps": round(2 * size / copy / 1e9, 1)}
 
 
 def rates(flops: float, seconds: float, machine: dict, bytes_read: float | None = None) -> dict:
@@ -193,7 +193,37 @@ def prefill_account(engine, rows: int, tokens: int, machine: dict, repeat: int) 
         with eager_attention(engine):
             flops, _ = counted(run)
         seconds = median_seconds(run, engine.device, repeat)
-    return {"rows": rows, "positions": tokens, **rates(flops, seconds, machine)}
+    figures = {"rows": rows, "positions": tokens, **rates(flops, seconds, machine)}
+    if getattr(engine.runner, "prefiller", None) is not None:  # v2/v3 on CUDA: our graphed prefill beside it
+        figures["own"] = own_prefill_account(engine, rows, tokens, flops, machine, repeat)
+    return figures
+
+
+def own_prefill_account(engine, rows: int, tokens: int, flops: float, machine: dict, repeat: int) -> dict:
+    """The runner's own prefill of the same prompts: its time, and how far its last hidden states and first
+    layer's keys are from the backbone's (of the reference's largest magnitude)."""
+    import torch
+
+    from convtts.speak.cosyvoice.engine.runner_qwen import cache_tensors
+
+    runner, device = engine.runner, engine.device
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    width = runner.builder.backbone.config.hidden_size
+    x = torch.randn(rows, tokens, width, generator=generator).to(device=device, dtype=runner.dtype)
+    embedded = list(x)
+    with torch.inference_mode(), runner.precision():
+        mask = torch.ones(rows, tokens, dtype=torch.long, device=device)
+        reference = runner.builder.backbone(inputs_embeds=x, attention_mask=mask, use_cache=True)
+        runner.prefiller.run(embedded)
+        seconds = median_seconds(lambda: runner.prefiller.run(embedded), device, repeat)
+        last = reference.last_hidden_state[:, -1].float()
+        keys = cache_tensors(reference.past_key_values)[0].float()
+        own_keys = runner.prefiller.keys[0, :rows, :, :tokens].float()
+        deviation = {
+            "last": float((runner.prefiller.last[:rows].float() - last).abs().max() / last.abs().max()),
+            "keys": float((own_keys - keys).abs().max() / keys.abs().max()),
+        }
+    return {**rates(flops, seconds, machine), "deviation": deviation}
 
 
 # --- the flow and the vocoder ---------------------------------------------------------------------

@@ -350,6 +350,9 @@ class CosyVoiceConfig:
     # The static step's attention: triton (one kernel reading each row's own cache positions), torch (every
     # row read up to the longest: the reference) or auto (triton on a GPU where Triton imports, else torch).
     attention: str = "auto"
+    # v2/v3 prompts' prefill: static (our forward of the backbone, one CUDA graph per bucket of prompts and
+    # width), upstream (the Hugging Face modules: the reference) or auto (static on CUDA, upstream elsewhere).
+    prefill: str = "auto"
     max_row_tokens: int = 0
     flow: FlowConfig = field(default_factory=FlowConfig)  # the flow's and vocoder's passes
     prompts: dict[str, PromptVoice] = field(default_factory=dict)
@@ -384,6 +387,8 @@ class CosyVoiceConfig:
             raise ConfigError(f"tts.cosyvoice.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"tts.cosyvoice.attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.prefill not in PREFILLS:
+            raise ConfigError(f"tts.cosyvoice.prefill must be one of {PREFILLS}, got {self.prefill!r}")
         if self.sampler == "gpu" and self.decode != "static":
             raise ConfigError("tts.cosyvoice.sampler=gpu needs tts.cosyvoice.decode=static")
         if self.compile and self.decode != "static":
@@ -410,6 +415,7 @@ class CosyVoiceConfig:
 DECODES = ("static", "upstream")
 SAMPLERS = ("auto", "cpu", "gpu")
 ATTENTIONS = ("auto", "torch", "triton")
+PREFILLS = ("auto", "static", "upstream")
 
 
 @dataclass(frozen=True)

@@ -54,15 +54,17 @@ class StepGraphs:
         graphs: bool,
         compile: bool,
         state: list[torch.Tensor],
+        what: str = "the decode step",
     ):
         self.step = step
+        self.what = what
         self.compiled = compile_step(step) if compile else None
         self.capture = graphs and device.type == "cuda"
         self.state = state
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
         if graphs and not self.capture:
-            log.info("CUDA graphs asked for on %s: the decode step runs eagerly", device)
+            log.info("CUDA graphs asked for on %s: %s runs eagerly", device, what)
 
     def run(self, rows: int, length: int) -> None:
         if self.capture:
@@ -80,9 +82,7 @@ class StepGraphs:
             except Exception as exc:  # compilation failed (before any kernel ran): eager from now on
                 if is_out_of_memory(exc):
                     raise
-                log.warning(
-                    "torch.compile of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc
-                )
+                log.warning("torch.compile of %s failed (%s: %s): it runs eagerly", self.what, type(exc).__name__, exc)
                 self.compiled = None
         self.step(rows, length)
 
@@ -105,14 +105,12 @@ class StepGraphs:
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise
-            log.warning(
-                "CUDA graph capture of the decode step failed (%s: %s): it runs eagerly", type(exc).__name__, exc
-            )
+            log.warning("CUDA graph capture of %s failed (%s: %s): it runs eagerly", self.what, type(exc).__name__, exc)
             self.capture = False
             self.clear()
             return None
         self.graphs[(rows, length)] = graph
-        log.debug("captured the decode step for %d rows over %d positions (%d graphs)", rows, length, len(self.graphs))
+        log.debug("captured %s for %d rows over %d positions (%d graphs)", self.what, rows, length, len(self.graphs))
         return graph
 
     def clear(self) -> None:

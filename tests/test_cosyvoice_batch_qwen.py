@@ -21,12 +21,14 @@ import pytest
 import torch
 
 from conftest import peak_rows, run_short_of_memory, speak_with_two_refused, steady_recording
-from convtts.config import Config, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig
+from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig, load_config
 from convtts.speak.base import OutOfMemory
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+from convtts.speak.cosyvoice.engine import prefill_qwen
 from convtts.speak.cosyvoice.engine.qwen import QwenBatchEngine
 from convtts.speak.cosyvoice.engine.requests import Request
 from convtts.speak.cosyvoice.engine.runner import DecodeOptions
+from convtts.speak.cosyvoice.engine.runner_qwen import cache_tensors
 from convtts.testing.cosyvoice_model import build_model_dir
 from convtts.testing.cosyvoice_qwen import expected_samples
 from convtts.testing.cosyvoice_v1 import text_token_counts
@@ -179,3 +181,65 @@ def test_gpu_sampling_draws_a_rows_tokens_whatever_rows_share_its_steps(solo, al
         assert together[i].error is None and together[i].tokens == apart[i].tokens, text
         assert len(np.concatenate(together[i].audio)) == len(alone[i]), text  # the pinned length
         assert np.abs(np.concatenate(together[i].audio) - np.concatenate(apart[i].audio)).max() < TOLERANCE, text
+
+
+# -- our own prefill (prefill_qwen; graphed on CUDA, eager here) against the Hugging Face backbone's: in fp32
+# the two take the same products in the same order (measured 0.0 apart here); TOLERANCE leaves room for
+# kernels that sum otherwise.
+def speak_with_prefill(backend, prefill: str, rows: int = 4) -> dict:
+    backend.engine = QwenBatchEngine(backend.model, rows, options=DecodeOptions(prefill=prefill))
+    try:
+        return dict(backend.synthesize_many(items()))
+    finally:
+        backend.engine = None
+
+
+@pytest.fixture(scope="module")
+def backbone_prefilled(solo):
+    return speak_with_prefill(solo, "upstream")
+
+
+def test_our_prefill_speaks_each_utterance_as_the_backbones_does(solo, backbone_prefilled, monkeypatch):
+    groups = []
+    run = prefill_qwen.QwenPrefill.run
+    monkeypatch.setattr(prefill_qwen.QwenPrefill, "run", lambda self, e: groups.append(len(e)) or run(self, e))
+    ours = speak_with_prefill(solo, "static")
+    assert max(groups) > 1, groups  # prompts admitted together went through one forward
+    assert sorted(ours) == sorted(backbone_prefilled)
+    for i, text in enumerate(TEXTS):
+        assert len(ours[i]) == len(backbone_prefilled[i]), text
+        assert np.abs(ours[i] - backbone_prefilled[i]).max() < TOLERANCE, text
+
+
+def test_prompts_wider_than_the_graphs_go_through_the_backbone(solo, backbone_prefilled, monkeypatch):
+    monkeypatch.setattr(prefill_qwen, "MAX_WIDTH", 64)  # every prompt here is wider
+    monkeypatch.setattr(prefill_qwen.QwenPrefill, "run", lambda self, e: pytest.fail("a wide prompt was taken"))
+    ours = speak_with_prefill(solo, "static")
+    for i in range(len(TEXTS)):
+        np.testing.assert_array_equal(ours[i], backbone_prefilled[i])
+
+
+def test_keys_and_last_states_match_the_backbone_up_to_each_prompts_length(solo):
+    engine = QwenBatchEngine(solo.model, 4, options=DecodeOptions(prefill="static"))
+    runner = engine.runner
+    generator = torch.Generator().manual_seed(0)
+    width = runner.builder.backbone.config.hidden_size
+    embedded = [torch.randn(n, width, generator=generator) for n in (37, 5, 64, 20)]
+    with torch.inference_mode():
+        bucket = runner.prefiller.run(embedded)
+        assert bucket == 64
+        for i, e in enumerate(embedded):
+            out = runner.builder.backbone(inputs_embeds=e[None], use_cache=True)
+            layers = cache_tensors(out.past_key_values)
+            torch.testing.assert_close(runner.prefiller.last[i], out.last_hidden_state[0, -1], rtol=0, atol=1e-5)
+            for layer in range(len(layers) // 2):
+                own = runner.prefiller.keys[layer, i, :, : len(e)], runner.prefiller.values[layer, i, :, : len(e)]
+                torch.testing.assert_close(own[0], layers[2 * layer][0], rtol=0, atol=1e-5)
+                torch.testing.assert_close(own[1], layers[2 * layer + 1][0], rtol=0, atol=1e-5)
+
+
+def test_the_prefill_is_upstreams_on_the_cpu_unless_asked_and_refused_when_unknown(solo):
+    assert QwenBatchEngine(solo.model, 2).runner.prefiller is None  # auto: our prefill on CUDA only
+    assert QwenBatchEngine(solo.model, 2, options=DecodeOptions(prefill="static")).runner.prefiller is not None
+    with pytest.raises(ConfigError, match="tts.cosyvoice.prefill must be one of"):
+        load_config(None, ["tts.cosyvoice.prefill=graphs"])

@@ -139,6 +139,7 @@ def decode_options(config: Config):
         compile=cosy.compile,
         sampler=cosy.sampler,
         attention=cosy.attention,
+        prefill=cosy.prefill,
         row_tokens=row_tokens(config),
     )
 

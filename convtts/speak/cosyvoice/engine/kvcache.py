@@ -54,6 +54,16 @@ class StaticCache:
         self.lengths[slot] = positions
         return positions
 
+    def fill_rows(self, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Prompts' keys and values ([layers, prompts, heads, width, dim]) into their slots, one copy a side.
+
+        Past a prompt's own length its width holds padding: written, never read (a row attends up to its
+        length, and each decode step writes its position before reading it)."""
+        width = keys.shape[3]
+        self.k[:, :, :, :width].index_copy_(1, slots, keys)
+        self.v[:, :, :, :width].index_copy_(1, slots, values)
+        self.lengths.index_copy_(0, slots, lengths)
+
     def write(self, layer: int, rows: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Each of the first `rows` slots gets one new key and value ([rows, heads, dim]) at its position."""
         index = positions.view(rows, 1, 1, 1).expand(rows, k.shape[1], 1, k.shape[2])

@@ -44,6 +44,7 @@ class DecodeOptions:
     compile: bool = False  # static decode: torch.compile the step (inside the graphs)
     sampler: str = "auto"  # cpu: upstream's exact rule per row; gpu: the same rule on the GPU; auto: gpu on CUDA
     attention: str = "auto"  # static step: triton (each row's own positions), torch, auto (triton where it runs)
+    prefill: str = "auto"  # static: the family's own prefill (graphed on CUDA); upstream: its modules; auto: static on CUDA
     row_tokens: int = 1024  # static cache positions per row to start with (it grows when a chunk needs more)
 
 
@@ -142,6 +143,7 @@ class StaticRunner(Runner):
     static = True
     query_group = 1  # query heads a key head serves (grouped-query attention)
     relative = False  # v1's relative-position term in the step's attention
+    prefiller = None  # the family's own prefill of several prompts, graphed (prefill_qwen.QwenPrefill)
 
     def __init__(
         self, llm, device, precision: str, options: DecodeOptions, layers: int, heads: int, dim: int, vocab: int
@@ -193,11 +195,10 @@ class StaticRunner(Runner):
 
     def prefill(self, seq) -> torch.Tensor:
         """The chunk's prompt into its slot; returns the first token's log-probabilities [1, vocab]."""
+        if self.prefiller is not None:
+            return self._prefill_own([seq])[0]
         with self.precision():
-            logp, keys, values = self.prompt(seq)
-            self.fit(keys[0].shape[2] + seq.max_len + HEADROOM)
-            self.place(seq, logp, keys, values)
-        return logp
+            return self._place_prompt(seq, *self.prompt(seq))
 
     def groups(self, seqs) -> list[list]:
         """Consecutive sequences up to PREFILL_ROWS, their padded attention within PREFILL_AREA (one alone if
@@ -218,6 +219,8 @@ class StaticRunner(Runner):
 
     def prefill_many(self, seqs) -> list[torch.Tensor]:
         """The prompts of `seqs` in one forward, each into its slot; their first log-probabilities, in order."""
+        if self.prefiller is not None:
+            return self._prefill_own(seqs)
         if not self.batched or len(seqs) == 1:
             return super().prefill_many(seqs)
         with self.precision():
@@ -227,6 +230,36 @@ class StaticRunner(Runner):
             for seq, (logp, keys, values) in zip(seqs, prompts):
                 self.place(seq, logp, keys, values)
         return [logp for logp, _, _ in prompts]
+
+    def _prefill_own(self, seqs) -> list[torch.Tensor]:
+        """The prompts through the family's own prefill, their keys and values into their slots at once; the
+        upstream modules' prefill (one by one) for a group the prefiller does not take."""
+        embedded = [self.embedded(seq) for seq in seqs]
+        lengths = [len(e) for e in embedded]
+        if not self.prefiller.takes(lengths):
+            with self.precision():
+                return [self._place_prompt(seq, *self.prompt(seq)) for seq in seqs]
+        with self.precision():
+            width = self.prefiller.run(embedded)
+            self.fit(max(length + seq.max_len for seq, length in zip(seqs, lengths)) + HEADROOM)
+            count = len(seqs)
+            logp = self.logp(self.prefiller.last[:count])
+            self.cache.fill_rows(
+                torch.tensor([seq.slot for seq in seqs], device=self.device),
+                self.prefiller.keys[:, :count, :, :width],
+                self.prefiller.values[:, :count, :, :width],
+                torch.tensor(lengths, device=self.device),
+            )
+            for i, (seq, length) in enumerate(zip(seqs, lengths)):
+                seq.prompt_len, seq.launched = length, 0
+                if self.sampler is not None:
+                    self.sampler.start(seq.slot, seq, logp[i : i + 1], self.cache.tokens)
+        return [logp[i : i + 1] for i in range(count)]
+
+    def _place_prompt(self, seq, logp, keys, values) -> torch.Tensor:
+        self.fit(keys[0].shape[2] + seq.max_len + HEADROOM)
+        self.place(seq, logp, keys, values)
+        return logp
 
     def place(self, seq, logp, keys, values) -> None:
         """A prompt's keys and values into the sequence's slot; its first token drawn when the GPU draws."""
@@ -295,6 +328,10 @@ class StaticRunner(Runner):
 
     def prompt_length(self, seq) -> int:
         """The positions of the sequence's prompt, before any of it runs (families with `batched`)."""
+        raise NotImplementedError
+
+    def embedded(self, seq) -> torch.Tensor:
+        """The sequence's prompt as the backbone's inputs [positions, width] (families with a prefiller)."""
         raise NotImplementedError
 
     def tables(self, capacity: int) -> None:

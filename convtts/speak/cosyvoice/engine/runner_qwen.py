@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from convtts.speak.cosyvoice.engine.attention import decode_attention
+from convtts.speak.cosyvoice.engine.prefill_qwen import QwenPrefill, rotate
 from convtts.speak.cosyvoice.engine.runner import StaticRunner, UpstreamRunner
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
@@ -159,6 +160,11 @@ class QwenRunner(StaticRunner):
             fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers
         ]
         self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj)[0] for layer in self.layers]
+        if options.prefill == "static" or (options.prefill == "auto" and self.device.type == "cuda"):
+            self.prefiller = QwenPrefill(self, graphs=options.cuda_graphs)
+
+    def embedded(self, seq) -> torch.Tensor:
+        return self.builder.embeddings(seq.chunk)[0]
 
     def prompt(self, seq):
         hidden, layers = self.builder.prefill(seq.chunk)
@@ -181,15 +187,19 @@ class QwenRunner(StaticRunner):
         ]
 
     def tables(self, capacity: int) -> None:
-        """cos and sin of every position the cache can hold, computed as the backbone's rotary module does."""
-        rotary = self.backbone.rotary_emb
-        positions = torch.arange(capacity, device=self.device).float()
-        freqs = positions[:, None] * rotary.inv_freq.to(device=self.device, dtype=torch.float)[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        scale = getattr(rotary, "attention_scaling", 1.0)
-        self.cos = (angles.cos() * scale).to(self.dtype)
-        self.sin = (angles.sin() * scale).to(self.dtype)
+        """cos and sin of every position the cache can hold."""
+        self.cos, self.sin = self.rotary_tables(capacity)
         self.positions = torch.arange(capacity, device=self.device)
+
+    def rotary_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [positions, head size] of positions 0, 1, ..., computed as the backbone's rotary module does."""
+        rotary = self.backbone.rotary_emb
+        angles = torch.arange(positions, device=self.device).float()[:, None] * rotary.inv_freq.to(
+            device=self.device, dtype=torch.float
+        )[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        scale = getattr(rotary, "attention_scaling", 1.0)
+        return (angles.cos() * scale).to(self.dtype), (angles.sin() * scale).to(self.dtype)
 
     def forward(self, rows: int, length: int) -> torch.Tensor:
         lengths = self.cache.lengths[:rows]  # the new token's position in each slot
@@ -220,12 +230,6 @@ class QwenRunner(StaticRunner):
         weights = torch.softmax(scores.masked_fill(beyond, -float("inf")), dim=-1, dtype=torch.float32).to(q.dtype)
         context = torch.matmul(weights, values).reshape(rows, self.heads * dim)
         return attention.o_proj(context)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary positions, Hugging Face's convention (the two halves of each head rotated together)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def fused(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
