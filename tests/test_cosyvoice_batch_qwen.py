@@ -224,8 +224,10 @@ def test_keys_and_last_states_match_the_backbone_up_to_each_prompts_length(solo)
     runner = engine.runner
     generator = torch.Generator().manual_seed(0)
     width = runner.builder.backbone.config.hidden_size
-    embedded = [torch.randn(n, width, generator=generator) for n in (37, 5, 64, 20)]
+    wide = [torch.randn(n, width, generator=generator) for n in (90, 70, 80, 75)]
+    embedded = [torch.randn(n, width, generator=generator) for n in (37, 5, 60)]
     with torch.inference_mode():
+        runner.prefiller.run(wide)  # then three narrower prompts in the same row bucket, a padding row among them
         bucket = runner.prefiller.run(embedded)
         assert bucket == 64
         for i, e in enumerate(embedded):

@@ -60,7 +60,8 @@ class QwenPrefill:
         width = width_bucket(max(len(e) for e in embedded))
         for i, e in enumerate(embedded):
             self.inputs[i, : len(e)] = e
-        self.lengths[:count] = torch.tensor([len(e) for e in embedded])
+        # the bucket's padding rows read position 0: a length left from a wider group would index past the width
+        self.lengths[:rows] = torch.tensor([len(e) for e in embedded] + [1] * (rows - count))
         self.graphs.run(rows, width)
         return width
 
