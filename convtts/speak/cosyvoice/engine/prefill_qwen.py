@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from convtts.cuda_graphs import StepGraphs
-from convtts.speak.cosyvoice.engine.runner import PREFILL_ROWS
+from convtts.speak.cosyvoice.engine.runner import PREFILL_ROWS, on_device
 
 ROWS = (1, 2, 4, 8, PREFILL_ROWS)  # row buckets (a group holds at most PREFILL_ROWS prompts)
 WIDTH_STEP = 32  # width buckets: a prompt pads at most this many positions
@@ -61,7 +61,7 @@ class QwenPrefill:
         for i, e in enumerate(embedded):
             self.inputs[i, : len(e)] = e
         # the bucket's padding rows read position 0: a length left from a wider group would index past the width
-        self.lengths[:rows] = torch.tensor([len(e) for e in embedded] + [1] * (rows - count))
+        self.lengths[:rows] = on_device([len(e) for e in embedded] + [1] * (rows - count), self.lengths.device)
         self.graphs.run(rows, width)
         return width
 

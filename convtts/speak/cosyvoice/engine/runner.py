@@ -34,6 +34,16 @@ PREFILL_AREA = 16 * 512 * 512
 log = logging.getLogger(__name__)
 
 
+def on_device(values, device: torch.device) -> torch.Tensor:
+    """A small host tensor (or list of ints) on the device without waiting: a copy from pageable memory
+    first waits for every kernel queued on the stream (the decode step launched ahead); from pinned
+    memory it is queued behind them."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda" or host.device.type != "cpu":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """How the engine runs the LLM (tts.cosyvoice: decode, cuda_graphs, compile, sampler; row_tokens from
@@ -245,10 +255,10 @@ class StaticRunner(Runner):
             count = len(seqs)
             logp = self.logp(self.prefiller.last[:count])
             self.cache.fill_rows(
-                torch.tensor([seq.slot for seq in seqs], device=self.device),
+                on_device([seq.slot for seq in seqs], self.device),
                 self.prefiller.keys[:, :count, :, :width],
                 self.prefiller.values[:, :count, :, :width],
-                torch.tensor(lengths, device=self.device),
+                on_device(lengths, self.device),
             )
             for i, (seq, length) in enumerate(zip(seqs, lengths)):
                 seq.prompt_len, seq.launched = length, 0

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from convtts.speak.cosyvoice.engine.attention import decode_attention
 from convtts.speak.cosyvoice.engine.prefill_qwen import QwenPrefill, rotate
-from convtts.speak.cosyvoice.engine.runner import StaticRunner, UpstreamRunner
+from convtts.speak.cosyvoice.engine.runner import StaticRunner, UpstreamRunner, on_device
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|>: CosyVoice3 asserts it in every prompt
 
@@ -49,14 +49,14 @@ class QwenPrompt:
 
     def embeddings(self, chunk: dict) -> torch.Tensor:
         device, llm = self.device, self.llm
-        prompt_text = chunk.get("prompt_text", torch.zeros(1, 0, dtype=torch.int32)).to(device)
-        text = torch.concat([prompt_text, chunk["text"].to(device)], dim=1)
-        if self.is_v3 and not bool((text == END_OF_PROMPT_ID).any()):
+        parts = [chunk.get("prompt_text", torch.zeros(1, 0, dtype=torch.int32)), chunk["text"]]
+        if self.is_v3 and not any(bool((part == END_OF_PROMPT_ID).any()) for part in parts):  # on the host: no wait
             raise ValueError("CosyVoice3 needs <|endofprompt|> in the prompt text or the text")
+        text = torch.concat([on_device(part, device) for part in parts], dim=1)
         text_emb = self.causal_lm.get_input_embeddings()(text)
         sos = self.specials.weight[self.sos].reshape(1, 1, -1)
         task = self.specials.weight[llm.task_id].reshape(1, 1, -1)
-        speech = chunk.get("llm_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)).to(device)
+        speech = on_device(chunk.get("llm_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)), device)
         speech_emb = (
             llm.speech_embedding(speech)
             if speech.shape[1]
