@@ -54,7 +54,7 @@ class DecodeOptions:
     compile: bool = False  # static decode: torch.compile the step (inside the graphs)
     sampler: str = "auto"  # cpu: upstream's exact rule per row; gpu: the same rule on the GPU; auto: gpu on CUDA
     attention: str = "auto"  # static step: triton (each row's own positions), torch, auto (triton where it runs)
-    prefill: str = "auto"  # static: the family's own prefill (graphed on CUDA); upstream: its modules; auto: static on CUDA
+    prefill: str = "auto"  # static: the family's own prefill (graphed on CUDA); upstream: its modules; auto: CUDA
     row_tokens: int = 1024  # static cache positions per row to start with (it grows when a chunk needs more)
 
 

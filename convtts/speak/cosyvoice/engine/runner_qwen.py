@@ -194,9 +194,10 @@ class QwenRunner(StaticRunner):
     def rotary_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [positions, head size] of positions 0, 1, ..., computed as the backbone's rotary module does."""
         rotary = self.backbone.rotary_emb
-        angles = torch.arange(positions, device=self.device).float()[:, None] * rotary.inv_freq.to(
-            device=self.device, dtype=torch.float
-        )[None, :]
+        angles = (
+            torch.arange(positions, device=self.device).float()[:, None]
+            * rotary.inv_freq.to(device=self.device, dtype=torch.float)[None, :]
+        )
         angles = torch.cat((angles, angles), dim=-1)
         scale = getattr(rotary, "attention_scaling", 1.0)
         return (angles.cos() * scale).to(self.dtype), (angles.sin() * scale).to(self.dtype)
