@@ -14,6 +14,7 @@ from conftest import REPO, need, script_env
 need("cosyvoice", "cosyvoice")
 
 from convtts.speak.cosyvoice import check  # noqa: E402
+from convtts.speak.cosyvoice.engine.flow import Flow  # noqa: E402
 from convtts.speak.cosyvoice.engine.sampler import Sampler  # noqa: E402
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder  # noqa: E402
 from convtts.testing.cosyvoice_model import build_model_dir  # noqa: E402
@@ -73,6 +74,17 @@ def test_a_louder_vocoder_fails_the_audio(model_dir, tmp_path, monkeypatch, caps
         return [a if isinstance(a, BaseException) else a * 1.05 for a in speak(self, streams, mels, speed)]
 
     monkeypatch.setattr(Vocoder, "speak", louder)
+    out = tmp_path / "check.json"
+    assert check.main(arguments(model_dir, out)) == 1
+    found = verdicts(out)
+    assert found[("fp32", "audio")] == check.FAIL and found[("fp32", "llm")] == "pass", found
+    assert "failed: audio (fp32)" in capsys.readouterr().err
+
+
+def test_a_flow_whose_mels_are_off_fails_the_audio_not_the_llm(model_dir, tmp_path, monkeypatch, capsys):
+    mels = Flow.mels
+    # half a unit of log mel: every band 1.65 times louder
+    monkeypatch.setattr(Flow, "mels", lambda self, seqs: [mel + 0.5 for mel in mels(self, seqs)])
     out = tmp_path / "check.json"
     assert check.main(arguments(model_dir, out)) == 1
     found = verdicts(out)
