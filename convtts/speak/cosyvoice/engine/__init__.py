@@ -9,7 +9,8 @@ as the official classes loaded them, in a loop of ours, split as nano-vllm split
 - kvcache: a static cache (a fixed slot per row, preallocated) or upstream's padded one;
 - runner, runner_v1, runner_qwen: per model family, the prefill through upstream's modules and
   the decode step, upstream's layers or our own over the static cache (graphs: one CUDA graph
-  per bucket of rows and cache length);
+  per bucket of rows and cache length); prefill_qwen, v2/v3's prompts through our own forward of
+  the backbone (one CUDA graph per bucket of prompts and width);
 - sampler, readback: upstream's sampling rule on the CPU (exact) or on the GPU inside the step;
 - engine (v1's loop), qwen (v2/v3), audio (the one caller of flow and vocoder);
 - flow (rows of close lengths in one pass, padding that does not change a row), estimator (the
