@@ -32,7 +32,7 @@ def test_the_page_stays_short():
 
 def test_a_figure_edited_on_the_page_reads_as_out_of_date(tmp_path):
     page = tmp_path / "PERFORMANCE.md"
-    newest = max(shipped_jobs(), key=lambda job: job["date"])
+    newest = max(reversed(shipped_jobs()), key=lambda job: job["date"])  # a later line wins a tie, as rendered
     figure = f"**{Decimal(newest['audio_s_per_s']).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}**"
     text = PAGE.read_text(encoding="utf-8")
     assert figure in text, f"the newest shipped job's figure {figure} is not on the page"
