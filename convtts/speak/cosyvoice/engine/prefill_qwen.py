@@ -29,8 +29,8 @@ def width_bucket(width: int) -> int:
 class QwenPrefill:
     """Prompts' embeddings in, their last hidden states and every layer's keys and values out.
 
-    `run(embedded)` takes each prompt's embeddings ([positions, width] each) and returns their
-    count; then `last[:n]` holds each one's last hidden state and `keys` / `values`
+    `run(embedded)` takes each prompt's embeddings ([positions, width] each) and returns the
+    bucket's width; then `last[:n]` holds each one's last hidden state and `keys` / `values`
     ([layers, rows, key heads, positions, head size]) their keys and values, up to the bucket's
     width (past a prompt's own length they are padding, never read: a row attends to its length).
     """

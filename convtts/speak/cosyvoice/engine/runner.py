@@ -205,7 +205,7 @@ class StaticRunner(Runner):
 
     def prefill(self, seq) -> torch.Tensor:
         """The chunk's prompt into its slot; returns the first token's log-probabilities [1, vocab]."""
-        if self.prefiller is not None:
+        if self._own_prefill_takes([seq]):
             return self._prefill_own([seq])[0]
         with self.precision():
             return self._place_prompt(seq, *self.prompt(seq))
@@ -229,7 +229,7 @@ class StaticRunner(Runner):
 
     def prefill_many(self, seqs) -> list[torch.Tensor]:
         """The prompts of `seqs` in one forward, each into its slot; their first log-probabilities, in order."""
-        if self.prefiller is not None:
+        if self._own_prefill_takes(seqs):
             return self._prefill_own(seqs)
         if not self.batched or len(seqs) == 1:
             return super().prefill_many(seqs)
@@ -241,14 +241,14 @@ class StaticRunner(Runner):
                 self.place(seq, logp, keys, values)
         return [logp for logp, _, _ in prompts]
 
+    def _own_prefill_takes(self, seqs) -> bool:
+        """Whether the family's own prefill takes these prompts (else the upstream modules prefill them)."""
+        return self.prefiller is not None and self.prefiller.takes([self.prompt_length(seq) for seq in seqs])
+
     def _prefill_own(self, seqs) -> list[torch.Tensor]:
-        """The prompts through the family's own prefill, their keys and values into their slots at once; the
-        upstream modules' prefill (one by one) for a group the prefiller does not take."""
+        """The prompts through the family's own prefill, their keys and values into their slots at once."""
         embedded = [self.embedded(seq) for seq in seqs]
         lengths = [len(e) for e in embedded]
-        if not self.prefiller.takes(lengths):
-            with self.precision():
-                return [self._place_prompt(seq, *self.prompt(seq)) for seq in seqs]
         with self.precision():
             width = self.prefiller.run(embedded)
             self.fit(max(length + seq.max_len for seq, length in zip(seqs, lengths)) + HEADROOM)
