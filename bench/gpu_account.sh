@@ -10,8 +10,9 @@
 #
 # Steps: setup (the carried wheels, then models), models (random v1, v2 and v3 directories of MODEL_SIZE, full
 # by default, at /tmp/cv-full-vN),
-# account:V, check:V[:TEXTS] (convtts check-model against upstream, all 20 texts by default), job:V:TEXT:CONVERSATIONS:LIMIT[:group.key=value,...] (TEXT bench or short; LIMIT seconds, past
-# which the job is stopped and not counted). The runtime: $COSYVOICE_ROOT, by default .whl/CosyVoice.
+# account:V, check:V[:TEXTS] (convtts check-model against upstream, all 20 texts by default),
+# job:V:TEXT:CONVERSATIONS:LIMIT[:group.key=value,...] (TEXT bench or short; LIMIT seconds, past which the
+# job is stopped and not counted). The runtime: $COSYVOICE_ROOT, by default .whl/CosyVoice.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/account-out}" raw=/tmp/account-raw started=$SECONDS size="${MODEL_SIZE:-full}"
