@@ -4,9 +4,11 @@
     python tests/modes_probe.py MODEL_DIR speaker:NAME instruct INSTRUCT    # CosyVoice-300M-Instruct
 
 Upstream's own call with no registered voice (inference_cross_lingual / inference_instruct2, the
-reference), our one-at-a-time path (the same call on the voice's registered features), the batched
-engine of one row and of four. Run in a fresh interpreter (test_cosyvoice_modes.py), so that a v3
-model loads its runtime from $COSYVOICE_ROOT.
+reference, its draws recorded), our one-at-a-time path (the same call on the voice's registered
+features), the batched engine of one row, and of four on upstream's histories (check-model's
+forced draws: a near tie that a batched sum's rounding flips costs that one draw, not the rest of
+the utterance). Run in a fresh interpreter (test_cosyvoice_modes.py), so that a v3 model loads
+its runtime from $COSYVOICE_ROOT.
 """
 
 from __future__ import annotations
@@ -72,9 +74,17 @@ def deviation(a, b) -> float | None:
 
 
 def main(model_dir: str, prompt_wav: str, mode: str, instruct: str = "") -> dict:
+    from convtts.speak.cosyvoice.check import ForcedDraws, Recorder, Spoken
+
     backend = backend_for(model_dir, prompt_wav, mode, instruct, ROWS)
     items = [(i, text, "anna", SEED + i) for i, text in enumerate(TEXTS)]
-    reference = [upstream(backend, text, seed) for _, text, _, seed in items]
+    recorded = Spoken()
+    with Recorder(backend.model.model) as recorder:
+        reference = []
+        for key, text, _, seed in items:
+            recorded.chunks[key] = recorder.utterance(seed)
+            reference.append(upstream(backend, text, seed))
+    forced = backend.engine.sampler = ForcedDraws(backend.engine.sampler, recorded)
     batched = dict(backend.synthesize_many(items))
     chunk = backend._chunks(TEXTS[0], "anna")[0]
     engine = backend.engine
@@ -85,6 +95,7 @@ def main(model_dir: str, prompt_wav: str, mode: str, instruct: str = "") -> dict
     report = {
         "samples": [len(audio) for audio in reference],
         "batched": [deviation(batched[i], reference[i]) for i in range(len(TEXTS))],
+        "batched_draws": forced.draws.figures(),
         "one_row": [deviation(one_row[i], reference[i]) for i in range(len(TEXTS))],
         "solo": [deviation(solo[i], reference[i]) for i in range(len(TEXTS))],
         "chunk_keys": sorted(chunk),

@@ -14,7 +14,10 @@ from conftest import REPO, need, script_env
 need("cosyvoice", "cosyvoice")
 
 from convtts.speak.cosyvoice import check  # noqa: E402
+from convtts.speak.cosyvoice.engine import audio  # noqa: E402
+from convtts.speak.cosyvoice.engine.engine import BatchEngine  # noqa: E402
 from convtts.speak.cosyvoice.engine.flow import Flow  # noqa: E402
+from convtts.speak.cosyvoice.engine.requests import place  # noqa: E402
 from convtts.speak.cosyvoice.engine.sampler import Sampler  # noqa: E402
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder  # noqa: E402
 from convtts.testing.cosyvoice_model import build_model_dir  # noqa: E402
@@ -57,10 +60,12 @@ def test_the_shipped_engine_passes_against_upstream(model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     fp32 = report["runs"]["fp32"]
-    assert fp32["llm"]["same"] == fp32["llm"]["of"] == 3, fp32
+    assert fp32["llm"]["agree"] == fp32["llm"]["steps"] > 0 and fp32["llm"]["max_tv"] <= check.FP32_TV_PASS, fp32
     assert fp32["audio"]["compared"] == 3 and fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
-    [audio] = [parts["audio"] for run, parts in report["runs"].items() if run.startswith("config, llm fp32")]
-    assert 0 < audio["max_abs"] <= check.REDUCED_PASS, audio  # bf16 flow: near, not equal
+    shipped = report["runs"]["config (llm bf16, flow bf16, vocoder tf32)"]
+    assert 0 < shipped["llm"]["max_tv"] <= check.REDUCED_TV_PASS, shipped  # bf16: near, not equal
+    assert shipped["llm"]["steps"] == fp32["llm"]["steps"]  # the same tokens, upstream's
+    assert shipped["audio"]["compared"] == 3 and 0 < shipped["audio"]["max_abs"] <= check.REDUCED_PASS, shipped
     assert report["failed"] == [] and check.FAIL not in verdicts(out).values()
     for run in report["runs"]:
         assert run in done.stdout  # the table names every run
@@ -103,9 +108,31 @@ def test_a_shifted_token_fails_the_llm(model_dir, tmp_path, monkeypatch, capsys)
     out = tmp_path / "check.json"
     assert check.main(arguments(model_dir, out)) == 1
     report = json.loads(out.read_text())
-    assert report["failed"] == ["llm (fp32)"], report["failed"]
-    assert report["runs"]["fp32"]["llm"]["first_divergence"] == {"0": 0, "1": 0}
+    assert report["failed"] == ["llm (fp32)"], report["failed"]  # the bf16 run's draws are shown, not judged
+    llm = report["runs"]["fp32"]["llm"]
+    assert llm["agree"] < llm["steps"] / 2 and llm["max_tv"] <= check.FP32_TV_PASS, llm  # its logits are right
     assert "failed: llm (fp32)" in capsys.readouterr().err
+
+
+def test_a_sharper_distribution_fails_the_llm_and_leaves_the_audio(model_dir, tmp_path, monkeypatch):
+    step = BatchEngine._step
+    monkeypatch.setattr(BatchEngine, "_step", lambda self: step(self) * 1.2)  # the logits of a colder model
+    out = tmp_path / "check.json"
+    assert check.main(arguments(model_dir, out)) == 1
+    report = json.loads(out.read_text())
+    assert "llm (fp32)" in report["failed"] and report["runs"]["fp32"]["llm"]["max_tv"] > check.FP32_TV_WARN
+    assert verdicts(out)[("fp32", "audio")] == "pass"  # upstream's tokens went on to the flow
+
+
+def test_a_dropped_chunk_fails_the_audio(model_dir, tmp_path, monkeypatch, capsys):
+    """The fifteenth text is the first that this model's frontend splits in two."""
+    monkeypatch.setattr(audio, "place", lambda parts, index, value: index == 1 or place(parts, index, value))
+    out = tmp_path / "check.json"
+    assert check.main(arguments(model_dir, out, texts=15)) == 1
+    report = json.loads(out.read_text())
+    assert report["failed"] == ["audio (config (llm bf16, flow bf16, vocoder tf32))", "audio (fp32)"], report
+    assert report["runs"]["fp32"]["audio"]["max_duration_ms"] > 100
+    assert verdicts(out)[("fp32", "llm")] == "pass"
 
 
 def test_a_bad_config_exits_2(tmp_path):
@@ -133,7 +160,8 @@ def zero_shot(tmp_path, version: int, model) -> list[str]:
 
 def assert_fp32_is_upstream(out):
     fp32 = json.loads(out.read_text())["runs"]["fp32"]
-    assert fp32["llm"]["same"] == 2 and fp32["audio"]["compared"] == 2, fp32
+    assert fp32["llm"]["agree"] == fp32["llm"]["steps"] > 0 and fp32["llm"]["max_tv"] <= check.FP32_TV_PASS, fp32
+    assert fp32["audio"]["compared"] == 2, fp32
     assert fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
 
 

@@ -14,6 +14,7 @@ import soundfile as sf
 
 from conftest import REPO, assert_complete, run_all, steady_recording, version_env, write_input
 from convtts.config import ConfigError, PromptVoice, load_config
+from convtts.speak.cosyvoice import check
 from convtts.speak.cosyvoice.prompts import V3_SYSTEM_PROMPT, check_voice
 
 END_OF_PROMPT_ID = 151646  # <|endofprompt|> in the Qwen tokenizer of v2 and v3
@@ -71,6 +72,9 @@ def test_the_batched_engine_speaks_each_mode_as_upstream_does_alone(models, reco
     assert report["one_row"] == [0.0] * len(report["samples"])  # an engine of one row is upstream, sample for sample
     assert report["solo"] == [0.0] * len(report["samples"])  # so is our one-at-a-time path on the registered voice
     assert all(d is not None and d < TOLERANCE for d in report["batched"]), report["batched"]
+    draws = report["batched_draws"]  # the batched LLM's own draws on upstream's histories and random states
+    assert draws["steps"] > 0 and draws["unmatched_chunks"] == 0 and draws["max_tv"] < check.FP32_TV_PASS, draws
+    assert draws["steps"] - draws["agree"] <= check.FLIPS_SLACK, draws
     keys = set(report["chunk_keys"])
     assert "llm_prompt_speech_token" not in keys  # neither mode gives the LLM the recording's tokens
     if voice.startswith("speaker:"):  # upstream leaves the speaker's embedding out of the LLM, the flow keeps it
