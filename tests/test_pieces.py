@@ -349,19 +349,24 @@ def test_ids_handed_back_go_out_before_a_longer_shard(tmp_path, monkeypatch):
     assert again.shard == "shard-00000" and again.ids == first.ids
 
 
-def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sized", ["said", "default"])
+def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_path, monkeypatch, sized):
     """The driver's book (convtts.cluster.handout) keeps shards open until its window is full and
     cuts each piece from the shard whose next id is the longest, as a slot does with its own shards;
-    a shard past the window opens once the open ones run low."""
+    a shard past the window opens once the open ones run low. The window is the rows the slot says
+    it decodes (SLOT_ROWS until it has)."""
     from convtts.cluster import handout
     from convtts.run.pieces import open_shard
 
-    monkeypatch.setattr(handout, "SLOT_ROWS", 5)  # a window of 10 ids: the third shard waits
+    if sized == "default":
+        monkeypatch.setattr(handout, "SLOT_ROWS", 5)  # a window of 10 ids: the third shard waits
     monkeypatch.setattr("convtts.run.pieces.OPEN_ALL_BATCHES", 0)  # the window alone
     shards = [[12, 11, 6, 5, 2, 1, 1, 1], [10, 9, 8, 7, 4, 3, 1, 1], [13, 1]]
     layout = plan_words(tmp_path, *shards)
     words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
     book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
+    if sized == "said":
+        book.sized(0, 5, 5)  # "next 5 5": one worker of 5 rows
     answers, out = [], []
     while answer := book.hand_out(0, [0]):
         out.append(book.all_out())  # the slots are told "ending" once every id is out, not before
@@ -403,13 +408,16 @@ def test_the_ray_driver_opens_every_shard_of_a_short_run_first(tmp_path, monkeyp
     assert answer.split()[2:4] == ["shard-00002", "s2-0"]  # the longest id of the run goes out first
 
 
-def _opened_book(tmp_path, monkeypatch, shards: list[list[int]], ranks: list[int]):
-    """A driver's book of these shards with every shard opened (as a slot would), and each id's words."""
+def _opened_book(tmp_path, monkeypatch, shards: list[list[int]], ranks: list[int], sizes=None):
+    """A driver's book of these shards with every shard opened (as a slot would), and each id's words;
+    `sizes`: the rows and a worker's rows the first rank said."""
     from convtts.cluster import handout
     from convtts.run.pieces import open_shard
 
     layout = plan_words(tmp_path, *shards)
     book = handout.Book(layout, [shard_name(n) for n in range(len(shards))], RUN)
+    if sizes:
+        book.sized(ranks[0], *sizes)
     while book.unopened:
         kind, name = book.hand_out(ranks[0], ranks).split()
         assert kind == "open"
@@ -450,6 +458,17 @@ def test_the_ray_driver_gives_a_slot_that_asks_late_its_share_of_the_longest_ids
         rest += _piece_ids(answer)
     assert sorted(first + late + rest) == sorted(words)  # every id once
     assert not book.kept_ids() and book.all_out()
+
+
+def test_the_ray_driver_cuts_and_keeps_first_pieces_by_the_rows_a_slot_says(tmp_path, monkeypatch):
+    """Slot 0 says 40 rows, 5 a worker ("next 40 5"): while slot 1 has had nothing, each piece is
+    one worker's rows, and what is set aside for slot 1 (counted as slot 0) stops at its rows and a
+    quarter more."""
+    book, _ = _opened_book(tmp_path, monkeypatch, [list(range(400, 0, -1))], [0, 1], sizes=(40, 5))
+    assert len(_piece_ids(book.hand_out(0, [0, 1]))) == 5
+    for _ in range(20):
+        book.hand_out(0, [0, 1])
+    assert book.kept_for(1) == 50
 
 
 def test_pieces_set_aside_for_a_slot_go_to_others_when_it_is_lost_or_late(tmp_path, monkeypatch):

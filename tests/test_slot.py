@@ -162,6 +162,7 @@ def fed_slot(tmp_path, monkeypatch):
     layout = Layout(tmp_path / "out")
     config = load_config(None, ["tts.backend=scripted_backend:ScriptedTone"])
     make_plan(write_input(tmp_path / "in.json", [CONVERSATION]), layout, config, workers=1)
+    asked = []  # every "next" line, in words
 
     def run(answer, workers: int) -> int:
         slot_reads, driver_writes = os.pipe()
@@ -172,6 +173,8 @@ def fed_slot(tmp_path, monkeypatch):
             with os.fdopen(driver_reads) as requests, os.fdopen(driver_writes, "w", buffering=1) as answers:
                 for line in requests:
                     words = line.split()
+                    if words[0] == "next":
+                        asked.append(words)
                     if words[0] == "next" and not opened:
                         opened.append(True)
                         answers.write(f"open {SHARD}\n")
@@ -189,6 +192,7 @@ def fed_slot(tmp_path, monkeypatch):
         return code
 
     run.builds = lambda: sum(c["path"] == "build" for c in read_jsonl(tmp_path / "calls.jsonl"))
+    run.asked = asked
     yield run
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
@@ -206,6 +210,7 @@ def test_a_fed_slot_asks_again_as_soon_as_the_driver_says(fed_slot):
         return "wait 0.1" if len(asks) <= waits else ""
 
     assert fed_slot(answer, workers=1) == EXIT_OK
+    assert {tuple(words) for words in fed_slot.asked} == {("next", "1", "1")}  # its rows, for the driver's window
     gaps = [b - a for a, b in zip(asks, asks[1:])]
     assert len(gaps) == waits and 0.09 < min(gaps) and max(gaps) < 0.6, gaps  # a second or two before
 

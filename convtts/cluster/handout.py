@@ -38,20 +38,18 @@ from convtts.state.shardio import read_json, read_jsonl, write_marker
 log = logging.getLogger("ray_engine")
 
 MAX_SLOT_PIECE = 256  # ids: about what 8 workers of 32 rows hold at once
-# The window: shards open at once hold WINDOW_BATCHES times this many ids a slot, every shard once
-# the ids left fit OPEN_ALL_BATCHES times (convtts.run.pieces; this is about the rows
-# one GPU slot decodes at once: 8 workers of 96 on an H200 when it was set; the driver does not know
-# the slots' rows. Since tts.cosyvoice.batch_size_with_room an H200 slot of the v1 config decodes 8 x 128,
-# 1,024: not re-tuned, Ray was 0.90 and 0.99 of run_all.sh with it on two H200s, docs/PERFORMANCE.md).
+# The window: shards open at once hold WINDOW_BATCHES times the rows the running slots decode at
+# once, every shard once the ids left fit OPEN_ALL_BATCHES times (convtts.run.pieces). Each slot says
+# its rows and a worker's when it asks; until one has, a slot counts as SLOT_ROWS (8 workers of 96).
 SLOT_ROWS = 768
 # A lost slot's pieces wait this long before another slot may take them: Ray may report a node
 # dead a moment before the processes on it have noticed and exited (docs/ARCHITECTURE.md).
 HANDBACK_GRACE = 5.0
 # Pieces set aside for a slot that has not asked yet: at most its workers' first batch and look-ahead
-# (SLOT_ROWS and a quarter more), kept this long before any slot may take them.
+# (its rows and a quarter more), kept this long before any slot may take them.
 KEEP_IDS = SLOT_ROWS + SLOT_ROWS // 4
 KEEP_FOR = 10.0
-FIRST_PIECE = SLOT_ROWS // 8  # the most a piece holds while some slot has had none: about one worker's rows
+FIRST_PIECE = SLOT_ROWS // 8  # the most a piece holds while some slot has had none: one worker's rows
 
 
 @dataclass
@@ -107,6 +105,7 @@ class Book:
         self.numbers = 0
         self.kept: dict[int | None, deque[PieceOut]] = {}  # set aside for a slot's first asking; None: anyone's
         self.served: set[int] = set()  # slots that have had a piece
+        self.sizes: dict[int, tuple[int, int]] = {}  # rank -> (the rows it decodes at once, a worker's), as it said
         plan = read_json(layout.plan_file) or {}
         self.mean_segments = (plan.get("segments") or 0) / max(len(shards), 1)
 
@@ -122,6 +121,28 @@ class Book:
     def kept_for(self, rank: int) -> int:
         return sum(len(piece.ids) for piece in self.kept.get(rank, ()))
 
+    def sized(self, rank: int, rows: int, worker_rows: int) -> None:
+        """What a slot said it decodes at once: all its workers' rows, and one worker's."""
+        if rows > 0 and worker_rows > 0:
+            self.sizes[rank] = (rows, worker_rows)
+
+    def rows_of(self, rank: int) -> int:
+        """A slot's rows as it said; one that has not said counts as the mean of those that have."""
+        return self._size(rank, 0, SLOT_ROWS)
+
+    def first_piece(self, rank: int) -> int:
+        return self._size(rank, 1, FIRST_PIECE)
+
+    def keep_ids(self, rank: int) -> int:
+        rows = self.rows_of(rank)
+        return rows + rows // 4 if self.sizes else KEEP_IDS
+
+    def _size(self, rank: int, which: int, default: int) -> int:
+        if rank in self.sizes:
+            return self.sizes[rank][which]
+        known = [size[which] for size in self.sizes.values()]
+        return round(sum(known) / len(known)) if known else default
+
     def hand_out(self, rank: int, ranks: list[int]) -> str:
         """The next piece (or recheck) for this slot, a shard for it to open (while the window is not
         full, or nothing else is left), or '' when none is left now. `ranks`: the slots running."""
@@ -131,7 +152,8 @@ class Book:
             return f"recheck {piece.number} {piece.shard} {' '.join(piece.ids)}"
         slots = max(len(ranks), 1)
         pending = sum(len(s.pending) for s in self.open.values())
-        if self.unopened and wants_shard(pending, self.remaining(), SLOT_ROWS * slots):
+        rows = sum(self.rows_of(r) for r in ranks) or self.rows_of(rank)
+        if self.unopened and wants_shard(pending, self.remaining(), rows):
             return f"open {self.unopened.popleft()}"
         piece = self.take_kept(rank, stealing=pending == 0)
         if piece is None:
@@ -139,7 +161,7 @@ class Book:
             if work is None:
                 return ""
             starting = any(r not in self.served for r in ranks if r != rank)
-            piece = self.cut(work, slots, FIRST_PIECE if starting else MAX_SLOT_PIECE)
+            piece = self.cut(work, slots, self.first_piece(rank) if starting else MAX_SLOT_PIECE)
             if starting:
                 self.set_aside(rank, ranks, slots)
         return self.give(piece, rank)
@@ -162,14 +184,14 @@ class Book:
 
     def set_aside(self, rank: int, ranks: list[int], slots: int) -> None:
         """After a cut for `rank`: the next-longest piece for each running slot that has not had one,
-        while what is set aside for it holds fewer than KEEP_IDS ids (the slots' first pieces alternate)."""
+        while what is set aside for it holds fewer than its keep_ids (the slots' first pieces alternate)."""
         for other in ranks:
-            if other == rank or other in self.served or self.kept_for(other) >= KEEP_IDS:
+            if other == rank or other in self.served or self.kept_for(other) >= self.keep_ids(other):
                 continue
             work = longest_next(self.open.values())
             if work is None:
                 return
-            piece = self.cut(work, slots, FIRST_PIECE)
+            piece = self.cut(work, slots, self.first_piece(other))
             piece.kept_since = time.time()
             self.kept.setdefault(other, deque()).append(piece)
 

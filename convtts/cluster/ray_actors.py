@@ -49,7 +49,7 @@ class SlotProcess:
         return self.proc.pid, socket.gethostname(), os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
     def exchange(self, answer: str | None) -> tuple:
-        """Give the slot the driver's answer (if any), then wait for its next line: ("next",),
+        """Give the slot the driver's answer (if any), then wait for its next line: ("next", rows, worker_rows),
         ("done", shard), or ("exit", code) once it has ended."""
         if answer is not None:
             try:

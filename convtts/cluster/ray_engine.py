@@ -54,6 +54,7 @@ class SlotState:
     opening: str | None = None  # the shard it was told to open and has not reported on
     code: int | None = None  # its exit code, once it ended
     lost: str | None = None  # why the driver gave up on it
+    sizes: tuple[int, int] = (0, 0)  # the rows it decodes at once and a worker's, as it last said
 
     def running(self) -> bool:
         return self.node is not None and self.code is None and self.lost is None
@@ -270,6 +271,8 @@ class Driver:
 
     def on_line(self, slot: SlotState, line: tuple) -> None:
         kind = line[0] if line else ""
+        if kind == "next" and len(line) == 3 and line[1].isdigit() and line[2].isdigit():  # "next ROWS WORKER_ROWS"
+            slot.sizes = (int(line[1]), int(line[2]))
         if kind == "exit":
             self.on_exit(slot, int(line[1]))
             return
@@ -294,6 +297,7 @@ class Driver:
         ("ending" once every id is out); "" (no more)."""
         if self.disk_full:
             return ""
+        self.book.sized(slot.rank, *slot.sizes)
         answer = self.book.hand_out(slot.rank, [s.rank for s in self.slots.values() if s.running()])
         if answer.startswith("open "):
             slot.opening = answer.split()[1]

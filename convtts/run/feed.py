@@ -2,7 +2,8 @@
 
 The slot writes requests on one pipe and reads answers on another, a line each:
 
-    slot -> driver: "next"                                 it has no ids left to hand its workers
+    slot -> driver: "next ROWS WORKER_ROWS"                it has no ids left to hand its workers;
+                                                           they decode ROWS at once, WORKER_ROWS each
                     "opened shard-00042 SEGS DONE AUDIO ID..." it opened the shard it was told to (the
                                                            resume bookkeeping); these ids are left to
                                                            speak (none: it wrote the shard's stats)
@@ -60,11 +61,11 @@ class ShardFeed:
         self.ask_at = 0.0  # after a "wait": not before this time
         self.ending = False  # the last "wait" said every id is out
 
-    def next(self) -> list[str] | None:
+    def next(self, rows: int, worker_rows: int) -> list[str] | None:
         """The driver's next answer, split in words; None for now (after a "wait") or for good (`exhausted`)."""
         if self.exhausted or time.time() < self.ask_at:
             return None
-        return self.answer(self.ask("next"))
+        return self.answer(self.ask(f"next {rows} {worker_rows}"))
 
     def retry_in(self) -> float:
         """Seconds until the slot may ask again after a "wait"; 0 when it may now."""
@@ -176,7 +177,7 @@ class FedWork:
 
     def ask_driver(self) -> FedShard | None:
         """Ask until the driver hands out ids (opening shards as it says), waits, or has nothing left."""
-        answer = self.feed.next()
+        answer = self.feed.next(self.workers * self.rows, self.rows)
         while answer:
             kind = answer[0]
             if kind == "open" and len(answer) == 2:
@@ -186,10 +187,10 @@ class FedWork:
                 work = self.take(int(answer[1]), answer[2], answer[3:], recheck=kind == "recheck")
                 if work is not None:
                     return work
-                answer = self.feed.next()
+                answer = self.feed.next(self.workers * self.rows, self.rows)
                 continue
             log.warning("the driver said something unexpected: %r", " ".join(answer)[:200])
-            answer = self.feed.next()
+            answer = self.feed.next(self.workers * self.rows, self.rows)
         return None
 
     def open(self, shard: str) -> list[str] | None:
