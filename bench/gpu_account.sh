@@ -10,7 +10,7 @@
 #
 # Steps: setup (the carried wheels, then models), models (random v1, v2 and v3 directories of MODEL_SIZE, full
 # by default, at /tmp/cv-full-vN),
-# account:V, check:V[:TEXTS] (convtts check-model against upstream, all 20 texts by default),
+# account:V, check:V[:TEXTS[:group.key=value,...]] (convtts check-model against upstream, all 20 texts by default),
 # job:V:TEXT:CONVERSATIONS:LIMIT[:group.key=value,...] (TEXT bench or short; LIMIT seconds, past which the
 # job is stopped and not counted). The runtime: $COSYVOICE_ROOT, by default .whl/CosyVoice.
 set -uo pipefail
@@ -50,16 +50,18 @@ account() {
   ((rc == 0)) || tail -n 15 "$raw/account-v$1.txt"
 }
 
-check() {  # version [texts]: convtts check-model on the random model, the shipped config with its voices
-  local sets=() config=configs/cosyvoice$([[ $1 == 1 ]] || echo "$1").yaml work=/tmp/check-v$1
+check() {  # version [texts] [settings, comma-separated]: convtts check-model on the random model, the shipped config
+  local sets=() config=configs/cosyvoice$([[ $1 == 1 ]] || echo "$1").yaml work=/tmp/check-v$1 name="check-v$1${3:+-set}"
   mkdir -p "$work"
   mapfile -t sets < <("$PYTHON" -c 'import sys; sys.path.insert(0, "bench"); from pathlib import Path; from e2e import version_sets
 for item in version_sets(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]): print(f"--set\n{item}")' "$1" "$work" "$COSYVOICE_ROOT")
+  IFS=, read -ra items <<<"${3:-}"
+  for item in "${items[@]}"; do sets+=(--set "$item"); done
   $(runtime "$1") timeout -k 10 "${CHECK_LIMIT:-300}" "$PYTHON" -m convtts check-model --config "$config" \
-    --set "tts.cosyvoice.model_dir=/tmp/cv-$size-v$1" "${sets[@]}" ${2:+--texts "$2"} --out "$raw/check-v$1.json" \
-    >"$raw/check-v$1.txt" 2>&1
-  say "rc $? check v$1"
-  grep -E '^(part|llm|audio) |failed|error' "$raw/check-v$1.txt" | grep -v INFO | cut -c1-330 | tee -a "$out/summary.txt"
+    --set "tts.cosyvoice.model_dir=/tmp/cv-$size-v$1" "${sets[@]}" ${2:+--texts "$2"} --out "$raw/$name.json" \
+    >"$raw/$name.txt" 2>&1
+  say "rc $? check v$1 ${3:-}"
+  grep -E '^(part|llm|audio) |failed|error' "$raw/$name.txt" | grep -v INFO | cut -c1-330 | tee -a "$out/summary.txt"
 }
 
 job() {  # version text conversations limit [settings, comma-separated]
@@ -82,7 +84,7 @@ for step in ${STEPS:-setup}; do
     setup) setup || say "setup failed" ;;
     models) models || say "models failed" ;;
     account) account "$a" ;;
-    check) check "$a" "$b" ;;
+    check) check "$a" "$b" "$c" ;;
     job) job "$a" "$b" "$c" "$d" "$e" ;;
   esac
 done

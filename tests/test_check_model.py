@@ -26,6 +26,7 @@ pytestmark = pytest.mark.cosyvoice
 
 VOICES = ("英文女", "英文男")
 CONFIG = str(REPO / "configs" / "cosyvoice.yaml")  # bf16 LLM and flow, tf32 vocoder, as shipped
+CPU_FP32 = 1e-6  # fp32 audio against upstream's on a CPU, in full scale: measured 1.2e-7 (the GPU bound is check.FP32_PASS)
 NO_CHECKOUT = "needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice make test"
 
 
@@ -61,7 +62,7 @@ def test_the_shipped_engine_passes_against_upstream(model_dir, tmp_path):
     report = json.loads(out.read_text())
     fp32 = report["runs"]["fp32"]
     assert fp32["llm"]["agree"] == fp32["llm"]["steps"] > 0 and fp32["llm"]["max_tv"] <= check.FP32_TV_PASS, fp32
-    assert fp32["audio"]["compared"] == 3 and fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
+    assert fp32["audio"]["compared"] == 3 and fp32["audio"]["max_abs"] <= CPU_FP32, fp32
     shipped = report["runs"]["config (llm bf16, flow bf16, vocoder tf32)"]
     assert 0 < shipped["llm"]["max_tv"] <= check.REDUCED_TV_PASS, shipped  # bf16: near, not equal
     assert shipped["llm"]["steps"] == fp32["llm"]["steps"]  # the same tokens, upstream's
@@ -162,7 +163,7 @@ def assert_fp32_is_upstream(out):
     fp32 = json.loads(out.read_text())["runs"]["fp32"]
     assert fp32["llm"]["agree"] == fp32["llm"]["steps"] > 0 and fp32["llm"]["max_tv"] <= check.FP32_TV_PASS, fp32
     assert fp32["audio"]["compared"] == 2, fp32
-    assert fp32["audio"]["max_abs"] <= check.FP32_PASS, fp32
+    assert fp32["audio"]["max_abs"] <= CPU_FP32, fp32
 
 
 def test_a_v2_model_with_zero_shot_voices_passes(tmp_path):

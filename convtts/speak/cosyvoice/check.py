@@ -58,9 +58,11 @@ TEXTS = [  # English and Chinese in turn, short to long: the first few hold both
 
 # The LLM is run on upstream's histories (ForcedDraws) and judged by the total variation distance (TV)
 # between its distribution and upstream's at each step: the chance that one shared random number
-# draws two different tokens. fp32 on a CPU measures 1e-6 and less (only the order of the sums
-# differs); a GPU's kernels may add to it. bf16 moves the log-probabilities by up to 0.06
-# (docs/ARCHITECTURE.md, Tolerances); a wrong prompt or cache moves them by far more.
+# draws two different tokens. fp32 measures 2e-7 to 4e-7 on random v1 and v2 models, on a CPU and
+# on an H100 alike (only the order of the sums differs), and up to 5.3e-5 on the random v3 model,
+# whose distributions move a hundred times as much for the same rounding. bf16 moves the
+# log-probabilities by up to 0.06 (docs/ARCHITECTURE.md, Tolerances); a wrong prompt or cache moves
+# them by far more.
 FP32_TV_PASS, FP32_TV_WARN = 1e-4, 1e-3
 REDUCED_TV_PASS, REDUCED_TV_WARN = 0.05, 0.15
 # With upstream's random state at every step, the engine's own fp32 draw is upstream's but where a
@@ -70,9 +72,10 @@ REDUCED_TV_PASS, REDUCED_TV_WARN = 0.05, 0.15
 FLIPS_SLACK, FLIPS_SHARE = 2, 0.01
 # The audio's, in full-scale units of the waveform (1.0 = the clip level).
 # fp32: padded flow passes and batched HiFT stay within 1e-5 of each row alone (docs/ARCHITECTURE.md),
-# and whole utterances within 1.2e-7 on random-weight v1, v2 and v3 models on a CPU; a GPU's kernels
-# and ten Euler steps of a released model may add to it, so 1e-4 passes and 1e-3 warns.
-FP32_PASS, FP32_WARN = 1e-4, 1e-3
+# and whole utterances within 1.2e-7 on random-weight v1, v2 and v3 models on a CPU; on an H100 the
+# GPU's kernels, chosen by the batch's shape, make it 1.02e-4 (v1), 1.01e-4 (v2) and 7.1e-5 (v3) at
+# 57-67 dB SNR: three times that passes, and up to 1e-3 warns.
+FP32_PASS, FP32_WARN = 3e-4, 1e-3
 # bf16 flow 2e-3 and bf16 vocoder 1e-2 of full scale are the documented bounds; together 1e-2 passes
 # (measured 1.1e-3 to 2.6e-3 on the random models), and up to five times that warns.
 REDUCED_PASS, REDUCED_WARN = 1e-2, 5e-2
