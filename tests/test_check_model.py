@@ -26,7 +26,7 @@ pytestmark = pytest.mark.cosyvoice
 
 VOICES = ("英文女", "英文男")
 CONFIG = str(REPO / "configs" / "cosyvoice.yaml")  # bf16 LLM and flow, tf32 vocoder, as shipped
-CPU_FP32 = 1e-6  # fp32 audio against upstream's on a CPU, in full scale: measured 1.2e-7 (the GPU bound is check.FP32_PASS)
+CPU_FP32 = 1e-6  # fp32 audio against upstream's on a CPU, of full scale: measured 1.2e-7 (a GPU: check.FP32_PASS)
 NO_CHECKOUT = "needs a checkout of the official CosyVoice repository: COSYVOICE_ROOT=/path/to/CosyVoice make test"
 
 
