@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from convtts.config import load_config
-from convtts.plan.planner import plan_conversation
+from convtts.plan.conversation import plan_conversation
 
 
 def make_input(segments: int, path: Path) -> int:

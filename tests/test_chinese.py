@@ -12,7 +12,8 @@ from conftest import DATA, assert_complete, read_jsonl, run_all, sharegpt_conver
 from convtts import language
 from convtts.config import ConfigError, load_config
 from convtts.language import detect
-from convtts.plan.planner import make_plan, plan_is_fresh
+from convtts.plan.freshness import plan_is_fresh
+from convtts.plan.planner import make_plan
 from convtts.plan.segments import split_characters
 from convtts.speak import voice_languages
 from convtts.state.layout import Layout

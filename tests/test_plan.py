@@ -12,9 +12,11 @@ import pytest
 
 from conftest import llava_conversations, preprocess, read_jsonl, write_input
 from convtts.config import load_config
-from convtts.plan import planner, reader
-from convtts.plan.planner import make_plan, plan_is_fresh, safe_id, select, side_voices, unique_ids
+from convtts.plan import conversation, freshness, planner, reader
+from convtts.plan.freshness import plan_is_fresh
+from convtts.plan.planner import make_plan, safe_id, select, unique_ids
 from convtts.plan.reader import InputError
+from convtts.plan.voices import side_voices
 from convtts.state.layout import Layout
 
 SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
@@ -193,7 +195,7 @@ def test_every_selected_segment_is_in_exactly_one_shard(tmp_path):
     by_id = {r["id"]: r for r in records}
     expected = []
     for cid in kept:
-        segments, _ = planner.plan_conversation(cid, by_id[cid], config)
+        segments, _ = conversation.plan_conversation(cid, by_id[cid], config)
         expected += [s["id"] for s in segments]
     assert sorted(expected) == sorted(seen)
     rows = plan_rows(tmp_path / "out")
@@ -350,11 +352,11 @@ def test_plan_freshness(tmp_path):
 
 def test_content_digest_is_the_sha256_of_the_bytes_and_follows_a_change(tmp_path):
     path = tmp_path / "in.json"
-    data = os.urandom(planner.HASH_BLOCK * 2 + 17)  # whole blocks and a partial one
+    data = os.urandom(freshness.HASH_BLOCK * 2 + 17)  # whole blocks and a partial one
     path.write_bytes(data)
-    assert planner.content_digest(path) == hashlib.sha256(data).hexdigest()
+    assert freshness.content_digest(path) == hashlib.sha256(data).hexdigest()
     path.write_bytes(data + b"]")
-    assert planner.content_digest(path) == hashlib.sha256(data + b"]").hexdigest()
+    assert freshness.content_digest(path) == hashlib.sha256(data + b"]").hexdigest()
 
 
 def test_bad_input_keeps_the_old_plan_whole(tmp_path):

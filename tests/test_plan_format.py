@@ -21,7 +21,8 @@ from conftest import (
     write_input,
 )
 from convtts.config import load_config
-from convtts.plan.planner import PLAN_VERSION, fingerprint, make_plan, rules_digest
+from convtts.plan.freshness import PLAN_VERSION, fingerprint, rules_digest
+from convtts.plan.planner import make_plan
 from convtts.state.layout import Layout
 
 SETTINGS = ("tts.backend=silence", "shards.segments_per_shard=8")
@@ -187,9 +188,9 @@ def test_a_touched_or_moved_input_resumes_and_a_changed_one_is_refused(tmp_path)
 # preprocess.py with the cleaner changed: every spoken text ends in "Truly." (a rule that says more)
 WITH_OTHER_RULES = """
 import sys
-import convtts.plan.planner as planner
-cleaned = planner.clean
-planner.clean = lambda *a, **k: (lambda text, reason: (text and text + " Truly.", reason))(*cleaned(*a, **k))
+import convtts.plan.conversation as conversation
+cleaned = conversation.clean
+conversation.clean = lambda *a, **k: (lambda text, reason: (text and text + " Truly.", reason))(*cleaned(*a, **k))
 from convtts.plan.command import main
 sys.exit(main(sys.argv[1:]))
 """

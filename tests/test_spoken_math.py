@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from convtts.config import ConfigError, load_config
-from convtts.plan.planner import plan_conversation
+from convtts.plan.conversation import plan_conversation
 from convtts.plan.textclean import clean, split_segments
 
 DATA = Path(__file__).parent / "data"

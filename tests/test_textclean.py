@@ -8,7 +8,8 @@ import time
 import pytest
 
 from convtts.config import ConfigError, load_config
-from convtts.plan.planner import fingerprint, plan_conversation
+from convtts.plan.conversation import plan_conversation
+from convtts.plan.freshness import fingerprint
 from convtts.plan.textclean import clean, split_segments
 
 CLEAN_CASES = [

@@ -18,7 +18,8 @@ import soundfile as sf
 
 from conftest import REPO, assert_complete, read_jsonl, run_all, script_env, write_input
 from convtts.config import Config, ConfigError, CosyVoiceConfig, SpeakerConfig, TTSConfig, load_config
-from convtts.plan.planner import make_plan, plan_is_fresh
+from convtts.plan.freshness import plan_is_fresh
+from convtts.plan.planner import make_plan
 from convtts.plan.voices import Casting, _pick, voice_names
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.prompts import PromptCache, check_pool

@@ -8,7 +8,9 @@ import pytest
 
 from conftest import DATA, read_jsonl, write_input
 from convtts.config import ConfigError, load_config
-from convtts.plan.planner import casting_for, make_plan, plan_settings
+from convtts.plan.freshness import plan_settings
+from convtts.plan.planner import make_plan
+from convtts.plan.voices import casting_for
 from convtts.state.layout import Layout
 
 ANY_VOICE = "tts.backend=silence"  # speaks every language, so no turn is skipped for its language

@@ -1,6 +1,6 @@
 """Conversations the planner's text rules are fingerprinted by: what cleaning and splitting make of them.
 
-A plan records the digest of these conversations' segments (planner.rules_digest). When a change
+A plan records the digest of these conversations' segments (freshness.rules_digest). When a change
 to the cleaner, the math and operator words or the splitter changes what any of them says, the
 digest changes with it, and a plan made by the older rules reads as stale without anyone raising
 PLAN_VERSION by hand. Each record exercises one family of rules; add one when a rule has none here.

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 
 from convtts.config import Config, ConfigError, load_config
-from convtts.plan.planner import PLAN_VERSION, content_digest, input_info, plan_settings, rules_digest
+from convtts.plan.freshness import PLAN_VERSION, content_digest, input_info, plan_settings, rules_digest
 from convtts.state.layout import Layout
 from convtts.state.shardio import read_json
 

@@ -14,15 +14,15 @@ from convtts.config import ConfigError, dump_yaml
 from convtts.gate.quality import check_gate
 from convtts.language import counts_characters
 from convtts.plan.changes import plan_changes
-from convtts.plan.planner import (
+from convtts.plan.freshness import (
     PLAN_VERSION,
     earlier_version_with_same_ids,
-    make_plan,
     missing_plan_files,
     plan_is_fresh,
     plan_matches,
     rules_changed,
 )
+from convtts.plan.planner import make_plan
 from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import heapq
 import logging
@@ -19,55 +18,27 @@ from pathlib import Path
 
 import orjson
 
-from convtts.config import PLAN_GROUPS, Config, SelectConfig, TextConfig, to_dict
-from convtts.language import LANGUAGES, counts_characters, detect, spoken_units
-from convtts.plan.reader import InputError, conversation_turns, json_type, read_spans, records
-from convtts.plan.segments import split_characters
-from convtts.plan.textclean import clean, split_segments
-from convtts.plan.voices import (  # noqa: F401  (side_voices: for callers)
-    Casting,
-    names_digest,
-    said_languages,
-    side_voices,
-    voice_names,
+from convtts.config import Config, SelectConfig
+from convtts.language import LANGUAGES
+from convtts.plan.conversation import plan_conversation
+from convtts.plan.freshness import (
+    PLAN_VERSION,
+    content_digest,
+    fingerprint,
+    input_info,
+    plan_settings,
+    rules_digest,
 )
+from convtts.plan.reader import InputError, read_spans, records
+from convtts.plan.voices import Casting, casting_for
 from convtts.speak import configs_speaking, voice_languages
-from convtts.speak.pool import read_pool
 from convtts.state.layout import FAN_OUT_SHARDS, Layout, shard_folder, shard_name
 from convtts.words import plural
 
 log = logging.getLogger(__name__)
 
-PLAN_VERSION = 5  # bump when the plan's files change; the text rules are fingerprinted (RULES_SINCE)
-# Plans from this version on give the same ids for the same input and settings, so remaking one of
-# them keeps the spoken work (2: source_text only on a turn's first segment; 3: the fingerprint
-# knows the input by its content; 4: each turn's language, Chinese, Japanese and Korean cut by
-# characters, math and operators said as words, a conversation longer than a shard cut across
-# shards; 5: the text rules' digest, same ids and texts). Raise it to PLAN_VERSION when a change of
-# the plan's files gives different ids or texts.
-SAME_IDS_SINCE = 4
-# Plans from this version on know their input by a hash of its bytes; older ones by path, size and
-# modification time, so a touched or moved input looked like another one.
-CONTENT_SINCE = 3
-# Plans from this version on carry a digest of what the text rules make of fixed conversations
-# (plan/canary.py, at the default text settings): a plan made by other cleaning or splitting reads
-# as stale by itself.
-RULES_SINCE = 5
-HASH_BLOCK = 1 << 20  # sha256 over 1 MiB reads: 1.2 GB/s on a busy 2-core machine (OpenSSL's SHA
-# extensions); blake2b, pure software there, ran at 0.5 to 0.6 GB/s
 PROGRESS_EVERY = 100_000
 MAX_ID_CHARS = 96  # room for '-000-00.flac' and a duplicate suffix within any file-name limit
-ROLES = {
-    "human": "human",
-    "user": "human",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "model": "assistant",
-    "chatgpt": "assistant",
-    "bing": "assistant",
-    "bard": "assistant",
-    "system": "system",
-}
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 # --- ids ---------------------------------------------------------------------------------------
@@ -139,94 +110,6 @@ def select(ids: list[str], config: SelectConfig) -> list[int]:
         log.warning("select.count=%d but only %s: keeping all", config.count, plural(len(ids), "conversation"))
         return list(range(len(ids)))
     return sorted(heapq.nsmallest(config.count, range(len(ids)), key=lambda i: (id_hash(config.seed, ids[i]), ids[i])))
-
-
-# --- one conversation ----------------------------------------------------------------------------
-
-
-def turn_problem(item, side: str | None, config: Config) -> str | None:
-    """Why a turn is not spoken before its text is even cleaned, or None."""
-    if not isinstance(item, dict):
-        return f"turn is {json_type(item)}, not an object"
-    role = item.get("from", item.get("role"))
-    if side is None:
-        return f"unknown role {role!r}" if role is not None else "turn has no 'from' role"
-    if side not in config.text.speak_roles:
-        return f"role {side} is not in text.speak_roles"
-    value = item.get("value", item.get("content"))
-    if not isinstance(value, str):
-        return f"value is {json_type(value)}, not a string"
-    if len(value) > config.text.max_turn_chars:
-        return f"turn is longer than text.max_turn_chars ({len(value)} > {config.text.max_turn_chars})"
-    return None
-
-
-def plan_conversation(
-    cid: str, record: dict, config: Config, casting: Casting | None = None, speaks: frozenset[str] | None = None
-) -> tuple[list[dict], list[dict]]:
-    """(segments to speak, skipped turns) of one record; ids are {conversation}-{turn:03d}-{segment:02d}.
-
-    `casting` is Casting.of(config.speakers, voice_names(...)) when there is a pool; `speaks` the
-    languages of the voice (voice_languages(config); None: any): a turn in another one is skipped.
-    """
-    casting = casting or casting_for(config)
-    sides: dict[str | None, dict[str, str]] = {}  # the conversation's voices for each language it speaks
-    link, phrases = config.text.link_words(), config.text.phrases()
-    segments, skipped = [], []
-    for turn, item in enumerate(conversation_turns(record)):
-        role = item.get("from", item.get("role")) if isinstance(item, dict) else None
-        side = ROLES.get(role.strip().lower()) if isinstance(role, str) else None
-        reason = turn_problem(item, side, config)
-        language = None
-        if reason is None:
-            source = item.get("value", item.get("content"))
-            language = detect(source) if config.text.language == "auto" else config.text.language
-            text, reason = clean(source, link, language=language, phrases=phrases)
-            if reason is None and speaks is not None and language not in speaks:
-                reason = f"language {language}: the voice speaks {', '.join(sorted(speaks))}"
-        if reason is not None:
-            skipped.append(
-                {
-                    "id": f"{cid}-{turn:03d}",
-                    "conversation_id": cid,
-                    "source_id": record.get("id"),
-                    "turn": turn,
-                    "role": role,
-                    "status": "skipped",
-                    "reason": reason,
-                    "language": language,
-                }
-            )
-            continue
-        if language not in sides:
-            sides[language] = casting.sides(cid, language)
-        speaker = casting.turn(cid, turn, side, sides[language], language)
-        for number, piece in enumerate(split_turn(text, language, config)):
-            segment = {
-                "id": f"{cid}-{turn:03d}-{number:02d}",
-                "conversation_id": cid,
-                "source_id": record.get("id"),
-                "turn": turn,
-                "segment": number,
-                "role": role,
-                "side": side,
-                "speaker": speaker,
-                "language": language,
-                "text": piece,
-                "source_text": source,
-                "words": spoken_units(piece, language),
-            }
-            if number:  # the turn's text once, on its first segment: the plan grows with the text
-                del segment["source_text"]
-            segments.append(segment)
-    return segments, skipped
-
-
-def split_turn(text: str, language: str, config: Config) -> list[str]:
-    """Segments in the language's own unit: characters for Chinese, Japanese, Korean; words otherwise."""
-    if counts_characters(language):
-        return split_characters(text, config.text.max_chars)
-    return split_segments(text, config.text.max_words)
 
 
 # --- planning in batches, in worker processes when there is enough work ---------------------------
@@ -402,176 +285,6 @@ class ShardWriter:
         for fh in (self.segments_fh, self.records_fh):
             if fh is not None:
                 fh.close()
-
-
-def input_info(path: str | Path) -> dict:
-    """The input file's identity on disk: enough to see that it changed while a plan was being made."""
-    try:
-        st = Path(path).stat()
-    except OSError as exc:
-        raise InputError(f"cannot read input file {path}: {exc.strerror or exc}") from None
-    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-_digests: dict[tuple, str] = {}  # content_digest's answers, by the file's identity on disk
-
-
-def content_digest(path: str | Path) -> str:
-    """The sha256 of the file's bytes, read in HASH_BLOCK pieces; asked again for the same unchanged
-    file (path, inode, size, mtime), the answer it gave: a run asks several times."""
-    try:
-        st = os.stat(path)
-        key = (str(Path(path).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in _digests:
-            _digests[key] = _sha256_of(path)
-    except OSError as exc:
-        raise InputError(f"cannot read input file {path}: {exc.strerror or exc}") from None
-    return _digests[key]
-
-
-def _sha256_of(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    block = bytearray(HASH_BLOCK)
-    view = memoryview(block)
-    with open(path, "rb") as fh:
-        while size := fh.readinto(block):
-            digest.update(view[:size])
-    return digest.hexdigest()
-
-
-def fingerprint(input_path: str | Path, config: Config, info: dict | None = None, version: int = PLAN_VERSION) -> str:
-    """What the plan depends on: the input file's content and the config groups in PLAN_GROUPS.
-
-    A plan of a version before CONTENT_SINCE knew its input by path, size and modification time
-    (`info`, else read now): that fingerprint is made the same way, to recognise such a plan.
-    """
-    if version >= CONTENT_SINCE:
-        source = {"sha256": content_digest(input_path)}
-    else:
-        source = info or input_info(input_path)
-    data = {"version": version, "input": source, "config": plan_settings(config)}
-    if version >= RULES_SINCE:
-        data["rules"] = rules_digest(config)
-    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def rules_digest(config: Config) -> str:
-    """A digest of the segments (ids, texts, languages) the text rules make of plan/canary.py's
-    conversations at the default text settings: it changes when the rules' code does (the settings
-    are the fingerprint's own part, so a changed setting is named as itself, not as the rules)."""
-    global _RULES_DIGEST
-    if _RULES_DIGEST is None:  # a preprocess asks several times; the code does not change meanwhile
-        from convtts.plan.canary import CANARY
-
-        defaults = dataclasses.replace(config, text=TextConfig())
-        said = []
-        for record in CANARY:
-            segments, _ = plan_conversation(record["id"], record, defaults)
-            said += [(s["id"], s["text"], s.get("language")) for s in segments]
-        _RULES_DIGEST = hashlib.sha256(orjson.dumps(said)).hexdigest()[:16]
-    return _RULES_DIGEST
-
-
-_RULES_DIGEST: str | None = None
-
-
-def rules_changed(layout: Layout, config: Config) -> bool:
-    """Whether the plan in `layout` was made by text rules that say the canary otherwise (a plan of
-    a version before RULES_SINCE does not say: False)."""
-    made_by = _read_plan(layout).get("rules")
-    return isinstance(made_by, str) and made_by != rules_digest(config)
-
-
-def casting_for(config: Config) -> Casting:
-    """Who speaks what under this config: its voices (or its pool's), grouped by language."""
-    speakers = config.speakers
-    pool = read_pool(speakers.pool) if speakers.pool else None  # read once for the names and the languages
-    said = said_languages(speakers, config.tts.cosyvoice.prompts, pool)
-    return Casting.of(speakers, voice_names(speakers, pool), said)
-
-
-def plan_settings(config: Config) -> dict:
-    """The config groups in PLAN_GROUPS; a voice pool by the names of its voices, not its path (a
-    pool moved elsewhere, or a recording or transcript changed, assigns the same voices)."""
-    groups = to_dict(config)
-    settings = {group: groups[group] for group in PLAN_GROUPS}
-    casting = casting_for(config)
-    pool = settings["speakers"].pop("pool")  # without a pool, the settings of plans made before pools
-    if pool:
-        settings["speakers"]["pool"] = names_digest(casting.voices)
-    # the voices each language takes, as cast (explicit or said by the voices); none: the settings of
-    # plans made before languages had voices
-    del settings["speakers"]["by_language"]
-    groups = {lang: of.voices for lang, of in casting.by_language.items()}
-    if groups:
-        settings["speakers"]["by_language"] = {
-            lang: list(names) if len(names) <= 32 else names_digest(names) for lang, names in groups.items()
-        }
-    # Links said as their domain (the default; link_phrase unused): the settings of plans made before
-    # text.links, so that an output in progress stays fresh after an upgrade and goes on speaking its
-    # own plan's texts.
-    if config.text.links == "domain":
-        del settings["text"]["links"], settings["text"]["link_phrase"]
-    # Likewise the text settings added since at their defaults: an English plan's segments are what they were.
-    for key, default in TEXT_DEFAULTS.items():
-        if settings["text"][key] == default:
-            del settings["text"][key]
-    return settings
-
-
-_ADDED_TEXT_KEYS = (
-    "language", "max_chars", "chars_per_minute", "code_phrase", "figure_phrase", "dense_math_phrase", "dense_math_words"
-)  # fmt: skip
-TEXT_DEFAULTS = {key: to_dict(TextConfig())[key] for key in _ADDED_TEXT_KEYS}
-
-
-def plan_is_fresh(input_path: str | Path, layout: Layout, config: Config) -> bool:
-    return plan_matches(input_path, layout, config) and not missing_plan_files(layout)
-
-
-def plan_matches(input_path: str | Path, layout: Layout, config: Config) -> bool:
-    """plan.json was made from this input file with these plan settings (its files may be gone)."""
-    plan = _read_plan(layout)
-    try:
-        return plan.get("fingerprint") == fingerprint(input_path, config) and same_voice_languages(plan, config)
-    except InputError:
-        return False
-
-
-def same_voice_languages(plan: dict, config: Config) -> bool:
-    """Whether the configured voice leaves out the languages the plan left out (skipped_languages),
-    of those the input holds: another voice may speak turns the plan skipped, or not speak some it kept."""
-    skipped = set(plan.get("skipped_languages") or ())
-    speaks = voice_languages(config)
-    seen = set(plan.get("languages") or ()) | skipped
-    return skipped == {language for language in seen if speaks is not None and language not in speaks}
-
-
-def earlier_version_with_same_ids(input_path: str | Path, layout: Layout, config: Config) -> int | None:
-    """The version of a plan made from this input and settings by an earlier convtts whose ids and
-    texts are ours (SAME_IDS_SINCE), or None: remaking such a plan keeps the spoken work."""
-    plan = _read_plan(layout)
-    version = plan.get("version")
-    if not isinstance(version, int) or not SAME_IDS_SINCE <= version < PLAN_VERSION:
-        return None
-    try:
-        return version if plan.get("fingerprint") == fingerprint(input_path, config, version=version) else None
-    except InputError:
-        return None
-
-
-def missing_plan_files(layout: Layout) -> list[Path]:
-    """Shard files plan.json lists that are not there (deleted by hand, or lost with a disk)."""
-    shards = _read_plan(layout).get("shards", [])
-    return [p for s in shards for p in (layout.shard_file(s), layout.shard_conversations(s)) if not p.is_file()]
-
-
-def _read_plan(layout: Layout) -> dict:
-    try:
-        plan = orjson.loads(layout.plan_file.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return plan if isinstance(plan, dict) else {}
 
 
 def make_plan(

@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from convtts.config import ConfigError, SpeakerConfig
+from convtts.config import Config, ConfigError, SpeakerConfig
 from convtts.speak.pool import read_pool
 
 # --- what the plan sees of a pool --------------------------------------------------------------
@@ -184,3 +184,11 @@ class Casting:
 
 def side_voices(cid: str, config: SpeakerConfig, voices: tuple[str, ...] | None = None) -> dict[str, str]:
     return Casting.of(config, voices).sides(cid)
+
+
+def casting_for(config: Config) -> Casting:
+    """Who speaks what under this config: its voices (or its pool's), grouped by language."""
+    speakers = config.speakers
+    pool = read_pool(speakers.pool) if speakers.pool else None  # read once for the names and the languages
+    said = said_languages(speakers, config.tts.cosyvoice.prompts, pool)
+    return Casting.of(speakers, voice_names(speakers, pool), said)
