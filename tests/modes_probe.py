@@ -74,7 +74,7 @@ def deviation(a, b) -> float | None:
 
 
 def main(model_dir: str, prompt_wav: str, mode: str, instruct: str = "") -> dict:
-    from convtts.speak.cosyvoice.check import ForcedDraws, Recorder, Spoken
+    from convtts.speak.cosyvoice.replay import ForcedDraws, Recorder, Spoken
 
     backend = backend_for(model_dir, prompt_wav, mode, instruct, ROWS)
     items = [(i, text, "anna", SEED + i) for i, text in enumerate(TEXTS)]

@@ -87,6 +87,27 @@ def test_a_louder_vocoder_fails_the_audio(model_dir, tmp_path, monkeypatch, caps
     assert "failed: audio (fp32)" in capsys.readouterr().err
 
 
+def test_a_vocoder_past_its_threshold_in_bf16_fails_there_and_the_formats_say_so(model_dir, tmp_path, monkeypatch):
+    """A fault only in the bf16 vocoder: the config that runs it fails its audio, fp32 passes, and
+    --formats lists bf16 as the vocoder's failing format, the others passing."""
+    speak = Vocoder.speak
+
+    def offset_in_bf16(self, streams, mels, speed):  # a tenth of full scale added: past bf16's 5e-2
+        spoken = speak(self, streams, mels, speed)
+        return [a + 0.1 if self.precision == "bf16" and not isinstance(a, BaseException) else a for a in spoken]
+
+    monkeypatch.setattr(Vocoder, "speak", offset_in_bf16)
+    out = tmp_path / "check.json"
+    argv = [*arguments(model_dir, out), "--set", "tts.cosyvoice.precision.vocoder=bf16", "--formats"]
+    assert check.main(argv) == 1
+    report = json.loads(out.read_text())
+    assert report["failed"] == ["audio (config (llm bf16, flow bf16, vocoder bf16))"], report["failed"]
+    settings = report["settings"]
+    assert settings["vocoder"] == {"pass": ["fp32", "tf32", "fp16"], "warn": [], "fail": ["bf16"], "refused": []}
+    assert settings["flow"]["pass"] == settings["llm"]["pass"] == ["fp32", "tf32", "bf16", "fp16"], settings
+    assert len(report["formats"]) == 9
+
+
 def test_a_flow_whose_mels_are_off_fails_the_audio_not_the_llm(model_dir, tmp_path, monkeypatch, capsys):
     mels = Flow.mels
     # half a unit of log mel: every band 1.65 times louder
@@ -189,7 +210,11 @@ def test_a_v3_model_passes_through_a_checkout(tmp_path):
         "3",
     ]
     subprocess.run([sys.executable, *build], env=env, check=True, capture_output=True, timeout=300)
-    command = [sys.executable, "-m", "convtts", "check-model", *zero_shot(tmp_path, 3, model)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-m", "convtts", "check-model", *zero_shot(tmp_path, 3, model), "--formats"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_fp32_is_upstream(tmp_path / "check.json")
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["settings"]["flow"]["refused"] == ["fp16"]  # the format known to overflow on released weights
+    assert "overflows to NaN" in report["formats"]["flow fp16 (the rest fp32)"]["refused"]["reason"]
+    assert "flow fp16 (the rest fp32)" in done.stdout and "formats by part" in done.stdout

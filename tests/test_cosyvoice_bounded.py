@@ -125,7 +125,7 @@ def test_rows_that_end_are_spoken_as_alone_beside_rows_that_run_to_the_bound(end
 
 
 def test_check_model_reports_a_model_that_never_ends(tmp_path):
-    """Upstream's path and the engine both run to the bound: the same tokens, no audio of the engine's to judge."""
+    """Upstream's path and the engine both run to the bound: the same draws, no audio of the engine's to judge."""
     from convtts.speak.cosyvoice import check
     from convtts.testing.cosyvoice_model import build_model_dir
 
@@ -134,5 +134,6 @@ def test_check_model_reports_a_model_that_never_ends(tmp_path):
     config = ["--config", str(REPO / "configs" / "cosyvoice.yaml"), "--set", f"tts.cosyvoice.model_dir={model}"]
     assert check.main([*config, "--texts", "2", "--out", str(out)]) == 0
     fp32 = json.loads(out.read_text())["runs"]["fp32"]
-    assert fp32["llm"]["verdict"] == "pass" and fp32["llm"]["same"] == 2, fp32
-    assert fp32["audio"]["compared"] == 0 and fp32["audio"]["verdict"] == "warn", fp32
+    assert fp32["llm"]["verdict"] == "pass" and fp32["llm"]["agree"] == fp32["llm"]["steps"] > 0, fp32
+    assert fp32["audio"]["compared"] == 0 and fp32["audio"]["endless"] == 2, fp32
+    assert fp32["audio"]["verdict"] == "warn" and fp32["audio"]["missing"] == 0, fp32

@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import orjson
-import torch
 
 from convtts.cli import add_config_args, fail, load_config_or_exit
-from convtts.config import ConfigError
+from convtts.config import ConfigError, load_config
+from convtts.speak.cosyvoice.replay import Draws, ForcedDraws, Recorder, Spoken
 
 log = logging.getLogger(__name__)
 
@@ -84,28 +83,6 @@ SEED = 1000
 ONE_AT_A_TIME = "this config speaks one utterance at a time (batch_size 1, fp16, TensorRT or vLLM): no engine to check"
 
 
-@dataclass
-class Chunk:
-    """What upstream's LLM did for one text chunk, step by step: enough to replay its draws elsewhere."""
-
-    drawn: list[int] = field(default_factory=list)  # the token kept at each step (the stop token last)
-    logp: list[np.ndarray] = field(default_factory=list)  # the distribution it drew from at each step
-    states: list[object] = field(default_factory=list)  # the CPU generator's state before each step's draw
-    end_state: object = None  # after the last draw: where the flow's and vocoder's noise begin
-    flow_tokens: list[int] = field(default_factory=list)
-
-
-@dataclass
-class Spoken:
-    """One run's audio by text index; upstream's run keeps its chunks' draws, the engine's its flow tokens."""
-
-    audio: dict[int, np.ndarray] = field(default_factory=dict)
-    chunks: dict[int, list[Chunk]] = field(default_factory=dict)
-    tokens: dict[int, list[list[int]]] = field(default_factory=dict)
-    endless: set[int] = field(default_factory=set)  # utterances the engine held back as runaway decodes
-    sample_rate: int = 0
-
-
 def voices(config) -> list[str]:
     names = list(config.speakers.voices) or list(config.tts.cosyvoice.prompts)
     if not names:
@@ -130,84 +107,6 @@ EXACT = ["tts.cosyvoice.sampler=cpu"]
 FP32 = [f"tts.cosyvoice.precision.{part}=fp32" for part in ("llm", "flow", "vocoder")]
 
 
-class Recorder:
-    """Wraps upstream's model for the reference run: records each step's distribution, random state
-    and token, and draws every random number where the engine draws it.
-
-    The engine's exact sampler and v1's flow noise use the utterance's CPU generator, its vocoder
-    noise the GPU's generator seeded by the utterance's seed. On a CPU that is upstream's own order;
-    on a GPU upstream would draw all three from the GPU's generator in turn, so here its sampling
-    rule gets the scores on the CPU, its flow's randn_like draws on the CPU, and the GPU's generator
-    is seeded again before each vocoder call.
-    """
-
-    def __init__(self, inner):
-        self.inner, self.seed, self.chunks, self.current = inner, 0, [], Chunk()
-        self.cuda = torch.device(inner.device).type == "cuda"
-        self.saved = {"sampling": inner.llm.sampling, "token2wav": inner.token2wav, "hift": inner.hift.inference}
-        self.saved["flow"] = inner.flow.decoder.forward
-
-    def __enter__(self):
-        inner, saved = self.inner, self.saved
-        inner.llm.sampling = self._sampling(saved["sampling"])
-        inner.token2wav = self._token2wav(saved["token2wav"])
-        if self.cuda:
-            inner.hift.inference = self._seeded(saved["hift"])
-            inner.flow.decoder.forward = self._cpu_noise(saved["flow"])
-        return self
-
-    def __exit__(self, *exc):
-        inner, saved = self.inner, self.saved
-        inner.llm.sampling, inner.token2wav, inner.hift.inference = saved["sampling"], saved["token2wav"], saved["hift"]
-        inner.flow.decoder.forward = saved["flow"]
-
-    def utterance(self, seed: int) -> list[Chunk]:
-        """Start an utterance of `seed`: the chunks it records go in the list returned."""
-        self.seed, self.chunks, self.current = seed, [], Chunk()
-        return self.chunks
-
-    def _sampling(self, rule):
-        def draw(weighted_scores, decoded_tokens, sampling):
-            step, chunk = len(decoded_tokens), self.current
-            if step == len(chunk.drawn):  # the first call of a step (upstream calls again to skip an early stop)
-                chunk.logp.append(weighted_scores.detach().float().cpu().numpy().reshape(-1).copy())
-                chunk.states.append(torch.get_rng_state())
-                chunk.drawn.append(-1)
-            token = rule(weighted_scores.cpu(), decoded_tokens, sampling)
-            chunk.drawn[step] = int(token)
-            return token.to(weighted_scores.device) if isinstance(token, torch.Tensor) else token
-
-        return draw
-
-    def _token2wav(self, token2wav):
-        def recorded(**kwargs):
-            chunk, self.current = self.current, Chunk()
-            chunk.end_state, chunk.flow_tokens = torch.get_rng_state(), kwargs["token"].reshape(-1).tolist()
-            self.chunks.append(chunk)
-            return token2wav(**kwargs)
-
-        return recorded
-
-    def _seeded(self, inference):
-        def seeded(*args, **kwargs):
-            torch.cuda.manual_seed(self.seed)
-            return inference(*args, **kwargs)
-
-        return seeded
-
-    @staticmethod
-    def _cpu_noise(forward):
-        def on_the_cpu(*args, **kwargs):
-            randn_like = torch.randn_like
-            torch.randn_like = lambda t, **kw: randn_like(t, **{**kw, "device": "cpu"}).to(t.device)
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                torch.randn_like = randn_like
-
-        return on_the_cpu
-
-
 def speak_upstream(config, work) -> Spoken:
     """Upstream's one-at-a-time path in IEEE fp32, each chunk's draws recorded (Recorder)."""
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
@@ -223,71 +122,6 @@ def speak_upstream(config, work) -> Spoken:
     finally:
         backend.close()
     return out
-
-
-@dataclass
-class Draws:
-    """How the engine's LLM and sampler fared on upstream's histories, over all the steps of a run."""
-
-    steps: int = 0
-    agree: int = 0  # steps where the engine's own draw was upstream's token
-    max_tv: float = 0.0  # the largest total variation distance between the two distributions of a step
-    sum_tv: float = 0.0
-    unmatched: int = 0  # chunks upstream did not decode (the engine split the text otherwise)
-
-    def figures(self) -> dict:
-        return {
-            "steps": self.steps,
-            "agree": self.agree,
-            "max_tv": self.max_tv,
-            "mean_tv": self.sum_tv / self.steps if self.steps else 0.0,
-            "unmatched_chunks": self.unmatched,
-        }
-
-
-class ForcedDraws:
-    """Stands in for the engine's sampler: each row draws with the engine's own sampler from
-    upstream's random state at that step, is scored against upstream's draw and distribution, and
-    then takes upstream's token. Every chunk so decodes upstream's tokens whatever the precision
-    (its audio can be compared sample for sample), and one near tie flips one draw, not the rest.
-    """
-
-    def __init__(self, sampler, reference: Spoken):
-        self.sampler, self.reference, self.draws = sampler, reference, Draws()
-        self.options = None  # no GPU sampling: rows draw here
-
-    def draw(self, scores: torch.Tensor, rows: list) -> list:
-        chunks = [self._chunk(row) for row in rows]
-        for row, chunk in zip(rows, chunks):
-            if chunk is not None and len(row.tokens) < len(chunk.states):
-                row.stream.generator.set_state(chunk.states[len(row.tokens)])
-        own = self.sampler.draw(scores, rows)
-        return [self._force(row, chunk, scores[i], own[i]) for i, (row, chunk) in enumerate(zip(rows, chunks))]
-
-    def _chunk(self, row) -> Chunk | None:
-        chunks = self.reference.chunks.get(row.request.key, [])
-        return chunks[row.index] if row.index < len(chunks) else None
-
-    def _force(self, row, chunk: Chunk | None, scores: torch.Tensor, own):
-        step = len(row.tokens)
-        if chunk is None or step >= len(chunk.drawn):
-            self.draws.unmatched += chunk is None and step == 0
-            return own
-        token, d = chunk.drawn[step], self.draws
-        d.steps, d.agree = d.steps + 1, d.agree + (own == token)
-        tv = total_variation(scores, chunk.logp[step])
-        d.max_tv, d.sum_tv = max(d.max_tv, tv), d.sum_tv + tv
-        if step == len(chunk.drawn) - 1:
-            row.stream.generator.set_state(chunk.end_state)
-        return token
-
-
-def total_variation(scores: torch.Tensor, reference: np.ndarray) -> float:
-    """Half the L1 distance of the two distributions over the tokens both allow (the engine masks the
-    stop tokens before a chunk's least length, where upstream draws again instead)."""
-    got, want = scores.double(), torch.from_numpy(reference).double()
-    allowed = torch.isfinite(got) & torch.isfinite(want)
-    return 0.5 * float((got[allowed].softmax(0) - want[allowed].softmax(0)).abs().sum())
 
 
 def speak_engine(config, reference: Spoken, work) -> tuple[Spoken, Draws]:
@@ -381,6 +215,8 @@ def llm_verdict(figures: dict, reduced: bool) -> str:
 def audio_verdict(figures: dict, reduced: bool) -> str:
     if figures["missing"] or figures["other_tokens"] or figures["max_duration_ms"] > 0:
         return FAIL  # the same tokens make the same number of samples, whatever the precision
+    if figures["compared"] == 0:
+        return WARN  # every utterance ran to the decode's bound, which the engine holds back
     passes, warns = (REDUCED_PASS, REDUCED_WARN) if reduced else (FP32_PASS, FP32_WARN)
     deviation = figures["max_abs"]
     return PASS if deviation <= passes else WARN if deviation <= warns else FAIL
@@ -397,6 +233,8 @@ def judge(ref: Spoken, got: Spoken, draws: Draws, precision) -> dict:
 
 
 def describe(part: str, figures: dict) -> str:
+    if part == REFUSED:
+        return figures["reason"]
     if part == "llm":
         text = (
             f"{figures['agree']}/{figures['steps']} draws upstream's; "
@@ -409,7 +247,7 @@ def describe(part: str, figures: dict) -> str:
         f"SNR >= {figures['min_snr_db']:.1f} dB, LSD <= {figures['max_lsd_db']:.3f} dB, "
         f"duration +-{figures['max_duration_ms']:.1f} ms"
     )
-    wrong = [f"{figures[k]} {k.replace('_', ' ')}" for k in ("missing", "other_tokens") if figures[k]]
+    wrong = [f"{figures[k]} {k.replace('_', ' ')}" for k in ("missing", "other_tokens", "endless") if figures[k]]
     return text + (f"; {', '.join(wrong)}" if wrong else "")
 
 
@@ -440,16 +278,66 @@ def plan(args) -> list[tuple[str, object]]:
     return [(f"config (llm {p.llm}, flow {p.flow}, vocoder {p.vocoder})", shipped), exact]
 
 
-def run_check(args) -> dict:
-    """Upstream's run, then each engine run judged against it: {run: {part: figures}}."""
+PARTS, FORMATS = ("llm", "flow", "vocoder"), ("tf32", "bf16", "fp16")
+REFUSED = "refused"
+
+
+def format_runs(args) -> list[tuple[str, str, str, object]]:
+    """--formats: each part alone in each reduced format, the others in fp32: (run, part, format, its
+    config, or the reason the config refuses it)."""
+    runs = []
+    for part in PARTS:
+        for name in FORMATS:
+            setting = f"tts.cosyvoice.precision.{part}={name}"
+            try:
+                config = load_config(args.config, [*args.overrides, *EXACT, *FP32, setting])
+            except ConfigError as exc:
+                config = str(exc)
+            runs.append((f"{part} {name} (the rest fp32)", part, name, config))
+    return runs
+
+
+def run_check(args) -> tuple[dict, dict]:
+    """Upstream's run, then each engine run judged against it: ({run: {part: figures}}, the same for
+    the runs of --formats)."""
     runs = plan(args)
     work = items(runs[0][1], args.texts)
     ref = speak_upstream(load_config_or_exit(args, REFERENCE), work)
-    results = {}
+    results, formats = {}, {}
     for name, config in runs:
         got, draws = speak_engine(config, ref, work)
         results[name] = judge(ref, got, draws, config.tts.cosyvoice.precision)
-    return results
+    for name, _, _, config in format_runs(args) if args.formats else ():
+        if isinstance(config, str):
+            formats[name] = {REFUSED: {"verdict": REFUSED, "reason": config}}
+            continue
+        got, draws = speak_engine(config, ref, work)
+        formats[name] = judge(ref, got, draws, config.tts.cosyvoice.precision)
+    return results, formats
+
+
+def settings_that_pass(results: dict, formats: dict) -> dict:
+    """For each part, its formats by verdict: fp32 as the fp32 run judged it, each other as its own
+    run did (the worse of its two verdicts), or refused by the config."""
+    order = [PASS, WARN, FAIL, REFUSED]
+    fp32 = results.get("fp32", {})
+    out = {part: {verdict: [] for verdict in order} for part in PARTS}
+    for part in PARTS:
+        if fp32:
+            out[part][max((f["verdict"] for f in fp32.values()), key=order.index)].append("fp32")
+        for name in FORMATS:
+            run = formats.get(f"{part} {name} (the rest fp32)")
+            if run:
+                out[part][max((f["verdict"] for f in run.values()), key=order.index)].append(name)
+    return out
+
+
+def describe_settings(settings: dict) -> str:
+    lines = ["formats by part (each alone, the rest fp32):"]
+    for part, verdicts in settings.items():
+        said = [f"{verdict} {', '.join(names)}" for verdict, names in verdicts.items() if names]
+        lines.append(f"  {part:<8} {'; '.join(said)}")
+    return "\n".join(lines)
 
 
 def failed_parts(results: dict) -> list[str]:
@@ -463,6 +351,12 @@ def parse(argv):
     add_config_args(parser)
     parser.add_argument("--texts", type=int, default=len(TEXTS), help=f"how many of the {len(TEXTS)} built-in texts")
     parser.add_argument("--out", default="check-model.json", help="the verdicts and figures as JSON")
+    parser.add_argument(
+        "--formats",
+        action="store_true",
+        help="also each part alone in tf32, bf16 and fp16 (the rest fp32), and which formats pass; "
+        "nine more engine runs, judged but not counted in the exit code",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.texts <= len(TEXTS):
         parser.error(f"--texts must be between 1 and {len(TEXTS)}")
@@ -472,26 +366,20 @@ def parse(argv):
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
-        results = run_check(args)
+        results, formats = run_check(args)
     except ConfigError as exc:  # the model directory, a voice or a prompt the load refused
         fail(f"config error: {exc}")
     print(table(results))
-    failed = failed_parts(results)
-    Path(args.out).write_bytes(
-        orjson.dumps(
-            {
-                "config": args.config,
-                "overrides": args.overrides,
-                "texts": args.texts,
-                "failed": failed,
-                "runs": results,
-            },
-            option=orjson.OPT_INDENT_2,
-        )
-    )
+    report = {"config": args.config, "overrides": args.overrides, "texts": args.texts}
+    report |= {"failed": failed_parts(results), "runs": results}
+    if formats:
+        report |= {"formats": formats, "settings": settings_that_pass(results, formats)}
+        print(table(formats))
+        print(describe_settings(report["settings"]))
+    Path(args.out).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(f"written to {args.out}")
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    if report["failed"]:
+        print(f"failed: {', '.join(report['failed'])}", file=sys.stderr)
         return 1
     return 0
 
