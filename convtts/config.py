@@ -326,6 +326,9 @@ class FlowConfig:
 class CosyVoiceConfig:
     model_dir: str = ""
     runtime_root: str = ""  # a checkout of the official repository; else $COSYVOICE_ROOT, else installed
+    # Libraries a worker needs late or never stay out of the runtime's import (speak/cosyvoice/standins.py,
+    # 2-4 s a slot); false imports them all as upstream does, should a new runtime trip a stand-in.
+    standins: bool = True
     fp16: bool = False
     load_jit: bool = False
     load_trt: bool = False

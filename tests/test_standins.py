@@ -205,6 +205,34 @@ def test_a_v1_model_loads_and_speaks_without_them_and_they_import_when_asked_for
     assert asked_for <= set(seen["at_the_end"]), seen
 
 
+@pytest.mark.cosyvoice
+@pytest.mark.parametrize("standins", [True, False])
+def test_tts_cosyvoice_standins_false_imports_the_runtime_as_upstream_does(tmp_path, standins):
+    """The switch: a slot's preload of a v1 model with tts.cosyvoice.standins false imports every
+    library the runtime names (the real transformers among them); true keeps them out."""
+    from convtts.testing.cosyvoice_model import build_model_dir
+
+    model = build_model_dir(tmp_path / "tiny", "tiny", ("英文女", "英文男"), tokens_per_text_token=4)
+    body = """
+        import json, sys
+        from convtts.run.preload import preload
+        args = {"runtime_root": "", "version": 1, "model_dir": sys.argv[1], "standins": sys.argv[2] == "True"}
+        preload({"whisper": False, "voice": {"function": "convtts.speak.cosyvoice.resources:preload", "args": args}})
+        kept_out = sys.argv[3].split(",")
+        transformers = sys.modules.get("transformers")
+        print(json.dumps({
+            "present": sorted(name for name in kept_out if name in sys.modules),
+            "transformers": type(transformers).__name__ if transformers else None,
+            "real": hasattr(transformers, "PreTrainedModel") if transformers else False,
+        }))
+    """
+    seen = python_reports(textwrap.dedent(body), model, str(standins), ",".join(KEPT_OUT))
+    if standins:
+        assert seen["present"] == [] and not seen["real"], seen
+    else:
+        assert {"scipy.signal", "torch._dynamo", "modelscope"} <= set(seen["present"]) and seen["real"], seen
+
+
 def test_any_other_name_imports_the_real_module_at_once_and_the_stand_ins_go_after_the_block():
     seen = python_reports(
         textwrap.dedent(

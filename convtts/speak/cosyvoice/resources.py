@@ -30,7 +30,12 @@ def resources(config: Config, device: str) -> Resources:
         start_method="forkserver",
         preload=Preload(
             PRELOAD,
-            {"runtime_root": cosy.runtime_root, "version": _version(cosy.model_dir), "model_dir": cosy.model_dir},
+            {
+                "runtime_root": cosy.runtime_root,
+                "version": _version(cosy.model_dir),
+                "model_dir": cosy.model_dir,
+                "standins": cosy.standins,
+            },
         ),
     )
 
@@ -56,15 +61,15 @@ def preload(args: dict, phase) -> None:
     and transformers for v2/v3, which use it (v1 does not: speak.cosyvoice.standins)."""
     from convtts.speak.cosyvoice.runtime import import_model_modules, import_runtime
 
-    version = args.get("version")
+    version, standins = args.get("version"), args.get("standins", True)
     if (version or 0) >= 2:
         with phase("transformers"):
             import transformers  # noqa: F401
     with phase("runtime"):
-        import_runtime(CosyVoiceConfig(runtime_root=args.get("runtime_root", "")), version)
+        import_runtime(CosyVoiceConfig(runtime_root=args.get("runtime_root", ""), standins=standins), version)
     if version:
         with phase("model modules"):
-            import_model_modules(args["model_dir"], version)
+            import_model_modules(args["model_dir"], version, standins)
 
 
 def _version(model_dir: str) -> int | None:

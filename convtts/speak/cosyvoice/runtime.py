@@ -86,7 +86,7 @@ def import_runtime(cosy: CosyVoiceConfig, version: int | None = None):
                 sys.path.insert(0, path)
     matcha_utils.install()  # Matcha-TTS's training tools stay unimported
     try:
-        with held_back(version):
+        with held_back(version, cosy.standins):
             module = importlib.import_module("cosyvoice.cli.cosyvoice")
     except ImportError as exc:
         raise ConfigError(f"the CosyVoice runtime failed to import: {exc}") from exc
@@ -221,7 +221,7 @@ def check_model_dir(cosy: CosyVoiceConfig) -> int:
     return version
 
 
-def import_model_modules(model_dir: str, version: int) -> None:
+def import_model_modules(model_dir: str, version: int, standins: bool = True) -> None:
     """Import the modules a model directory's yaml names, as its constructor would.
 
     A slot's forkserver does this once, so that every forked worker finds them imported: Matcha-TTS's
@@ -229,7 +229,7 @@ def import_model_modules(model_dir: str, version: int) -> None:
     that does not import is left to the worker's own load, which says why.
     """
     text = (Path(model_dir) / VERSION_YAML[version]).read_text(encoding="utf-8")
-    with held_back(version):
+    with held_back(version, standins):
         for dotted in sorted(set(re.findall(r"!(?:new|name|apply):([A-Za-z_][\w.]*)", text))):
             _import_longest_prefix(dotted)
 
@@ -293,7 +293,7 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None, device: st
     lazy_onnx_sessions(sys.modules.get("cosyvoice.cli.frontend"))
     model_dir = str(Path(cosy.model_dir).resolve())
     # the modules the yaml names are imported here (Matcha-TTS's decoder brings diffusers)
-    with fast_load(clock), held_back(version):
+    with fast_load(clock), held_back(version, cosy.standins):
         model = cls(model_dir, **constructor_kwargs(cls, cosy))
     log.info("loaded %s %s with the runtime from %s", CLASS_NAME[version], model_dir, _origin(sys.modules["cosyvoice"]))
     return model
