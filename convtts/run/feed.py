@@ -177,7 +177,7 @@ class FedWork:
 
     def ask_driver(self) -> FedShard | None:
         """Ask until the driver hands out ids (opening shards as it says), waits, or has nothing left."""
-        answer = self.feed.next(self.workers * self.rows, self.rows)
+        answer = self.ask()
         while answer:
             kind = answer[0]
             if kind == "open" and len(answer) == 2:
@@ -187,11 +187,15 @@ class FedWork:
                 work = self.take(int(answer[1]), answer[2], answer[3:], recheck=kind == "recheck")
                 if work is not None:
                     return work
-                answer = self.feed.next(self.workers * self.rows, self.rows)
+                answer = self.ask()
                 continue
             log.warning("the driver said something unexpected: %r", " ".join(answer)[:200])
-            answer = self.feed.next(self.workers * self.rows, self.rows)
+            answer = self.ask()
         return None
+
+    def ask(self) -> list[str] | None:
+        """The driver's next answer to "next", which says the rows this slot's workers decode at once."""
+        return self.feed.next(self.workers * self.rows, self.rows)
 
     def open(self, shard: str) -> list[str] | None:
         """The resume point of a shard, as a slot with its own shards makes it; the driver gets what is left."""

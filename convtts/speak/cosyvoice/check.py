@@ -104,7 +104,8 @@ REFERENCE = [
     "tts.cosyvoice.load_vllm=false",
 ]
 EXACT = ["tts.cosyvoice.sampler=cpu"]
-FP32 = [f"tts.cosyvoice.precision.{part}=fp32" for part in ("llm", "flow", "vocoder")]
+PARTS, FORMATS = ("llm", "flow", "vocoder"), ("tf32", "bf16", "fp16")
+FP32 = [f"tts.cosyvoice.precision.{part}=fp32" for part in PARTS]
 
 
 def speak_upstream(config, work) -> Spoken:
@@ -273,18 +274,22 @@ def plan(args) -> list[tuple[str, object]]:
         fail(ONE_AT_A_TIME)
     p = cosy.precision
     exact = ("fp32", load_config_or_exit(args, EXACT + FP32))
-    if not any(is_reduced(f) for f in (p.llm, p.flow, p.vocoder)):
+    if not any(is_reduced(getattr(p, part)) for part in PARTS):
         return [exact]
     return [(f"config (llm {p.llm}, flow {p.flow}, vocoder {p.vocoder})", shipped), exact]
 
 
-PARTS, FORMATS = ("llm", "flow", "vocoder"), ("tf32", "bf16", "fp16")
 REFUSED = "refused"
 
 
-def format_runs(args) -> list[tuple[str, str, str, object]]:
-    """--formats: each part alone in each reduced format, the others in fp32: (run, part, format, its
-    config, or the reason the config refuses it)."""
+def format_run(part: str, name: str) -> str:
+    """The name of --formats' run of `part` in format `name`."""
+    return f"{part} {name} (the rest fp32)"
+
+
+def format_runs(args) -> list[tuple[str, object]]:
+    """--formats: each part alone in each reduced format, the others in fp32: (run, its config, or the
+    reason the config refuses it)."""
     runs = []
     for part in PARTS:
         for name in FORMATS:
@@ -293,7 +298,7 @@ def format_runs(args) -> list[tuple[str, str, str, object]]:
                 config = load_config(args.config, [*args.overrides, *EXACT, *FP32, setting])
             except ConfigError as exc:
                 config = str(exc)
-            runs.append((f"{part} {name} (the rest fp32)", part, name, config))
+            runs.append((format_run(part, name), config))
     return runs
 
 
@@ -307,7 +312,7 @@ def run_check(args) -> tuple[dict, dict]:
     for name, config in runs:
         got, draws = speak_engine(config, ref, work)
         results[name] = judge(ref, got, draws, config.tts.cosyvoice.precision)
-    for name, _, _, config in format_runs(args) if args.formats else ():
+    for name, config in format_runs(args) if args.formats else ():
         if isinstance(config, str):
             formats[name] = {REFUSED: {"verdict": REFUSED, "reason": config}}
             continue
@@ -326,7 +331,7 @@ def settings_that_pass(results: dict, formats: dict) -> dict:
         if fp32:
             out[part][max((f["verdict"] for f in fp32.values()), key=order.index)].append("fp32")
         for name in FORMATS:
-            run = formats.get(f"{part} {name} (the rest fp32)")
+            run = formats.get(format_run(part, name))
             if run:
                 out[part][max((f["verdict"] for f in run.values()), key=order.index)].append(name)
     return out
