@@ -10,7 +10,7 @@
 #
 # Steps: setup (the carried wheels, then models), models (random v1, v2 and v3 directories of MODEL_SIZE, full
 # by default, at /tmp/cv-full-vN),
-# account:V, check:V[:TEXTS[:group.key=value,...]] (convtts check-model against upstream, all 20 texts by default),
+# account:V[:group.key=value,...], check:V[:TEXTS[:group.key=value,...]] (convtts check-model against upstream, all 20 texts by default),
 # job:V:TEXT:CONVERSATIONS:LIMIT[:group.key=value,...] (TEXT bench or short; LIMIT seconds, past which the
 # job is stopped and not counted). The runtime: $COSYVOICE_ROOT, by default .whl/CosyVoice.
 set -uo pipefail
@@ -42,12 +42,16 @@ runtime() {  # v1 on the installed package, v2 and v3 on the checkout
   [[ $1 == 1 ]] && echo "env -u COSYVOICE_ROOT" || echo env
 }
 
-account() {
+account() {  # version [settings, comma-separated]
+  local name="account-v$1${2:+-set}" sets=()
+  IFS=, read -ra items <<<"${2:-}"
+  for item in "${items[@]}"; do sets+=(--set "$item"); done
   $(runtime "$1") timeout -k 10 "${ACCOUNT_LIMIT:-150}" "$PYTHON" bench/part_account.py --version "$1" --model-dir "/tmp/cv-$size-v$1" ${ACCOUNT_ARGS:-} \
-    --out "$raw/account-v$1.json" >"$raw/account-v$1.txt" 2>&1
+    "${sets[@]}" --out "$raw/$name.json" >"$raw/$name.txt" 2>&1
   local rc=$?
-  grep -E '^(machine|decode|prefill|flow|vocoder) ' "$raw/account-v$1.txt" | cut -c1-330 | tee -a "$out/summary.txt"
-  ((rc == 0)) || tail -n 15 "$raw/account-v$1.txt"
+  say "rc $rc account v$1 ${2:-}"
+  grep -E '^(machine|decode|prefill|flow|vocoder|kernels) ' "$raw/$name.txt" | cut -c1-1500 | tee -a "$out/summary.txt"
+  ((rc == 0)) || tail -n 15 "$raw/$name.txt"
 }
 
 check() {  # version [texts] [settings, comma-separated]: convtts check-model on the random model, the shipped config
@@ -83,7 +87,7 @@ for step in ${STEPS:-setup}; do
   case $what in
     setup) setup || say "setup failed" ;;
     models) models || say "models failed" ;;
-    account) account "$a" ;;
+    account) account "$a" "$b" ;;
     check) check "$a" "$b" "$c" ;;
     job) job "$a" "$b" "$c" "$d" "$e" ;;
   esac

@@ -108,10 +108,13 @@ def rates(flops: float, seconds: float, machine: dict, bytes_read: float | None 
 # --- the decode step ------------------------------------------------------------------------------
 
 
-def decode_runner(engine, attention: str, rows: int, length: int):
+def decode_runner(engine, attention: str, rows: int, length: int, graphs: bool | None = None):
     from convtts.speak.cosyvoice.engine.runner import DecodeOptions
 
-    options = DecodeOptions(row_tokens=length + 64, attention=attention, cuda_graphs=engine.runner.options.cuda_graphs)
+    graphs = engine.runner.options.cuda_graphs if graphs is None else graphs
+    options = DecodeOptions(
+        row_tokens=length + 64, attention=attention, cuda_graphs=graphs, compile=engine.runner.options.compile
+    )
     runner = type(engine.runner)(engine.llm, engine.device, engine.precision.llm, options)
     runner.prepare(rows)
     return runner
@@ -229,7 +232,9 @@ def own_prefill_account(engine, rows: int, tokens: int, flops: float, machine: d
 # --- the flow and the vocoder ---------------------------------------------------------------------
 
 
-def flow_account(model, chunk, rows: int, seconds: float, precision: str, machine: dict, repeat: int) -> dict:
+def flow_account(
+    model, chunk, rows: int, seconds: float, precision: str, machine: dict, repeat: int, compile: bool = False
+) -> dict:
     """A flow pass of `rows` rows of `seconds` each: replayed (the shipped attention) against its operations."""
     import torch
 
@@ -242,7 +247,7 @@ def flow_account(model, chunk, rows: int, seconds: float, precision: str, machin
     with torch.inference_mode():
         eager.mels(make_rows(chunk, tokens))  # lazy set-up out of the count
         flops, _ = counted(lambda: eager.mels(make_rows(chunk, tokens)))
-    times = pass_cost.flow_times(model, chunk, tokens, precision, repeat)
+    times = pass_cost.flow_times(model, chunk, tokens, precision, repeat, compile=compile)
     seconds_of_pass = times["replay_s"] or times["eager_s"]
     prompt_frames = chunk["prompt_speech_feat"].shape[1] if "prompt_speech_feat" in chunk else 0
     own_frames = (
@@ -279,6 +284,59 @@ def vocoder_account(model, chunk, rows: int, seconds: float, precision: str, mac
     return figures
 
 
+# --- the kernels of each part (--profile) ---------------------------------------------------------
+
+
+def part_profiles(backend, config, args) -> dict:
+    """pass_cost.kernel_profile of each part run eagerly at the account's largest sizes: a decode step, our
+    prefill (v2/v3 on CUDA), a flow pass and a vocoder pass. A replayed graph runs the same kernels without
+    the launches, so these say which kernels the GPU's time goes to, not how long a replay takes."""
+    import torch
+
+    from convtts.speak.cosyvoice.engine.flow import Flow
+    from convtts.speak.cosyvoice.engine.vocoder import Vocoder
+    from convtts.testing.flow_vocoder import flow_inputs, make_rows, token_lists
+
+    engine, precision = backend.engine, config.tts.cosyvoice.precision
+    rows, length = max(ints(args.decode_rows)), args.positions
+    found = {}
+    with torch.inference_mode():
+        runner = decode_runner(engine, engine.runner.options.attention, rows, length, graphs=False)
+        with runner.precision():
+            runner.cache.lengths.fill_(length - 1)
+            runner.run_step(rows, length)  # lazy set-up out of the profile
+            runner.cache.lengths.fill_(length - 1)
+            found["decode"] = {"rows": rows, **pass_cost.kernel_profile(lambda: runner.run_step(rows, length))}
+        runner.release_all()
+        prefiller = getattr(engine.runner, "prefiller", None)
+        if prefiller is not None:
+            prompts = max(ints(args.prefill_rows))
+            width = prefill_width(args.prefill_positions)
+            with engine.runner.precision():
+                prefiller.forward(prompts, width)
+                found["prefill"] = {"rows": prompts, **pass_cost.kernel_profile(lambda: prefiller.forward(prompts, width))}
+        inner = backend.model.model
+        chunk = flow_inputs(backend.model, args.prompt_seconds)
+        seconds = max(float(s) for s in args.seconds.split(","))
+        tokens = token_lists(backend.model, [seconds] * max(ints(args.flow_rows)))
+        attention = config.tts.cosyvoice.flow.attention
+        flow = Flow(inner.flow, precision.flow, inner.device, graphs=False, spread=100.0, tail_spread=100.0,
+                    attention=attention)
+        mels = flow.mels(make_rows(chunk, tokens))
+        found["flow"] = {"rows": len(tokens), **pass_cost.kernel_profile(lambda: flow.mels(make_rows(chunk, tokens)))}
+        vocoder = Vocoder(inner.hift, precision.vocoder, max_rows=max(2, len(tokens)), max_mb=1 << 20)
+        requests = [row.request for row in make_rows(chunk, tokens)]
+        vocoder.speak(requests, mels, 1.0)
+        found["vocoder"] = {"rows": len(tokens), **pass_cost.kernel_profile(lambda: vocoder.speak(requests, mels, 1.0))}
+    return found
+
+
+def prefill_width(positions: int) -> int:
+    from convtts.speak.cosyvoice.engine.prefill_qwen import width_bucket
+
+    return width_bucket(positions)
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 
@@ -310,6 +368,7 @@ def main() -> int:
     p.add_argument("--prompt-seconds", type=float, default=4.0, help="v2/v3: the zero-shot prompt's length")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--set", action="append", default=[], help="a config override (group.key=value)")
+    p.add_argument("--profile", action="store_true", help="also each part's GPU kernels (an eager run under torch.profiler)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -349,10 +408,19 @@ def main() -> int:
     chunk = flow_inputs(backend.model, args.prompt_seconds)
     for seconds in (float(s) for s in args.seconds.split(",")):
         for rows in ints(args.flow_rows):
-            record("flow", flow_account(backend.model, chunk, rows, seconds, precision.flow, machine, args.repeat))
+            flow_compiled = config.tts.cosyvoice.flow.compile
+            record(
+                "flow",
+                flow_account(backend.model, chunk, rows, seconds, precision.flow, machine, args.repeat, flow_compiled),
+            )
             record(
                 "vocoder", vocoder_account(backend.model, chunk, rows, seconds, precision.vocoder, machine, args.repeat)
             )
+    if args.profile:
+        for part, figures in part_profiles(backend, config, args).items():
+            results.setdefault("kernels", {})[part] = figures
+            print(f"kernels {part}", orjson.dumps(figures).decode()[:1500], flush=True)
+            out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
     backend.close()
     return 0
 

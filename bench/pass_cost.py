@@ -39,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from convtts.config import ATTENTIONS
 
 
-def flow_times(model, chunk, tokens, precision: str, repeat: int, attention: str = "auto") -> dict:
+def flow_times(
+    model, chunk, tokens, precision: str, repeat: int, attention: str = "auto", compile: bool = False
+) -> dict:
     """Seconds of an eager pass (at its own size, after a warm-up pass), of the pass that captures the
     shape's step (padded to its bucket), and the median of a few that replay it; and how far the
     replayed mels are from the eager ones (largest absolute difference)."""
@@ -52,7 +54,7 @@ def flow_times(model, chunk, tokens, precision: str, repeat: int, attention: str
     on_gpu = torch.device(inner.device).type == "cuda"
     wide = dict(spread=100.0, tail_spread=100.0, attention=attention)
     eager = Flow(inner.flow, precision, inner.device, graphs=False, **wide)
-    graphed = Flow(inner.flow, precision, inner.device, graphs=on_gpu, **wide)
+    graphed = Flow(inner.flow, precision, inner.device, graphs=on_gpu, compile=compile, **wide)
     graphed.solver.graphs.warm = True  # the eager passes below do the process's lazy set-up
     with torch.inference_mode():
         eager_runs = [timed(lambda: eager.mels(make_rows(chunk, tokens)), inner.device) for _ in range(2)]
