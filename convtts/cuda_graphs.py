@@ -12,6 +12,7 @@ allocates inside is dead once the step ends, which is why every graph can share 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -129,7 +130,23 @@ def compile_step(step: Callable[[int, int], None]) -> Callable[[int, int], None]
     """
     import torch._dynamo
 
+    own_cache_for_capability()
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 64))
     return torch.compile(step, dynamic=None)
+
+
+def own_cache_for_capability() -> None:
+    """Compiled CPU kernels kept apart for each ATEN_CPU_CAPABILITY (where the user names no cache).
+
+    Inductor's cache does not tell kernels built under one capability from those built under
+    another: a process with ATEN_CPU_CAPABILITY=avx2 that loads kernels cached by a default run
+    (AVX-512 on such a CPU) dies with SIGBUS inside them (torch 2.9).
+    """
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if not capability or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"cpu-{capability}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from convtts.config import FlowConfig
+from convtts.cuda_graphs import own_cache_for_capability
 from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine import flow_attention
 from convtts.speak.cosyvoice.engine.attention import kernel_chosen
@@ -389,5 +390,6 @@ def compiled(fn):
     """torch.compile of the estimator, one graph per bucket shape (dynamic shapes would be slower)."""
     import torch._dynamo
 
+    own_cache_for_capability()
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     return torch.compile(fn, dynamic=False)
