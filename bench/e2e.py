@@ -346,27 +346,36 @@ ENGINE_LINE = re.compile(r"engine: (\d+) utterances in ([\d.]+) s: (.*)")
 STAGE = re.compile(r"(\w+) ([\d.]+) s")
 FLOW_GRAPHS = re.compile(r"flow passes (\d+) bucketed: (\d+) replayed, (\d+) captured")
 VOCODER_PASSES = re.compile(r"vocoder passes (\d+), (\d+) of one row")
+FRONTEND_LINE = re.compile(r"frontend: (\d+) texts in ([\d.]+) s \(cpu ([\d.]+) s\)")
 
 
 def engine_stages(worker_logs: list[str]) -> dict:
     """Where the batched workers' time went, summed over their engine lines (engine.StageTimer):
-    seconds per stage and the share of the workers' time in the engine; and the flow's passes on
-    the GPU, how many replayed a CUDA graph and how many graphs were captured."""
-    wall, stages, graphs, vocoder = 0.0, {}, [0, 0, 0], [0, 0]
+    seconds per stage, the loop thread's CPU seconds in each, and the share of the workers' time in
+    the engine; and the flow's passes on the GPU, how many replayed a CUDA graph and how many graphs
+    were captured."""
+    wall, stages, cpu, graphs, vocoder = 0.0, {}, {}, [0, 0, 0], [0, 0]
     for text in worker_logs:
         for match in ENGINE_LINE.finditer(text):
             wall += float(match.group(2))
-            for name, seconds in STAGE.findall(match.group(3)):
+            timed, _, rest = match.group(3).partition("; cpu ")
+            for name, seconds in STAGE.findall(timed):
                 stages[name] = stages.get(name, 0.0) + float(seconds)
+            for name, seconds in STAGE.findall(rest.partition(";")[0]):
+                cpu[name] = cpu.get(name, 0.0) + float(seconds)
             if counts := FLOW_GRAPHS.search(match.group(3)):
                 graphs = [total + int(n) for total, n in zip(graphs, counts.groups())]
             if counts := VOCODER_PASSES.search(match.group(3)):
                 vocoder = [total + int(n) for total, n in zip(vocoder, counts.groups())]
     share = {name: round(seconds / wall, 3) for name, seconds in stages.items()} if wall else {}
     passes = dict(zip(("passes", "replayed", "captured"), graphs))
+    found = [match for text in worker_logs for match in FRONTEND_LINE.findall(text)]
+    texts, seconds, cpu_seconds = (sum(float(match[i]) for match in found) for i in range(3))
     return {
+        "frontend": {"texts": int(texts), "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1)},
         "seconds": round(wall, 1),
         "stage_seconds": {name: round(seconds, 1) for name, seconds in stages.items()},
+        "cpu_seconds": {name: round(seconds, 1) for name, seconds in cpu.items()},
         "share": share,
         "flow_passes": passes,
         "vocoder_passes": dict(zip(("passes", "one_row"), vocoder)),
@@ -612,8 +621,10 @@ def report(figures: dict) -> str:
     )
     stages = figures.get("engine_stages") or {}
     if stages.get("share"):
+        cpu, spent = stages.get("cpu_seconds") or {}, stages["stage_seconds"]
         shares = ", ".join(
-            f"{name} {share:.0%}" for name, share in sorted(stages["share"].items(), key=lambda x: -x[1])
+            f"{name} {share:.0%}" + (f" (cpu {cpu[name] / spent[name]:.0%})" if spent.get(name) and name in cpu else "")
+            for name, share in sorted(stages["share"].items(), key=lambda x: -x[1])
         )
         passes = stages.get("flow_passes") or {}
         graphs = (
@@ -625,6 +636,10 @@ def report(figures: dict) -> str:
         if vocoder.get("passes"):
             graphs += f"; vocoder passes {vocoder['passes']}, {vocoder['one_row']} of one row"
         lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}{graphs}")
+        if (frontend := stages.get("frontend") or {}).get("texts"):
+            lines.append(
+                f"  frontend threads: {frontend['texts']} texts in {frontend['seconds']} s (cpu {frontend['cpu_seconds']} s)"
+            )
     lines += stopped_lines(figures)
     imports = figures.get("forkserver_imports") or {}
     if imports:

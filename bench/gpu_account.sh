@@ -77,7 +77,7 @@ job() {  # version text conversations limit [settings, comma-separated]
     --text "$2" --conversations "$3" --job-limit "$4" --work "/tmp/job-$name" --out "$raw/job-$name.json" \
     "${sets[@]}" >"$raw/job-$name.txt" 2>&1
   say "rc $? job $name ${5:-}"
-  grep -E "exit|end to end|by row|engine, all|start-up|tail" "$raw/job-$name.txt" | cut -c1-420 | tee -a "$out/summary.txt"
+  grep -E "exit|end to end|by row|engine, all|frontend threads|start-up|tail" "$raw/job-$name.txt" | cut -c1-420 | tee -a "$out/summary.txt"
   (cd "/tmp/job-$name" && find . -maxdepth 2 -name 'log-*' -print0 | tar -czf "$raw/logs-$name.tgz" --null -T -) || true
 }
 

@@ -156,27 +156,33 @@ def test_the_last_rows_go_through_the_flow_in_wide_passes(solo, model_dir):
 
 def test_each_call_logs_where_its_time_went(batched, caplog):
     """One line a call: the utterances, the wall time, and the seconds and count of each stage."""
-    with caplog.at_level("INFO", logger="convtts.speak.cosyvoice.engine.engine"):
+    with caplog.at_level("INFO", logger="convtts.speak.cosyvoice"):
         assert len(dict(batched.synthesize_many(items()))) == len(TEXTS)
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine: ")]
     match = re.fullmatch(r"engine: 6 utterances in ([\d.]+) s: (.*)", line)
     assert match, line
-    stages = dict(
-        (name, float(seconds)) for name, seconds, _ in re.findall(r"(\w+) ([\d.]+) s(?: \((\d+)\))?", match[2])
-    )
+    sys.path.insert(0, str(REPO / "bench"))
+    from e2e import FLOW_GRAPHS, VOCODER_PASSES, engine_stages  # bench/ is not a package
+
+    summed = engine_stages([line])
+    stages, cpu = summed["stage_seconds"], summed["cpu_seconds"]
     assert {"step", "prefill", "flow", "vocoder", "other"} <= set(stages), line
     # each figure is printed to 0.1 s: the stages add up to the wall time within half of that per figure
     # (a full run once printed wall 0.5 against flow 0.3 and four stages of 0.0)
     assert abs(sum(stages.values()) - float(match[1])) <= 0.05 * (len(stages) + 1) + 1e-9, line
+    # the loop thread's CPU in each stage: every timed stage has one, none over its wall time (to rounding;
+    # torch's own threads are not the loop's)
+    assert set(cpu) == set(stages) - {"other"} and cpu["flow"] > 0, line
+    assert all(cpu[name] <= stages[name] + 0.1 for name in cpu), line
+    # and the frontend thread's, beside it: every text went through it
+    [frontend] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("frontend: ")]
+    assert engine_stages([frontend])["frontend"]["texts"] == len(TEXTS), frontend
     # the flow's passes on the GPU (none on a CPU), in the words bench/e2e.py sums
     # and the vocoder's passes, with those of one row (upstream's own call)
     passes = re.search(
         r"; flow passes 0 bucketed: 0 replayed, 0 captured; vocoder passes (\d+), (\d+) of one row$", line
     )
     assert passes and 1 <= int(passes[1]) <= len(TEXTS) and int(passes[2]) <= int(passes[1]), line
-    sys.path.insert(0, str(REPO / "bench"))
-    from e2e import FLOW_GRAPHS, VOCODER_PASSES  # bench/ is not a package
-
     assert FLOW_GRAPHS.search(line).groups() == ("0", "0", "0"), line
     assert VOCODER_PASSES.search(line).groups() == passes.groups(), line
 

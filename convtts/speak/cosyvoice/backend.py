@@ -10,6 +10,7 @@ import logging
 import pickle
 import random
 import threading
+import time
 import traceback
 import zipfile
 from contextlib import contextmanager
@@ -289,6 +290,7 @@ class CosyVoiceBackend(BatchedBackend):
         # or upstream's own one-at-a-time path.
         self.frontend_lock = threading.Lock()
         self.frontend = None  # the thread that runs the text frontend of the next utterances
+        self.frontend_busy = [0, 0.0, 0.0]  # texts, wall and CPU seconds of the frontend's thread
         self.text_budget = 0  # text tokens a chunk may hold (the batched engine's KV plan); 0: no bound
         with clock.phase("engine"):
             self.engine = self._engine()
@@ -376,6 +378,7 @@ class CosyVoiceBackend(BatchedBackend):
                 request.pending = (self.frontend or _INLINE).submit(self._chunks, text, speaker)
                 yield request
 
+        before = list(self.frontend_busy)
         try:
             for request in self.engine.speak(requests(), speed=self.cosy.speed):
                 yield request.key, self._result(request)
@@ -383,11 +386,22 @@ class CosyVoiceBackend(BatchedBackend):
             if is_out_of_memory(exc):
                 raise out_of_memory(exc) from exc
             raise
+        finally:
+            texts, wall, cpu = (now - then for now, then in zip(self.frontend_busy, before))
+            # beside the engine's line: a busy frontend thread holds the interpreter's lock the loop waits for
+            log.info("frontend: %d texts in %.1f s (cpu %.1f s)", texts, wall, cpu)
 
     def _chunks(self, text: str, speaker: str) -> list[dict]:
         """The frontend inputs of each text chunk, built as inference_sft / inference_zero_shot do."""
         with self.frontend_lock:
-            return self._frontend_chunks(text, speaker)
+            started, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return self._frontend_chunks(text, speaker)
+            finally:
+                busy = self.frontend_busy
+                busy[0] += 1
+                busy[1] += time.perf_counter() - started
+                busy[2] += time.thread_time() - cpu
 
     def _frontend_chunks(self, text: str, speaker: str) -> list[dict]:
         frontend, tf = self.model.frontend, self.cosy.text_frontend
