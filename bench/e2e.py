@@ -637,9 +637,8 @@ def report(figures: dict) -> str:
             graphs += f"; vocoder passes {vocoder['passes']}, {vocoder['one_row']} of one row"
         lines.append(f"  engine, all workers ({stages['seconds']} s): {shares}{graphs}")
         if (frontend := stages.get("frontend") or {}).get("texts"):
-            lines.append(
-                f"  frontend threads: {frontend['texts']} texts in {frontend['seconds']} s (cpu {frontend['cpu_seconds']} s)"
-            )
+            texts, seconds, cpu = frontend["texts"], frontend["seconds"], frontend["cpu_seconds"]
+            lines.append(f"  frontend threads: {texts} texts in {seconds} s (cpu {cpu} s)")
     lines += stopped_lines(figures)
     imports = figures.get("forkserver_imports") or {}
     if imports:

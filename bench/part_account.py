@@ -314,14 +314,18 @@ def part_profiles(backend, config, args) -> dict:
             width = prefill_width(args.prefill_positions)
             with engine.runner.precision():
                 prefiller.forward(prompts, width)
-                found["prefill"] = {"rows": prompts, **pass_cost.kernel_profile(lambda: prefiller.forward(prompts, width))}
+                found["prefill"] = {
+                    "rows": prompts,
+                    **pass_cost.kernel_profile(lambda: prefiller.forward(prompts, width)),
+                }
         inner = backend.model.model
         chunk = flow_inputs(backend.model, args.prompt_seconds)
         seconds = max(float(s) for s in args.seconds.split(","))
         tokens = token_lists(backend.model, [seconds] * max(ints(args.flow_rows)))
         attention = config.tts.cosyvoice.flow.attention
-        flow = Flow(inner.flow, precision.flow, inner.device, graphs=False, spread=100.0, tail_spread=100.0,
-                    attention=attention)
+        flow = Flow(
+            inner.flow, precision.flow, inner.device, graphs=False, spread=100.0, tail_spread=100.0, attention=attention
+        )
         mels = flow.mels(make_rows(chunk, tokens))
         found["flow"] = {"rows": len(tokens), **pass_cost.kernel_profile(lambda: flow.mels(make_rows(chunk, tokens)))}
         vocoder = Vocoder(inner.hift, precision.vocoder, max_rows=max(2, len(tokens)), max_mb=1 << 20)
@@ -368,7 +372,9 @@ def main() -> int:
     p.add_argument("--prompt-seconds", type=float, default=4.0, help="v2/v3: the zero-shot prompt's length")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--set", action="append", default=[], help="a config override (group.key=value)")
-    p.add_argument("--profile", action="store_true", help="also each part's GPU kernels (an eager run under torch.profiler)")
+    p.add_argument(
+        "--profile", action="store_true", help="also each part's GPU kernels (an eager run under torch.profiler)"
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
 

@@ -6,6 +6,7 @@ TRITON_INTERPRET must be set before Triton is imported, so this runs in a proces
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py dit COSYVOICE_CHECKOUT
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py blocknorm
+    TRITON_INTERPRET=1 python tests/interpreted_modulate.py framenorm
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py unet
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py snake
     TRITON_INTERPRET=1 python tests/interpreted_modulate.py flowattention
@@ -14,7 +15,9 @@ The gated-modulate kernel: rows of a width that is not a power of two, with and 
 gate, shift and scale as views of one (rows, 6 x width) tensor as the DiT's blocks make them, in fp32
 and bf16; `dit`: a padded pass of a small DiT through it against upstream's DiT.forward of each row
 alone. `blocknorm`: the U-Net's block kernel with and without its added vector and residual, rows
-ending inside the pass, values past Mish's threshold. `unet`: padded passes of small v1 and v2 U-Nets
+ending inside the pass, values past Mish's threshold. `framenorm`: v2's causal block kernel against
+upstream's CausalBlock1D (with and without the added vector and the residual, a width that is not a
+power of two). `unet`: padded passes of small v1 and v2 U-Nets
 through both kernels (the engine's copy with q, k and v joined, and upstream's modules) against
 each row alone. `snake`: HiFT's Snake kernel against upstream's Snake (alphas on both scales), and a
 ResBlock as the vocoder's copy runs it (its Snakes and its convolutions' biases, masks and residuals
@@ -136,6 +139,51 @@ def block_norm() -> None:
     )
 
 
+def frame_norm() -> None:
+    """v2's causal block kernel against upstream's CausalBlock1D as its resnet block calls it, in fp32 and bf16."""
+    import copy
+
+    from cosyvoice.flow.decoder import CausalBlock1D
+
+    from convtts.speak.cosyvoice.engine import framenorm
+
+    torch.manual_seed(0)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        block = CausalBlock1D(12, 40).eval()  # 40 channels: not a power of two
+        with torch.no_grad():
+            for p in block.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+            block.block[0].bias.mul_(60)  # some channels past Mish's threshold (20) after the norm's shift
+            block.block[2].bias.mul_(30)
+        exact, block = block, copy.deepcopy(block).to(dtype)
+        parts = framenorm.causal_parts(block)
+        x = (torch.randn(3, 12, 50) * 3 + 1).to(dtype)
+        add, residual = torch.randn(3, 80)[:, :40].to(dtype), torch.randn(3, 40, 50).to(dtype)
+        mask = torch.ones(3, 1, 50).to(dtype)
+        mask[1, :, 31:] = 0
+        mask[2, :, 7:] = 0
+        assert parts is not None and framenorm.fits(parts, x, mask), "the kernel should take this block"
+        with torch.inference_mode():
+            for extra in ((None, None), (add, None), (None, residual), (add, residual)):
+                ours = framenorm.frame_block(parts, x * mask, mask, *extra)
+                # upstream's block in fp32 on the same values, then the resnet's add, mask and residual
+                theirs = exact(x.float(), mask.float())
+                if extra[0] is not None:
+                    theirs = (theirs + extra[0].float()[:, :, None]) * mask.float()
+                if extra[1] is not None:
+                    theirs = theirs + extra[1].float()
+                gap = float((ours.float() - theirs).abs().max() / theirs.abs().max())
+                assert ours.dtype == dtype and gap <= tolerance, (dtype, extra[0] is None, extra[1] is None, gap)
+    assert framenorm.causal_parts(torch.nn.Sequential()) is None
+    refused(
+        framenorm,
+        "_frame_norm",
+        lambda: framenorm.fits(parts, x, mask),
+        lambda: framenorm.frame_block(parts, x * mask, mask) if framenorm.fits(parts, x, mask) else block(x, mask),
+        lambda: block(x, mask),
+    )
+
+
 def snakes() -> None:
     import copy
 
@@ -229,15 +277,16 @@ def unet() -> None:
 
     from cosyvoice.flow.decoder import CausalConditionalDecoder, ConditionalDecoder
 
-    from convtts.speak.cosyvoice.engine import flow_attention, groupnorm, modulate
+    from convtts.speak.cosyvoice.engine import flow_attention, framenorm, groupnorm, modulate
     from convtts.speak.cosyvoice.engine.estimator import padded_forward, unet_blocks
     from convtts.testing.flow_vocoder import each_alone
 
     # the kernels agree with torch here (their checks launch them too, before the counts start)
     assert groupnorm.works("cpu", torch.float32) and modulate.works("cpu", 32, torch.float32)
-    assert flow_attention.works("cpu", 16, torch.float32)
+    assert flow_attention.works("cpu", 16, torch.float32) and framenorm.works("cpu", torch.float32)
     modulate._gated_modulate = Counted(modulate._gated_modulate)
     groupnorm._block_norm = Counted(groupnorm._block_norm)
+    framenorm._frame_norm = Counted(framenorm._frame_norm)
     flow_attention._flow_attention = Counted(flow_attention._flow_attention)
 
     torch.manual_seed(0)
@@ -260,15 +309,19 @@ def unet() -> None:
                 for i, (n, row) in enumerate(zip(lengths, alone)):
                     gap = float((padded[i, :, :n] - row).abs().max() / row.abs().max())
                     assert gap <= 1e-5, (cls.__name__, owned, kernel, i, gap)
-        # every resnet's two blocks and the final block (v1: v2's have layer norms) and every transformer block's
-        # two norms, each pass: at both resolutions (the halved one's mask is a copy of its own); the attention
-        # of every transformer block in the pass with the flow's attention kernel
+        # every resnet's two blocks and the final block (v1's group norms, v2's layer norms each in its kernel)
+        # and every transformer block's two norms, each pass: at both resolutions (the halved one's mask is a copy
+        # of its own); the attention of every transformer block in the pass with the flow's attention kernel
         levels = [*est.down_blocks, *est.mid_blocks, *est.up_blocks]
         blocks = sum(len(level[1]) for level in levels)
-        assert groupnorm._block_norm.launches == (3 * (2 * len(levels) + 1) if cls is ConditionalDecoder else 0)
+        v1 = cls is ConditionalDecoder
+        assert groupnorm._block_norm.launches == (3 * (2 * len(levels) + 1) if v1 else 0)
+        assert framenorm._frame_norm.launches == (0 if v1 else 3 * (2 * len(levels) + 1))
         assert modulate._gated_modulate.launches == 3 * 2 * blocks
         assert flow_attention._flow_attention.launches == blocks
-        modulate._gated_modulate.launches = groupnorm._block_norm.launches = flow_attention._flow_attention.launches = 0
+        for counted in (modulate._gated_modulate, groupnorm._block_norm, framenorm._frame_norm):
+            counted.launches = 0
+        flow_attention._flow_attention.launches = 0
 
 
 def dit(checkout: str) -> None:
@@ -311,6 +364,8 @@ def main() -> int:
         dit(sys.argv[2])
     elif sys.argv[1:2] == ["blocknorm"]:
         block_norm()
+    elif sys.argv[1:2] == ["framenorm"]:
+        frame_norm()
     elif sys.argv[1:2] == ["unet"]:
         unet()
     elif sys.argv[1:2] == ["snake"]:

@@ -1,5 +1,6 @@
 """The decode step's attention kernel (engine/attention.py) against the torch step, and the flow's and the
-vocoder's kernels (engine/modulate.py, groupnorm.py, snake.py) against their torch paths, in Triton's interpreter.
+vocoder's kernels (engine/modulate.py, groupnorm.py, framenorm.py, snake.py) against their torch paths, in
+Triton's interpreter.
 
 The kernel reads each row's own cache positions only; these run it without a GPU (Triton's
 interpreter, in a process of its own: see tests/interpreted_attention.py) against the torch
@@ -49,6 +50,14 @@ def test_the_unet_block_norm_kernel_matches_its_torch_path():
     """v1's block after its convolution (bias, masked group norm, Mish, time embedding, mask, residual) in one
     kernel (engine/groupnorm.py): within its one rounding of the torch path in fp32, in fp32 and bf16."""
     interpreted("blocknorm", script=SCRIPT.with_name("interpreted_modulate.py"))
+
+
+@pytest.mark.cosyvoice
+def test_v2s_causal_block_kernel_matches_upstreams_block():
+    """v2's CausalBlock1D after its convolution (bias, layer norm over each frame, Mish, time embedding, mask,
+    residual) in one kernel (engine/framenorm.py), its convolution padding itself: within float rounding of
+    upstream's block in fp32, a bf16 step in bf16, for a width that is not a power of two."""
+    interpreted("framenorm", script=SCRIPT.with_name("interpreted_modulate.py"))
 
 
 @pytest.mark.cosyvoice

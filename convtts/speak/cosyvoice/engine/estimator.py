@@ -17,12 +17,13 @@ The blocks are re-driven too, for the GPU's memory traffic rather than for the p
 as much elementwise work over (rows x frames x channels) as matrix products. v3's DiT blocks
 (dit_blocks) and the U-Nets' transformer blocks (unet_transformer) take each residual with the next
 norm in one kernel (modulate.py) and q, k and v in one product; v1's resnet blocks run each
-convolution's bias, group norm, Mish, time embedding, mask and residual in one (groupnorm.py). With
+convolution's bias, group norm, Mish, time embedding, mask and residual in one (groupnorm.py), v2's
+causal blocks the same with their layer norm over each frame (framenorm.py). With
 tts.cosyvoice.flow.attention, the re-driven blocks' attention reads each row's own frames only
 (flow_attention.py), where torch's reads the pass's whole width with the padding masked.
 
-Everything else (convolutions, which see zeros past a row's end as in the solo pass; the causal
-layers; the feed-forwards) is upstream's own modules.
+Everything else (convolutions, which see zeros past a row's end as in the solo pass; the
+feed-forwards) is upstream's own modules.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from convtts.speak.cosyvoice.engine import flow_attention
+from convtts.speak.cosyvoice.engine import flow_attention, framenorm
+from convtts.speak.cosyvoice.engine.framenorm import causal_parts, frame_block
 from convtts.speak.cosyvoice.engine.groupnorm import block_norm
 from convtts.speak.cosyvoice.engine.modulate import fits, gated_modulate, gated_residual
 
@@ -88,17 +90,26 @@ def conv_norm(parts, x, mask, add=None, residual=None):
 
 def block_1d(block, x, mask):
     """Block1D (conv, norm, Mish) or CausalBlock1D (conv, LayerNorm, Mish), masked as upstream's forward; v1's
-    group norm over each row's own frames, from the convolution on in one kernel where it runs (conv_norm)."""
+    group norm over each row's own frames, from the convolution on in one kernel where it runs (conv_norm);
+    v2's from the convolution on in one kernel where it runs (framenorm.frame_block)."""
     parts = group_norm_block(block)
-    return block(x, mask) if parts is None else conv_norm(parts, x * mask, mask)
+    if parts is not None:
+        return conv_norm(parts, x * mask, mask)
+    causal = causal_parts(block)
+    return frame_block(causal, x * mask, mask) if framenorm.fits(causal, x, mask) else block(x, mask)
 
 
 def resnet_1d(resnet, x, mask, temb):
-    """ResnetBlock1D / CausalResnetBlock1D. v1's blocks run from their convolutions through block_norm (the
-    bias, the norm, Mish, the time embedding, the mask and the residual: one kernel where it runs); v2's
-    blocks are upstream's."""
+    """ResnetBlock1D / CausalResnetBlock1D. v1's blocks run from their convolutions through block_norm, v2's
+    through framenorm's frame_block (the bias, the norm, Mish, the time embedding, the mask and the
+    residual: one kernel where it runs); elsewhere v2's blocks are upstream's."""
     first, second = group_norm_block(resnet.block1), group_norm_block(resnet.block2)
     if first is None or second is None:
+        first, second = causal_parts(resnet.block1), causal_parts(resnet.block2)
+        if framenorm.fits(first, x, mask) and framenorm.fits(second, x, mask):
+            masked = x * mask
+            h = frame_block(first, masked, mask, add=resnet.mlp(temb))  # zero past each row's end, as v1's
+            return frame_block(second, h, mask, residual=resnet.res_conv(masked))
         h = block_1d(resnet.block1, x, mask)
         h = h + resnet.mlp(temb).unsqueeze(-1)
         h = block_1d(resnet.block2, h, mask)
