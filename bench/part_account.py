@@ -293,9 +293,8 @@ def part_profiles(backend, config, args) -> dict:
     the launches, so these say which kernels the GPU's time goes to, not how long a replay takes."""
     import torch
 
-    from convtts.speak.cosyvoice.engine.flow import Flow
-    from convtts.speak.cosyvoice.engine.vocoder import Vocoder
-    from convtts.testing.flow_vocoder import flow_inputs, make_rows, token_lists
+    from convtts.speak.cosyvoice.engine.prefill_qwen import width_bucket
+    from convtts.testing.flow_vocoder import flow_inputs, token_lists
 
     engine, precision = backend.engine, config.tts.cosyvoice.precision
     rows, length = max(ints(args.decode_rows)), args.positions
@@ -311,34 +310,21 @@ def part_profiles(backend, config, args) -> dict:
         prefiller = getattr(engine.runner, "prefiller", None)
         if prefiller is not None:
             prompts = max(ints(args.prefill_rows))
-            width = prefill_width(args.prefill_positions)
+            width = width_bucket(args.prefill_positions)
             with engine.runner.precision():
                 prefiller.forward(prompts, width)
                 found["prefill"] = {
                     "rows": prompts,
                     **pass_cost.kernel_profile(lambda: prefiller.forward(prompts, width)),
                 }
-        inner = backend.model.model
         chunk = flow_inputs(backend.model, args.prompt_seconds)
         seconds = max(float(s) for s in args.seconds.split(","))
         tokens = token_lists(backend.model, [seconds] * max(ints(args.flow_rows)))
         attention = config.tts.cosyvoice.flow.attention
-        flow = Flow(
-            inner.flow, precision.flow, inner.device, graphs=False, spread=100.0, tail_spread=100.0, attention=attention
-        )
-        mels = flow.mels(make_rows(chunk, tokens))
-        found["flow"] = {"rows": len(tokens), **pass_cost.kernel_profile(lambda: flow.mels(make_rows(chunk, tokens)))}
-        vocoder = Vocoder(inner.hift, precision.vocoder, max_rows=max(2, len(tokens)), max_mb=1 << 20)
-        requests = [row.request for row in make_rows(chunk, tokens)]
-        vocoder.speak(requests, mels, 1.0)
-        found["vocoder"] = {"rows": len(tokens), **pass_cost.kernel_profile(lambda: vocoder.speak(requests, mels, 1.0))}
+        passes = pass_cost.profiles(backend.model, chunk, tokens, precision.flow, attention, precision.vocoder)
+        for part, figures in passes.items():
+            found[part] = {"rows": len(tokens), **figures}
     return found
-
-
-def prefill_width(positions: int) -> int:
-    from convtts.speak.cosyvoice.engine.prefill_qwen import width_bucket
-
-    return width_bucket(positions)
 
 
 # --- the command ----------------------------------------------------------------------------------
@@ -412,9 +398,9 @@ def main() -> int:
         for rows in ints(args.prefill_rows):
             record("prefill", prefill_account(engine, rows, args.prefill_positions, machine, args.repeat))
     chunk = flow_inputs(backend.model, args.prompt_seconds)
+    flow_compiled = config.tts.cosyvoice.flow.compile
     for seconds in (float(s) for s in args.seconds.split(",")):
         for rows in ints(args.flow_rows):
-            flow_compiled = config.tts.cosyvoice.flow.compile
             record(
                 "flow",
                 flow_account(backend.model, chunk, rows, seconds, precision.flow, machine, args.repeat, flow_compiled),

@@ -151,8 +151,11 @@ def kernel_profile(fn, top: int = 12) -> dict:
     }
 
 
-def profiles(model, chunk, tokens, precision: str, attention: str = "auto") -> dict:
-    """kernel_profile of one eager flow pass (after a warm-up) and one vocoder pass of these rows."""
+def profiles(
+    model, chunk, tokens, precision: str, attention: str = "auto", vocoder_precision: str | None = None
+) -> dict:
+    """kernel_profile of one eager flow pass (after a warm-up) and one vocoder pass of these rows (the vocoder in
+    `vocoder_precision`, by default the flow's)."""
     import torch
 
     from convtts.speak.cosyvoice.engine.flow import Flow
@@ -163,7 +166,7 @@ def profiles(model, chunk, tokens, precision: str, attention: str = "auto") -> d
     flow = Flow(inner.flow, precision, inner.device, graphs=False, spread=100.0, tail_spread=100.0, attention=attention)
     with torch.inference_mode():
         mels = flow.mels(make_rows(chunk, tokens))
-        vocoder = Vocoder(inner.hift, precision, max_rows=max(2, len(tokens)), max_mb=1 << 20)
+        vocoder = Vocoder(inner.hift, vocoder_precision or precision, max_rows=max(2, len(tokens)), max_mb=1 << 20)
         requests = [row.request for row in make_rows(chunk, tokens)]
         vocoder.speak(requests, mels, 1.0)
         return {
