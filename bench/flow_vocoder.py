@@ -7,7 +7,7 @@ under each setting. Flow settings (precision x graphs, and torch.compile when as
 with the vocoder left at upstream's per-row fp32 call; vocoder settings (precision x rows per pass)
 with the flow at eager fp32; so each figure is one part's. For every setting: the part's audio
 seconds per second (median of the timed repeats, after warm-up passes that capture the graphs),
-its peak GPU MiB per pass next to sizing.py's estimate, and the largest sample difference of the
+its peak GPU MiB per pass next to pass_memory.py's estimate, and the largest sample difference of the
 audio from each row rendered alone in eager fp32 (full-scale units; lengths must match exactly).
 
     python bench/flow_vocoder.py --version 1 --model-dir /tmp/cv-v1 --rows 32 --seconds 2:6 --out v1.json
@@ -171,8 +171,8 @@ def after_flow(chunk, tokens, states) -> list:
 
 
 def estimates(model, args, tokens) -> dict:
-    """sizing.py's figures for the largest pass of these rows, to set next to the measured peaks."""
-    from convtts.speak.cosyvoice.engine.sizing import flow_mb_per_row, vocoder_mb_per_row
+    """pass_memory.py's figures for the largest pass of these rows, to set next to the measured peaks."""
+    from convtts.speak.cosyvoice.engine.pass_memory import flow_mb_per_row, vocoder_mb_per_row
 
     longest = float(args.seconds.split(":")[1])
     prompt = args.prompt_seconds if args.version > 1 else 0.0

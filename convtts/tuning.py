@@ -6,7 +6,7 @@ import logging
 import os
 import subprocess
 
-from convtts.words import plural
+from convtts.counts import plural
 
 log = logging.getLogger(__name__)
 

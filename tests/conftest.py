@@ -447,5 +447,5 @@ def sequence(slot: int, text_tokens: int, seed: int, max_len: int = 200, v1: boo
     else:
         chunk["llm_prompt_speech_token"] = torch.randint(0, 100, (1, 4), generator=generator, dtype=torch.int32)
     seq = Sequence(Request(seed, [chunk], seed), chunk, 0, min_len=0, max_len=max_len)
-    seq.slot = slot
+    seq.row = slot
     return seq

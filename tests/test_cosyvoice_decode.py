@@ -92,7 +92,7 @@ def run_against_reference(runner, reference, make_seq, tolerance) -> None:
             logp = runner.step(seqs)
             for i, (seq, token) in enumerate(zip(seqs, tokens)):
                 torch.testing.assert_close(
-                    logp[i : i + 1], refs[seq].step(token), **tolerance, msg=f"step {step}, slot {seq.slot}"
+                    logp[i : i + 1], refs[seq].step(token), **tolerance, msg=f"step {step}, slot {seq.row}"
                 )
 
 
@@ -188,7 +188,7 @@ def test_a_bigger_bucket_gives_the_same_rows():
         seqs = [sequence(0, 5, 300), sequence(1, 9, 301)]
         for seq in seqs:
             runner.prefill(seq)
-            runner.cache.tokens[seq.slot] = 17
+            runner.cache.tokens[seq.row] = 17
         lengths = runner.cache.lengths.clone()
         runner.run_step(2, 128)
         small = runner.logps[:2].clone()
@@ -265,11 +265,11 @@ def prefilled_both_ways(one, many, alone: list[Sequence], together: list[Sequenc
         assert forwards == [len(together)]  # one forward for them all
         for a, b, logp_a, logp_b in zip(alone, together, first, batched):
             n = a.prompt_len
-            assert b.prompt_len == n == many.prompt_length(b) and int(many.cache.lengths[b.slot]) == n
+            assert b.prompt_len == n == many.prompt_length(b) and int(many.cache.lengths[b.row]) == n
             assert b.launched == 0
             torch.testing.assert_close(logp_b, logp_a, **FP32)
-            torch.testing.assert_close(many.cache.k[:, b.slot, :, :n], one.cache.k[:, a.slot, :, :n], **FP32)
-            torch.testing.assert_close(many.cache.v[:, b.slot, :, :n], one.cache.v[:, a.slot, :, :n], **FP32)
+            torch.testing.assert_close(many.cache.k[:, b.row, :, :n], one.cache.k[:, a.row, :, :n], **FP32)
+            torch.testing.assert_close(many.cache.v[:, b.row, :, :n], one.cache.v[:, a.row, :, :n], **FP32)
         for step in range(3):
             for a, b in zip(alone, together):
                 a.tokens.append(step + 20)

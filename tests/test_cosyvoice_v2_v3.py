@@ -19,8 +19,8 @@ import soundfile as sf
 
 from conftest import COSYVOICE_CHECKOUT as CHECKOUT
 from conftest import REPO, assert_complete, python_reports, run_all, script_env, write_input
+from convtts.counts import plural
 from convtts.testing.cosyvoice_qwen import SAMPLE_RATE, expected_samples
-from convtts.words import plural
 
 pytestmark = pytest.mark.cosyvoice
 

@@ -26,8 +26,8 @@ from convtts.config import ConfigError, CosyVoiceConfig, load_config
 from convtts.speak.cosyvoice.engine.estimator import padded_forward
 from convtts.speak.cosyvoice.engine.flow import Flow
 from convtts.speak.cosyvoice.engine.groupnorm import masked_group_norm
+from convtts.speak.cosyvoice.engine.pass_memory import RELEASED_FLOW, estimator_widths, flow_pass_mb
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
-from convtts.speak.cosyvoice.engine.sizing import RELEASED_FLOW, estimator_widths, flow_pass_mb
 from convtts.speak.cosyvoice.engine.solver import width_bucket
 from convtts.speak.cosyvoice.engine.vocoder import Vocoder
 from convtts.testing.cosyvoice_model import build_model_dir
@@ -324,7 +324,7 @@ def test_tf32_is_set_for_a_part_and_put_back():
 
 
 def test_the_released_widths_are_the_architectures():
-    """sizing.py sizes workers from the released estimators' widths before any model is loaded."""
+    """pass_memory.py sizes workers from the released estimators' widths before any model is loaded."""
     from cosyvoice.flow.decoder import ConditionalDecoder
 
     from convtts.testing.cosyvoice_v1 import SIZES

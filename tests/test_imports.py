@@ -71,7 +71,7 @@ def test_convtts_has_no_import_circles():
 
 # The stages in the order an utterance passes them (docs/ARCHITECTURE.md): a module may import its own
 # stage and those after it. Above them all the node's job and the test models; below them all
-# everything else (config, cli, state, errors, language, tuning, cuda_graphs, words), which imports no stage.
+# everything else (config, cli, state, errors, language, tuning, cuda_graphs, counts), which imports no stage.
 STAGES = ("cluster", "plan", "run", "speak", "gate", "results")
 ABOVE = ("node", "__main__", "testing")
 

@@ -212,7 +212,7 @@ def test_automatic_rows_run_fewer_workers_before_starving_them(free_gpu, monkeyp
 def test_a_rows_memory_follows_the_model_the_text_and_the_precision(tmp_path):
     from convtts.config import load_config
     from convtts.speak import backend_resources
-    from convtts.speak.cosyvoice.sizes import FLOW_MB_PER_ROW, llm_shape, row_kv_mb, row_tokens
+    from convtts.speak.cosyvoice.row_memory import FLOW_MB_PER_ROW, llm_shape, row_kv_mb, row_tokens
 
     released = tmp_path / "released"
     released.mkdir()

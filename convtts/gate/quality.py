@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convtts.config import ConfigError, ValidateConfig
+from convtts.counts import plural
 from convtts.gate.recognisers import check_recogniser_installed, load_recogniser
 from convtts.language import CHARACTER_LANGUAGES, language_of
-from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

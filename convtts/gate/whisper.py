@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from convtts.config import ValidateConfig
-from convtts.words import plural
+from convtts.counts import plural
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from convtts import EXIT_DISK_FULL, EXIT_OK
 from convtts.cli import add_config_args, fail, load_config_or_exit, setup_logging
 from convtts.config import ConfigError, dump_yaml
+from convtts.counts import plural
 from convtts.gate.quality import check_gate
 from convtts.language import counts_characters
 from convtts.plan.changes import plan_changes
@@ -27,7 +28,6 @@ from convtts.plan.reader import InputError
 from convtts.speak import check_backend
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full, read_json, read_jsonl, write_atomic
-from convtts.words import plural
 
 log = logging.getLogger("preprocess")
 

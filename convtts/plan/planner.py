@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 
 from convtts.config import Config, SelectConfig
+from convtts.counts import plural
 from convtts.language import LANGUAGES
 from convtts.plan.conversation import plan_conversation
 from convtts.plan.freshness import (
@@ -33,7 +34,6 @@ from convtts.plan.reader import InputError, read_spans, records
 from convtts.plan.voices import Casting, casting_for
 from convtts.speak import configs_speaking, voice_languages
 from convtts.state.layout import FAN_OUT_SHARDS, Layout, shard_folder, shard_name
-from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import orjson
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
+from convtts.counts import plural
 from convtts.results import shard_part
 from convtts.results.report import iter_jsonl
 from convtts.results.shard_part import Counts
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_atomic, write_json_atomic
-from convtts.words import plural
 
 MERGE_STATE_VERSION = 1
 

@@ -15,9 +15,9 @@ import numpy as np
 import orjson
 import yaml
 
+from convtts.counts import plural
 from convtts.state.layout import Layout
 from convtts.state.shardio import DROPPED, KEPT, read_json
-from convtts.words import plural
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
+from convtts.counts import plural
 from convtts.run.utterance import (
     Attempt,
     Context,
@@ -39,7 +40,6 @@ from convtts.run.utterance import (
 )
 from convtts.speak.base import FEED_WAIT, Backend, BatchedBackend, OutOfMemory, SynthesisError
 from convtts.state.shardio import is_disk_full
-from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

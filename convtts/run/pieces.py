@@ -36,6 +36,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from convtts.counts import plural
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
     append_line,
@@ -48,7 +49,6 @@ from convtts.state.shardio import (
     write_atomic,
     write_marker,
 )
-from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ import sys
 import time
 
 from convtts.config import Config
+from convtts.counts import plural
 from convtts.run.startup import Timeline
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full, read_json, write_json_atomic
-from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

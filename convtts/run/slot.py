@@ -17,6 +17,7 @@ from multiprocessing.connection import wait
 
 from convtts import EXIT_DISK_FULL, EXIT_FAILURES, EXIT_OK
 from convtts.config import Config
+from convtts.counts import plural
 from convtts.run.feed import FedWork
 from convtts.run.messages import (
     Built,
@@ -47,7 +48,6 @@ from convtts.state.shardio import (
     shard_complete,
     shard_complete_and_whole,
 )
-from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from convtts.words import plural
+from convtts.counts import plural
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from convtts.cli import setup_logging
 from convtts.config import Config
+from convtts.counts import plural
 from convtts.gate.quality import open_gate
 from convtts.run.batching import Regrowth, can_batch, grow_rows, speak_batched
 from convtts.run.memory import cap_gpu_memory, rss_mb
@@ -44,7 +45,6 @@ from convtts.state.shardio import (
     read_jsonl,
     set_temporary_tag,
 )
-from convtts.words import plural
 
 log = logging.getLogger(__name__)
 

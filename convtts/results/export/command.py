@@ -13,12 +13,12 @@ from pathlib import Path
 
 from convtts import EXIT_DISK_FULL, EXIT_LOCKED, EXIT_OK
 from convtts.cli import fail, setup_logging
+from convtts.counts import plural
 from convtts.results.export.formats import FORMATS, MissingLibrary
 from convtts.results.export.runner import ExportLocked, ExportOptions, export
 from convtts.results.export.source import SourceError
 from convtts.state.layout import Layout
 from convtts.state.shardio import disk_full_text, is_disk_full
-from convtts.words import plural
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -131,7 +131,7 @@ _INLINE = _Inline()
 def decode_options(config: Config):
     """How the batched engine runs the LLM, from tts.cosyvoice (and the KV positions a row needs)."""
     from convtts.speak.cosyvoice.engine.runner import DecodeOptions
-    from convtts.speak.cosyvoice.sizes import row_tokens
+    from convtts.speak.cosyvoice.row_memory import row_tokens
 
     cosy = config.tts.cosyvoice
     return DecodeOptions(
@@ -199,7 +199,7 @@ def weights_checksum(tensors) -> str:
 def chunk_budget(config: Config) -> int:
     """Text tokens a chunk of the batched path may hold: what the static KV cache was sized for; 0 (no
     bound) where upstream's decode runs, whose cache grows with each row."""
-    from convtts.speak.cosyvoice.sizes import text_tokens
+    from convtts.speak.cosyvoice.row_memory import text_tokens
 
     return text_tokens(config) if config.tts.cosyvoice.decode == "static" else 0
 

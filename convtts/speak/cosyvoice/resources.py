@@ -16,7 +16,7 @@ def resources(config: Config, device: str) -> Resources:
     """Rows as tts.cosyvoice.batch_size says (0: the slot picks them); a row's memory: its static KV
     cache at the LLM's precision, all run long, and its share of the flow's work; on a GPU, passes
     of at most tts.cosyvoice.flow.max_mb. Workers are forked from a server that imported the runtime."""
-    from convtts.speak.cosyvoice.sizes import FLOW_MB_PER_ROW, row_kv_mb
+    from convtts.speak.cosyvoice.row_memory import FLOW_MB_PER_ROW, row_kv_mb
 
     cosy = config.tts.cosyvoice
     kv_mb = row_kv_mb(config)

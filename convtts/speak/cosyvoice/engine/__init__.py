@@ -5,8 +5,8 @@ waits on kernel launches most of the time. This engine drives upstream's own mod
 as the official classes loaded them, in a loop of ours, split as nano-vllm splits its engine:
 
 - requests: a Request (one utterance) and its Sequences (one text chunk each, with a status);
-- scheduler: sequences into free row slots, decoded ones gathered for the flow, chunks chained;
-- kvcache: a static cache (a fixed slot per row, preallocated) or upstream's padded one;
+- scheduler: sequences into free rows, decoded ones gathered for the flow, chunks chained;
+- kvcache: a static cache (a fixed row per sequence, preallocated) or upstream's padded one;
 - runner, runner_v1, runner_qwen: per model family, the prefill through upstream's modules and
   the decode step, upstream's layers or our own over the static cache (graphs: one CUDA graph
   per bucket of rows and cache length); prefill_qwen, v2/v3's prompts through our own forward of

@@ -345,10 +345,10 @@ class BatchEngine:
                 continue
             if not seq.started:  # its first token, drawn at the prefill, went in to this step
                 seq.started = True
-                if not self._accept(seq, fed[seq.slot]):
+                if not self._accept(seq, fed[seq.row]):
                     ended.append(seq)
                     continue
-            if not self._accept(seq, drawn[seq.slot]):
+            if not self._accept(seq, drawn[seq.row]):
                 ended.append(seq)
         self._end(ended)
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from convtts.speak.cosyvoice.engine.pass_memory import estimator_widths, flow_bytes_per_frame, rows_within
 from convtts.speak.cosyvoice.engine.precision import matmul_mode, part_module, storage_dtype
 from convtts.speak.cosyvoice.engine.profiles import PassCosts, configured, profile
 from convtts.speak.cosyvoice.engine.requests import Row, own_random_stream
-from convtts.speak.cosyvoice.engine.sizing import estimator_widths, flow_bytes_per_frame, rows_within
 from convtts.speak.cosyvoice.engine.solver import ROW_BUCKETS, Solver, width_bucket
 
 SPREAD = 1.25  # longest over shortest row in one pass (flow.grouping spread): padding costs work, not accuracy

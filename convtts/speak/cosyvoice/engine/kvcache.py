@@ -1,4 +1,4 @@
-"""The decode's key/value caches: static (a fixed slot per row, preallocated) and padded (upstream's path, grown by
+"""The decode's key/value caches: static (a fixed row per sequence, preallocated) and padded (upstream's path, grown by
 concatenation)."""
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ def bytes_per_row(layers: int, width: int, positions: int, dtype: torch.dtype) -
 
 
 class StaticCache:
-    """Keys and values preallocated as [layers, rows, heads, capacity, head size]; a row keeps its slot.
+    """Keys and values preallocated as [layers, rows, heads, capacity, head size]; a sequence keeps its row.
 
-    Each slot has its own length (positions filled) and next input token, on the device, so a
+    Each row has its own length (positions filled) and next input token, on the device, so a
     decode step reads and advances them without the CPU. Admitting a row writes its prompt's
-    keys into its slot; nothing else moves: no concatenation, no re-padding.
+    keys into its row; nothing else moves: no concatenation, no re-padding.
     """
 
     def __init__(self, layers: int, rows: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device):
@@ -45,27 +45,27 @@ class StaticCache:
     def capacity(self) -> int:
         return self.k.shape[3]
 
-    def fill(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
-        """Write a prompt's per-layer keys and values ([1, heads, positions, dim] each) into `slot`."""
+    def fill(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
+        """Write a prompt's per-layer keys and values ([1, heads, positions, dim] each) into `row`."""
         positions = keys[0].shape[2]
         for layer, (k, v) in enumerate(zip(keys, values)):
-            self.k[layer, slot, :, :positions] = k[0]
-            self.v[layer, slot, :, :positions] = v[0]
-        self.lengths[slot] = positions
+            self.k[layer, row, :, :positions] = k[0]
+            self.v[layer, row, :, :positions] = v[0]
+        self.lengths[row] = positions
         return positions
 
-    def fill_rows(self, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Prompts' keys and values ([layers, prompts, heads, width, dim]) into their slots, one copy a side.
+    def fill_rows(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Prompts' keys and values ([layers, prompts, heads, width, dim]) into their rows, one copy a side.
 
         Past a prompt's own length its width holds padding: written, never read (a row attends up to its
         length, and each decode step writes its position before reading it)."""
         width = keys.shape[3]
-        self.k[:, :, :, :width].index_copy_(1, slots, keys)
-        self.v[:, :, :, :width].index_copy_(1, slots, values)
-        self.lengths.index_copy_(0, slots, lengths)
+        self.k[:, :, :, :width].index_copy_(1, rows, keys)
+        self.v[:, :, :, :width].index_copy_(1, rows, values)
+        self.lengths.index_copy_(0, rows, lengths)
 
     def write(self, layer: int, rows: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Each of the first `rows` slots gets one new key and value ([rows, heads, dim]) at its position."""
+        """Each of the first `rows` rows gets one new key and value ([rows, heads, dim]) at its position."""
         index = positions.view(rows, 1, 1, 1).expand(rows, k.shape[1], 1, k.shape[2])
         self.k[layer, :rows].scatter_(2, index, k.unsqueeze(2))
         self.v[layer, :rows].scatter_(2, index, v.unsqueeze(2))

@@ -6,7 +6,7 @@ prompt of 160 positions takes 17 ms alone, nearly all of it launches, and the wo
 for it. Prompts padded on the right under a causal mask need no padding mask (a position sees only
 earlier ones, all of its own prompt), so one forward over (rows, width) serves any prompts up to
 that width; captured once per bucket, it replays as one launch. It writes every layer's keys and
-values into static buffers, from which they go into the cache's slots in one copy a side.
+values into static buffers, from which they go into the cache's rows in one copy a side.
 """
 
 from __future__ import annotations

@@ -18,17 +18,17 @@ class TokenReadback:
 
     def start(self, io: torch.Tensor, rows: int):
         """Queue the copy of io (after the step that fills it); returns what wait() takes."""
-        slot = self.next
+        buffer = self.next
         self.next = (self.next + 1) % DEPTH
-        self.buffers[slot].copy_(io, non_blocking=self.cuda)  # whole and contiguous: a plain asynchronous copy
-        if self.events[slot] is not None:
-            self.events[slot].record()
-        return slot, rows
+        self.buffers[buffer].copy_(io, non_blocking=self.cuda)  # whole and contiguous: a plain asynchronous copy
+        if self.events[buffer] is not None:
+            self.events[buffer].record()
+        return buffer, rows
 
     def wait(self, pending) -> tuple[list[int], list[int]]:
-        """(tokens fed in, tokens drawn) per slot of the step's rows, once the copy is done."""
-        slot, rows = pending
-        if self.events[slot] is not None:
-            self.events[slot].synchronize()
-        fed, drawn = self.buffers[slot][:, :rows].tolist()
+        """(tokens fed in, tokens drawn) per row of the step, once the copy is done."""
+        buffer, rows = pending
+        if self.events[buffer] is not None:
+            self.events[buffer].synchronize()
+        fed, drawn = self.buffers[buffer][:, :rows].tolist()
         return fed, drawn

@@ -58,7 +58,7 @@ class Request:
 
 @dataclass(eq=False)
 class Sequence:
-    """One text chunk of a request in the decode: its status, row slot, sampled tokens and bounds."""
+    """One text chunk of a request in the decode: its status, row, sampled tokens and bounds."""
 
     request: Request
     chunk: dict
@@ -66,7 +66,7 @@ class Sequence:
     min_len: int
     max_len: int
     status: str = WAITING
-    slot: int = -1  # its row in a static cache
+    row: int = -1  # its row of a static cache
     prompt_len: int = 0  # cache positions its prefill filled
     launched: int = 0  # decode steps started for it (the cache holds prompt_len + launched positions)
     pad: int = 0  # left padding in the upstream path's shared cache

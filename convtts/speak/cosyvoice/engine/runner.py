@@ -26,7 +26,7 @@ HEADROOM = 2  # cache positions past a row's decode bound: the step launched bef
 # A batched prefill's group: at most this many chunks, and rows x positions^2 (the size of its attention
 # scores) at most that of 16 prompts of 512 positions. For v1 in fp32 (16 heads) one layer's score tensors
 # come to roughly 100-150 MB a row at 512 positions (estimated from their shapes, not measured), within the
-# FLOW_MB_PER_ROW (200 MiB) that sizes.py sets aside per row for flow work; a prefill and a flow pass never
+# FLOW_MB_PER_ROW (200 MiB) that row_memory.py sets aside per row for flow work; a prefill and a flow pass never
 # run at once. The prompts of 10-word chunks (text, and a zero-shot voice's speech tokens) are shorter.
 PREFILL_ROWS = 16
 PREFILL_AREA = 16 * 512 * 512
@@ -142,11 +142,11 @@ class UpstreamRunner(Runner):
 
 
 class StaticRunner(Runner):
-    """Our decode step over a static cache: rows in fixed slots, steps bucketed and graphed.
+    """Our decode step over a static cache: each sequence in a fixed row, steps bucketed and graphed.
 
     A family supplies `prompt(seq)` (log-probabilities and per-layer keys and values of the
     chunk's prompt), `tables(capacity)` (position tables) and `forward(rows, length)` (the last
-    hidden states of the first `rows` slots, attending over `length` positions); with `batched`,
+    hidden states of the first `rows` rows, attending over `length` positions); with `batched`,
     also `prompts(seqs)` (prompt() of several chunks in one padded forward) and `prompt_length`.
     """
 
@@ -204,7 +204,7 @@ class StaticRunner(Runner):
         self.cache = self.sampler = self.graphs = self.logps = None
 
     def prefill(self, seq) -> torch.Tensor:
-        """The chunk's prompt into its slot; returns the first token's log-probabilities [1, vocab]."""
+        """The chunk's prompt into its row; returns the first token's log-probabilities [1, vocab]."""
         if self._own_prefill_takes([seq]):
             return self._prefill_own([seq])[0]
         with self.precision():
@@ -228,14 +228,14 @@ class StaticRunner(Runner):
         return groups
 
     def prefill_many(self, seqs) -> list[torch.Tensor]:
-        """The prompts of `seqs` in one forward, each into its slot; their first log-probabilities, in order."""
+        """The prompts of `seqs` in one forward, each into its row; their first log-probabilities, in order."""
         if self._own_prefill_takes(seqs):
             return self._prefill_own(seqs)
         if not self.batched or len(seqs) == 1:
             return super().prefill_many(seqs)
         with self.precision():
             prompts = self.prompts(seqs)
-            # the cache grows (if it must) once, for the longest need, before any slot is written
+            # the cache grows (if it must) once, for the longest need, before any row is written
             self.fit(max(keys[0].shape[2] + seq.max_len for seq, (_, keys, _) in zip(seqs, prompts)) + HEADROOM)
             for seq, (logp, keys, values) in zip(seqs, prompts):
                 self.place(seq, logp, keys, values)
@@ -246,7 +246,7 @@ class StaticRunner(Runner):
         return self.prefiller is not None and self.prefiller.takes([self.prompt_length(seq) for seq in seqs])
 
     def _prefill_own(self, seqs) -> list[torch.Tensor]:
-        """The prompts through the family's own prefill, their keys and values into their slots at once."""
+        """The prompts through the family's own prefill, their keys and values into their rows at once."""
         embedded = [self.embedded(seq) for seq in seqs]
         lengths = [len(e) for e in embedded]
         with self.precision():
@@ -255,7 +255,7 @@ class StaticRunner(Runner):
             count = len(seqs)
             logp = self.logp(self.prefiller.last[:count])
             self.cache.fill_rows(
-                on_device([seq.slot for seq in seqs], self.device),
+                on_device([seq.row for seq in seqs], self.device),
                 self.prefiller.keys[:, :count, :, :width],
                 self.prefiller.values[:, :count, :, :width],
                 on_device(lengths, self.device),
@@ -263,7 +263,7 @@ class StaticRunner(Runner):
             for i, (seq, length) in enumerate(zip(seqs, lengths)):
                 seq.prompt_len, seq.launched = length, 0
                 if self.sampler is not None:
-                    self.sampler.start(seq.slot, seq, logp[i : i + 1], self.cache.tokens)
+                    self.sampler.start(seq.row, seq, logp[i : i + 1], self.cache.tokens)
         return [logp[i : i + 1] for i in range(count)]
 
     def _place_prompt(self, seq, logp, keys, values) -> torch.Tensor:
@@ -272,11 +272,11 @@ class StaticRunner(Runner):
         return logp
 
     def place(self, seq, logp, keys, values) -> None:
-        """A prompt's keys and values into the sequence's slot; its first token drawn when the GPU draws."""
-        seq.prompt_len = self.cache.fill(seq.slot, keys, values)
+        """A prompt's keys and values into the sequence's row; its first token drawn when the GPU draws."""
+        seq.prompt_len = self.cache.fill(seq.row, keys, values)
         seq.launched = 0
         if self.sampler is not None:
-            self.sampler.start(seq.slot, seq, logp, self.cache.tokens)
+            self.sampler.start(seq.row, seq, logp, self.cache.tokens)
 
     def fit(self, positions: int) -> None:
         """Grow the cache (and start new graphs) when a row needs more positions than it has."""
@@ -293,22 +293,22 @@ class StaticRunner(Runner):
         self._rebuild()
 
     def release(self, seqs) -> None:
-        """Rows that left need nothing: their slots are written over by the next prefill."""
+        """Rows that left need nothing: their rows are written over by the next prefill."""
 
     def buckets(self, seqs) -> tuple[int, int]:
-        rows = row_bucket(max(seq.slot for seq in seqs) + 1, self.cache.rows)
+        rows = row_bucket(max(seq.row for seq in seqs) + 1, self.cache.rows)
         length = length_bucket(max(seq.prompt_len + seq.launched + 1 for seq in seqs), self.cache.capacity)
         return rows, length
 
     def step(self, seqs) -> torch.Tensor:
         """One step of `seqs` (their last tokens fed in); their log-probabilities, in their order."""
-        slots = torch.tensor([seq.slot for seq in seqs], device=self.device)
-        self.cache.tokens.index_copy_(0, slots, torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device))
+        rows_of = torch.tensor([seq.row for seq in seqs], device=self.device)
+        self.cache.tokens.index_copy_(0, rows_of, torch.tensor([seq.tokens[-1] for seq in seqs], device=self.device))
         self._launch(seqs)
-        return self.logps.index_select(0, slots)
+        return self.logps.index_select(0, rows_of)
 
     def launch(self, seqs) -> int:
-        """One step of every slot up to the last of `seqs`, tokens drawn on the GPU; returns the row bucket."""
+        """One step of every row up to the last of `seqs`, tokens drawn on the GPU; returns the row bucket."""
         return self._launch(seqs)[0]
 
     def _launch(self, seqs) -> tuple[int, int]:

@@ -4,7 +4,7 @@ The prompt is built as Qwen2LM.inference builds it and prefilled through the bac
 its 151,936-way text head, which upstream computes and never reads). The upstream runner steps
 the backbone for all live rows over a left-padded cache; the static runner steps our own code
 from the same weights: RMSNorm, rotary positions per row, grouped-query attention over the
-row's own slot, SwiGLU, the final norm.
+row's own place, SwiGLU, the final norm.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class QwenRunner(StaticRunner):
         return (angles.cos() * scale).to(self.dtype), (angles.sin() * scale).to(self.dtype)
 
     def forward(self, rows: int, length: int) -> torch.Tensor:
-        lengths = self.cache.lengths[:rows]  # the new token's position in each slot
+        lengths = self.cache.lengths[:rows]  # the new token's position in each row
         x = self.llm.speech_embedding.weight[self.cache.tokens[:rows]]
         cos, sin = self.cos[lengths].unsqueeze(1), self.sin[lengths].unsqueeze(1)
         beyond = None if self.kernel else (self.positions[:length][None, :] > lengths[:, None])[:, None, None, :]

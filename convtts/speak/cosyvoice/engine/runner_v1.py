@@ -254,7 +254,7 @@ class TransformerRunner(StaticRunner):
         self.positions = torch.arange(capacity, device=self.device)
 
     def forward(self, rows: int, length: int) -> torch.Tensor:
-        lengths = self.cache.lengths[:rows]  # the new token's position in each slot
+        lengths = self.cache.lengths[:rows]  # the new token's position in each row
         x = self.llm.speech_embedding.weight[self.cache.tokens[:rows]]
         x = self.encoder.embed.out(x) * self.encoder.embed.pos_enc.xscale
         beyond = distance = None  # the kernel walks each row's own positions

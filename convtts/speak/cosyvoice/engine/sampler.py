@@ -129,7 +129,7 @@ class GpuSampler:
     inverse transform from a counter-based stream per row: the k-th draw of a chunk is a hash of
     (utterance seed, chunk, k), so it never depends on the rows sharing the step. Not the CPU
     generator's numbers: the tokens differ from the exact path, their distribution does not
-    (tests/test_cosyvoice_static.py measures it). The state lives per row slot on the device.
+    (tests/test_cosyvoice_static.py measures it). The state lives per row on the device.
     """
 
     def __init__(self, sampler: Sampler, vocab: int, stops: list[int], rows: int, device):
@@ -140,7 +140,7 @@ class GpuSampler:
         self.stop = torch.zeros(vocab, dtype=torch.bool, device=device)
         self.stop[[s for s in stops if s < vocab]] = True
         self.keys = torch.zeros(rows, dtype=torch.long, device=device)
-        self.drawn = torch.zeros(rows, dtype=torch.long, device=device)  # tokens drawn so far per slot
+        self.drawn = torch.zeros(rows, dtype=torch.long, device=device)  # tokens drawn so far per row
         self.min_len = torch.zeros(rows, dtype=torch.long, device=device)
         self.history = torch.full((rows, self.window), -1, dtype=torch.long, device=device)
         self.io = torch.zeros(2, rows, dtype=torch.long, device=device)  # a step's tokens in and out
@@ -148,17 +148,17 @@ class GpuSampler:
     def state(self) -> list[torch.Tensor]:
         return [self.drawn, self.history, self.io]
 
-    def start(self, slot: int, seq, logp: torch.Tensor, tokens: torch.Tensor) -> None:
-        """A new row's state, and its first token (drawn from the prefill's log-probabilities) into tokens[slot]."""
-        self.keys[slot] = stream_key(seq.request.seed, seq.index)
-        self.drawn[slot] = 0
-        self.min_len[slot] = seq.min_len
-        self.history[slot] = -1
-        part = slice(slot, slot + 1)
+    def start(self, row: int, seq, logp: torch.Tensor, tokens: torch.Tensor) -> None:
+        """A new row's state, and its first token (drawn from the prefill's log-probabilities) into tokens[row]."""
+        self.keys[row] = stream_key(seq.request.seed, seq.index)
+        self.drawn[row] = 0
+        self.min_len[row] = seq.min_len
+        self.history[row] = -1
+        part = slice(row, row + 1)
         tokens[part] = self._draw(logp, part)
 
     def step(self, logp: torch.Tensor, rows: int, tokens: torch.Tensor) -> None:
-        """Draw for the first `rows` slots: io[0] gets the tokens they were fed, io[1] and tokens the new ones."""
+        """Draw for the first `rows` rows: io[0] gets the tokens they were fed, io[1] and tokens the new ones."""
         self.io[0, :rows].copy_(tokens[:rows])
         drawn = self._draw(logp, slice(0, rows))
         tokens[:rows] = drawn

@@ -1,4 +1,4 @@
-"""Which sequences hold the decode's rows: admission into free row slots, decoded rows waiting for the flow, chunks
+"""Which sequences hold the decode's rows: admission into free rows, decoded rows waiting for the flow, chunks
 chained."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order
         self.decoded: list[Sequence] = []
         self.failed: list[Request] = []  # refused before any decode, to hand back
-        self.free = list(range(max_rows))  # row slots, lowest first
+        self.free = list(range(max_rows))  # free rows, lowest first
         self.exhausted = False
 
     # -- requests in ---------------------------------------------------------------------------
@@ -52,7 +52,7 @@ class Scheduler:
         return len(self.incoming) + len(self.waiting) + len(self.running)
 
     def admit(self) -> list[Sequence]:
-        """Sequences that take a free row now, their slots assigned; waiting chunks go first.
+        """Sequences that take a free row now, their rows assigned; waiting chunks go first.
 
         A request whose frontend is still at work is waited for only when nothing would decode
         otherwise; else it is looked at again after the next step.
@@ -64,7 +64,7 @@ class Scheduler:
             if not self.waiting:
                 continue
             seq = self.waiting.popleft()
-            seq.status, seq.slot = RUNNING, heapq.heappop(self.free)
+            seq.status, seq.row = RUNNING, heapq.heappop(self.free)
             self.running.append(seq)
             admitted.append(seq)
         return admitted
@@ -106,7 +106,7 @@ class Scheduler:
     def finish(self, seq: Sequence, failed: bool = False) -> None:
         """A running sequence leaves its row: decoded (for the flow) or failed."""
         self.running.remove(seq)
-        heapq.heappush(self.free, seq.slot)
+        heapq.heappush(self.free, seq.row)
         seq.status = FAILED if failed else DECODED
         self.decoded.append(seq)  # a failed one too: the flush hands its request back
 
@@ -114,7 +114,7 @@ class Scheduler:
         """A sequence whose prefill failed: it never ran; its request fails, handed back once no other
         chunk of it is in the decode or the flow (its chunks still waiting for a row are dropped)."""
         self.running.remove(seq)
-        heapq.heappush(self.free, seq.slot)
+        heapq.heappush(self.free, seq.row)
         seq.status, seq.request.error = FAILED, error
         dropped = [other for other in self.waiting if other.request is seq.request]
         for other in dropped:

@@ -22,10 +22,10 @@ from convtts.speak.base import is_out_of_memory
 from convtts.speak.cosyvoice.engine import snake
 from convtts.speak.cosyvoice.engine.flow import SPREAD, cheapest_groups, length_groups
 from convtts.speak.cosyvoice.engine.hift import samples_per_frame, vocode_rows
+from convtts.speak.cosyvoice.engine.pass_memory import hift_widths, rows_within, vocoder_bytes_per_sample
 from convtts.speak.cosyvoice.engine.precision import cast_copy, matmul_mode
 from convtts.speak.cosyvoice.engine.profiles import PassCosts
 from convtts.speak.cosyvoice.engine.requests import Stream, own_random_stream
-from convtts.speak.cosyvoice.engine.sizing import hift_widths, rows_within, vocoder_bytes_per_sample
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from conftest import need
+from convtts.counts import plural
 from convtts.plan.command import describe
 from convtts.results.export.command import _not_spoken
-from convtts.words import plural
 
 
 @pytest.mark.parametrize(
