@@ -313,16 +313,16 @@ def test_a_shard_opens_only_when_the_window_needs_it_and_all_open_near_the_end(t
     queue = WorkQueue(layout, [shard_name(n) for n in range(6)], RUN, workers=2)
     queue.rows = 8  # a window of 32 ids: two shards of 30; all open once 128 ids are left
     queue.next_piece()
-    assert list(queue.open) == ["shard-00000", "shard-00001"] and len(queue.waiting) == 4
+    assert list(queue.window.open) == ["shard-00000", "shard-00001"] and len(queue.waiting) == 4
     assert not layout.audio_dir("shard-00002").exists()  # not opened: no resume bookkeeping yet
     while queue.remaining() > 128:
         assert queue.waiting
         # the running sum of the waiting shards' estimates (remaining() is asked several times a piece)
-        assert queue.remaining() == sum(len(w.pending) for w in queue.open.values()) + 30 * len(queue.waiting)
+        assert queue.remaining() == sum(len(w.pending) for w in queue.window.open.values()) + 30 * len(queue.waiting)
         queue.next_piece()
     queue.next_piece()
-    assert not queue.waiting and len(queue.open) == 6
-    assert queue.remaining() == sum(len(w.pending) for w in queue.open.values())
+    assert not queue.waiting and len(queue.window.open) == 6
+    assert queue.remaining() == sum(len(w.pending) for w in queue.window.open.values())
 
 
 def test_a_short_run_opens_every_shard_and_goes_out_longest_first_over_all_of_it(tmp_path):
@@ -333,11 +333,11 @@ def test_a_short_run_opens_every_shard_and_goes_out_longest_first_over_all_of_it
     queue = WorkQueue(layout, [shard_name(n) for n in range(3)], RUN, workers=1)
     queue.rows = 2  # a window of 4 ids, 16 ids to open them all: 12 are left
     first = queue.next_piece()
-    assert len(queue.open) == 3 and first.ids[:2] == ["s2-0", "s2-1"]
+    assert len(queue.window.open) == 3 and first.ids[:2] == ["s2-0", "s2-1"]
 
 
 def test_ids_handed_back_go_out_before_a_longer_shard(tmp_path, monkeypatch):
-    monkeypatch.setattr("convtts.run.pieces.OPEN_ALL_BATCHES", 0)  # the window alone
+    monkeypatch.setattr("convtts.run.window.OPEN_ALL_BATCHES", 0)  # the window alone
     layout = plan_words(tmp_path, [3, 3, 3, 3], [9, 9, 9, 9])
     queue = WorkQueue(layout, ["shard-00000", "shard-00001"], RUN, workers=1)
     queue.rows = 2  # a window of 4 ids: the second shard opens once the first is out
@@ -349,24 +349,20 @@ def test_ids_handed_back_go_out_before_a_longer_shard(tmp_path, monkeypatch):
     assert again.shard == "shard-00000" and again.ids == first.ids
 
 
-@pytest.mark.parametrize("sized", ["said", "default"])
-def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_path, monkeypatch, sized):
+def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_path, monkeypatch):
     """The driver's book (convtts.cluster.handout) keeps shards open until its window is full and
     cuts each piece from the shard whose next id is the longest, as a slot does with its own shards;
     a shard past the window opens once the open ones run low. The window is the rows the slot says
-    it decodes (SLOT_ROWS until it has)."""
+    it decodes."""
     from convtts.cluster import handout
     from convtts.run.pieces import open_shard
 
-    if sized == "default":
-        monkeypatch.setattr(handout, "SLOT_ROWS", 5)  # a window of 10 ids: the third shard waits
-    monkeypatch.setattr("convtts.run.pieces.OPEN_ALL_BATCHES", 0)  # the window alone
+    monkeypatch.setattr("convtts.run.window.OPEN_ALL_BATCHES", 0)  # the window alone
     shards = [[12, 11, 6, 5, 2, 1, 1, 1], [10, 9, 8, 7, 4, 3, 1, 1], [13, 1]]
     layout = plan_words(tmp_path, *shards)
     words = {f"s{n}-{i}": k for n, ws in enumerate(shards) for i, k in enumerate(ws)}
     book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
-    if sized == "said":
-        book.sized(0, 5, 5)  # "next 5 5": one worker of 5 rows
+    book.sized(0, 5, 5)  # "next 5 5": one worker of 5 rows: a window of 10 ids, the third shard waits
     answers, out = [], []
     while answer := book.hand_out(0, [0]):
         out.append(book.all_out())  # the slots are told "ending" once every id is out, not before
@@ -391,13 +387,45 @@ def test_the_ray_driver_hands_out_its_window_longest_first_across_shards(tmp_pat
     assert [name for name, _ in pieces[:3]] == ["shard-00000", "shard-00001", "shard-00000"]
 
 
-def test_the_ray_driver_opens_every_shard_of_a_short_run_first(tmp_path, monkeypatch):
+def test_a_slot_and_the_ray_driver_hand_out_one_window_in_the_same_order(tmp_path, monkeypatch):
+    """One policy (convtts.run.window): a slot of one worker of 5 rows and the driver with one slot that
+    says 5 rows open the same shards at the same points and hand out the same ids in the same order."""
     from convtts.cluster import handout
     from convtts.run.pieces import open_shard
 
-    monkeypatch.setattr(handout, "SLOT_ROWS", 5)  # a window of 10 ids; all open while 40 or fewer are left
+    monkeypatch.setattr("convtts.run.window.OPEN_ALL_BATCHES", 0)  # the window alone: shards open one by one
+    shards = [[12, 11, 6, 5, 2, 1, 1, 1], [10, 9, 8, 7, 4, 3, 1, 1], [13, 1, 1, 1]]
+    names = [shard_name(n) for n in range(3)]
+    queue = WorkQueue(plan_words(tmp_path / "slot", *shards), names, RUN, workers=1)
+    queue.rows = 5
+    by_slot, opened_by_slot = [], []
+    while (piece := queue.next_piece()) is not None:
+        opened_by_slot += [name for name in queue.window.open if name not in opened_by_slot]
+        by_slot += piece.ids
+    layout = plan_words(tmp_path / "ray", *shards)
+    book = handout.Book(layout, names, RUN)
+    book.sized(0, 5, 5)
+    by_driver, opened_by_driver = [], []
+    while answer := book.hand_out(0, [0]):
+        kind, *rest = answer.split()
+        if kind == "open":
+            work = open_shard(layout, rest[0], RUN)
+            book.opened(rest[0], work.segments, work.already, work.audio_seconds, list(work.pending))
+            opened_by_driver.append((rest[0], len(by_driver)))
+        else:
+            by_driver += rest[2:]
+    assert by_driver == by_slot and len(by_slot) == 20
+    assert [name for name, _ in opened_by_driver] == names == opened_by_slot
+    assert opened_by_driver[2][1] > 0  # the third shard opened once the window ran low, not at the start
+
+
+def test_the_ray_driver_opens_every_shard_of_a_short_run_first(tmp_path):
+    from convtts.cluster import handout
+    from convtts.run.pieces import open_shard
+
     layout = plan_words(tmp_path, [3, 3, 2, 2, 1, 1, 1, 1], [4, 3, 2, 1, 1, 1, 1, 1], [13, 1])
     book = handout.Book(layout, [shard_name(n) for n in range(3)], RUN)
+    book.sized(0, 5, 5)  # a window of 10 ids; all open while 40 or fewer are left
     answers = []
     while (answer := book.hand_out(0, [0])).startswith("open"):
         name = answer.split()[1]
@@ -437,13 +465,10 @@ def test_the_ray_driver_gives_a_slot_that_asks_late_its_share_of_the_longest_ids
     """Slots come up apart: the first to ask must not take every long id before the other asks. Until a
     slot has had a piece, each piece cut for another is matched by the next-longest set aside for it;
     it gets those first, so both begin with the same mix of lengths."""
-    from convtts.cluster import handout
 
-    monkeypatch.setattr(handout, "SLOT_ROWS", 16)
-    monkeypatch.setattr(handout, "FIRST_PIECE", 2)
-    monkeypatch.setattr(handout, "KEEP_IDS", 20)
     shards = [list(range(60, 0, -2)), list(range(59, 0, -2))]  # 60 ids of 60..1 words, one of each
-    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1])
+    # slot 0 says 16 rows, 2 a worker; slot 1, not heard from, counts as slot 0: 20 ids set aside for it
+    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1], sizes=(16, 2))
     first = [uid for _ in range(10) for uid in _piece_ids(book.hand_out(0, [0, 1]))]  # slot 1 still loading
     late = [uid for _ in range(10) for uid in _piece_ids(book.hand_out(1, [0, 1]))]
     assert len(first) == len(late) == 20
@@ -474,11 +499,9 @@ def test_the_ray_driver_cuts_and_keeps_first_pieces_by_the_rows_a_slot_says(tmp_
 def test_pieces_set_aside_for_a_slot_go_to_others_when_it_is_lost_or_late(tmp_path, monkeypatch):
     from convtts.cluster import handout
 
-    monkeypatch.setattr(handout, "SLOT_ROWS", 16)
-    monkeypatch.setattr(handout, "FIRST_PIECE", 2)
     monkeypatch.setattr(handout, "KEEP_FOR", 0.2)
     shards = [list(range(40, 0, -1))]
-    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1, 2])
+    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1, 2], sizes=(16, 2))
     a = _piece_ids(book.hand_out(0, [0, 1, 2]))  # 40, 39 for slot 0; 38, 37 kept for 1; 36, 35 for 2
     assert [words[u] for u in a] == [40, 39] and book.kept_for(1) == book.kept_for(2) == 2
     book.give_back(1, None)  # slot 1 lost before it asked: its share is anyone's, before any new cut
@@ -500,18 +523,14 @@ def test_pieces_set_aside_for_a_slot_go_to_others_when_it_is_lost_or_late(tmp_pa
 
 
 def test_a_shard_is_not_finished_while_a_piece_of_it_is_set_aside(tmp_path, monkeypatch):
-    from convtts.cluster import handout
-
-    monkeypatch.setattr(handout, "SLOT_ROWS", 16)
-    monkeypatch.setattr(handout, "FIRST_PIECE", 2)
-    book, words = _opened_book(tmp_path, monkeypatch, [[4, 3, 2, 1]], [0, 1])
+    book, words = _opened_book(tmp_path, monkeypatch, [[4, 3, 2, 1]], [0, 1], sizes=(16, 2))
     answer = book.hand_out(0, [0, 1])  # [4, 3] for slot 0, [2, 1] kept for slot 1
     book.done(int(answer.split()[1]), 2, 0, 1.0)
-    assert book.open and not book.finished and not book.all_out()
+    assert book.window.open and not book.finished and not book.all_out()
     kept = book.hand_out(1, [0, 1])
     assert [words[u] for u in _piece_ids(kept)] == [2, 1]
     book.done(int(kept.split()[1]), 2, 0, 1.0)
-    assert book.finished == {"shard-00000"} and not book.open
+    assert book.finished == {"shard-00000"} and not book.window.open
 
 
 def test_first_batches_are_dealt_from_the_longest_ids_when_asked(tmp_path):

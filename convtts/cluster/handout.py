@@ -1,11 +1,11 @@
 """The Ray driver's book of shards and pieces: which slot opens a shard, which holds each piece, what comes back.
 
 A shard is opened by one slot (the resume bookkeeping, before any piece of it is out), which says
-which of its ids are left; the driver then cuts those into pieces for any slot that asks, sized as
-a slot cuts pieces for its workers (about the work left over twice the slots, smaller towards the
-end). As a slot does with its own shards (convtts.run.pieces), the driver keeps a window of shards
-open and hands their ids out longest first across it: rows of close lengths then finish together
-and share the flow's passes, and the rows begun last, which the end of a run waits for, are short.
+which of its ids are left; the driver then cuts those into pieces for any slot that asks, from the
+same window of open shards, longest first, as a slot cuts pieces for its workers
+(convtts.run.window; the window's rows are those the running slots say they decode at once): rows
+of close lengths then finish together and share the flow's passes, and the rows begun last, which
+the end of a run waits for, are short.
 Handed out shard after shard instead, each longest first, a job of 1,000 conversations on two
 H200s made 40% more flow passes than run_all.sh's slots and ran 20% slower in its steady state.
 
@@ -26,59 +26,30 @@ ids the lost slot finished (a whole row and audio) and speaks the rest.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from convtts.run.pieces import MIN_PIECE, longest_next, row_words, take_longest, wants_shard
+from convtts.run.window import OpenShard, Window, piece_size, row_words
 from convtts.state.layout import Layout
-from convtts.state.shardio import read_json, read_jsonl, write_marker
+from convtts.state.shardio import read_json, read_jsonl
 
 log = logging.getLogger("ray_engine")
 
 MAX_SLOT_PIECE = 256  # ids: about what 8 workers of 32 rows hold at once
-# The window: shards open at once hold WINDOW_BATCHES times the rows the running slots decode at
-# once, every shard once the ids left fit OPEN_ALL_BATCHES times (convtts.run.pieces). Each slot says
-# its rows and a worker's when it asks; until one has, a slot counts as SLOT_ROWS (8 workers of 96).
-SLOT_ROWS = 768
 # A lost slot's pieces wait this long before another slot may take them: Ray may report a node
 # dead a moment before the processes on it have noticed and exited (docs/ARCHITECTURE.md).
 HANDBACK_GRACE = 5.0
-# Pieces set aside for a slot that has not asked yet: at most its workers' first batch and look-ahead
-# (its rows and a quarter more), kept this long before any slot may take them.
-KEEP_IDS = SLOT_ROWS + SLOT_ROWS // 4
+# Pieces set aside for a slot that has not asked yet (at most its workers' first batch and look-ahead:
+# its rows and a quarter more), kept this long before any slot may take them.
 KEEP_FOR = 10.0
-FIRST_PIECE = SLOT_ROWS // 8  # the most a piece holds while some slot has had none: one worker's rows
 
 
 @dataclass
-class OpenShard:
-    name: str
-    segments: int
-    already: int  # spoken before this run opened it
-    audio: float
-    pending: deque
-    words: dict = field(default_factory=dict)  # each id's words (the plan's count): its length, roughly
-    out: set = field(default_factory=set)  # numbers of its pieces not done (held, or coming back)
-    new: int = 0
-    failed: int = 0
-    pieces: int = 0
-    started: float = field(default_factory=time.time)
+class HeldShard(OpenShard):
+    """A shard the driver hands out: which of its pieces are not done (held, or coming back)."""
 
-    def stats(self, run_id: str) -> dict:
-        return {
-            "shard": self.name,
-            "segments": self.segments,
-            "done": self.already + self.new,
-            "failed": self.failed,
-            "pending": len(self.pending),
-            "new": self.new,
-            "pieces": self.pieces,
-            "audio_seconds": round(self.audio, 3),
-            "seconds": round(time.time() - self.started, 3),
-            "run": run_id,
-        }
+    out: set = field(default_factory=set)
 
 
 @dataclass
@@ -97,7 +68,7 @@ class Book:
         self.layout, self.run_id = layout, run_id
         self.unopened = deque(shards)
         self.total = len(shards)
-        self.open: dict[str, OpenShard] = {}
+        self.window = Window(layout, run_id)
         self.pieces: dict[int, PieceOut] = {}
         self.rechecks: deque[PieceOut] = deque()
         self.returning: list[tuple[float, str, object]] = []  # (when, "piece" or "open", the piece or shard)
@@ -105,13 +76,14 @@ class Book:
         self.numbers = 0
         self.kept: dict[int | None, deque[PieceOut]] = {}  # set aside for a slot's first asking; None: anyone's
         self.served: set[int] = set()  # slots that have had a piece
-        self.sizes: dict[int, tuple[int, int]] = {}  # rank -> (the rows it decodes at once, a worker's), as it said
+        # rank -> (the rows it decodes at once, a worker's), as it said when it last asked
+        self.sizes: dict[int, tuple[int, int]] = {}
         plan = read_json(layout.plan_file) or {}
         self.mean_segments = (plan.get("segments") or 0) / max(len(shards), 1)
 
     def remaining(self) -> int:
         """Ids still to hand out: the open shards' (pending or set aside) and an estimate for those not opened."""
-        pending = sum(len(s.pending) for s in self.open.values()) + self.kept_ids()
+        pending = self.window.pending() + self.kept_ids()
         return pending + round(len(self.unopened) * self.mean_segments)
 
     def kept_ids(self) -> int:
@@ -127,21 +99,23 @@ class Book:
             self.sizes[rank] = (rows, worker_rows)
 
     def rows_of(self, rank: int) -> int:
-        """A slot's rows as it said; one that has not said counts as the mean of those that have."""
-        return self._size(rank, 0, SLOT_ROWS)
+        """A slot's rows as it said; one that has not said counts as the mean of those that have (every
+        slot says its rows when it asks, so the one asking has), and as one row while none has."""
+        return self._size(rank, 0)
 
     def first_piece(self, rank: int) -> int:
-        return self._size(rank, 1, FIRST_PIECE)
+        """The most a piece holds while some slot has had none: one worker's rows."""
+        return self._size(rank, 1)
 
     def keep_ids(self, rank: int) -> int:
         rows = self.rows_of(rank)
-        return rows + rows // 4 if self.sizes else KEEP_IDS
+        return rows + rows // 4
 
-    def _size(self, rank: int, which: int, default: int) -> int:
+    def _size(self, rank: int, which: int) -> int:
         if rank in self.sizes:
             return self.sizes[rank][which]
         known = [size[which] for size in self.sizes.values()]
-        return round(sum(known) / len(known)) if known else default
+        return round(sum(known) / len(known)) if known else 1
 
     def hand_out(self, rank: int, ranks: list[int]) -> str:
         """The next piece (or recheck) for this slot, a shard for it to open (while the window is not
@@ -151,13 +125,12 @@ class Book:
             piece.holder = rank
             return f"recheck {piece.number} {piece.shard} {' '.join(piece.ids)}"
         slots = max(len(ranks), 1)
-        pending = sum(len(s.pending) for s in self.open.values())
         rows = sum(self.rows_of(r) for r in ranks) or self.rows_of(rank)
-        if self.unopened and wants_shard(pending, self.remaining(), rows):
+        if self.unopened and self.window.wants_shard(self.remaining(), rows):
             return f"open {self.unopened.popleft()}"
-        piece = self.take_kept(rank, stealing=pending == 0)
+        piece = self.take_kept(rank, stealing=self.window.pending() == 0)
         if piece is None:
-            work = longest_next(self.open.values())  # the oldest on a tie
+            work = self.window.first_in_line()
             if work is None:
                 return ""
             starting = any(r not in self.served for r in ranks if r != rank)
@@ -166,11 +139,9 @@ class Book:
                 self.set_aside(rank, ranks, slots)
         return self.give(piece, rank)
 
-    def cut(self, work: OpenShard, slots: int, most: int = MAX_SLOT_PIECE) -> PieceOut:
-        """A piece of `work`, held by no slot yet: its ids no shorter than the next id of any other
-        open shard (at least MIN_PIECE), so the window goes out longest first; no runt left behind."""
-        size = max(MIN_PIECE, min(most, math.ceil(self.remaining() / (2 * slots))))
-        ids = take_longest(self.open.values(), work, size, lambda shard, uid: shard.words.get(uid, 0))
+    def cut(self, work: HeldShard, slots: int, most: int = MAX_SLOT_PIECE) -> PieceOut:
+        """A piece of `work` from the window (convtts.run.window), held by no slot yet."""
+        ids = self.window.take(work, piece_size(self.remaining(), slots, most))
         self.numbers += 1
         piece = self.pieces[self.numbers] = PieceOut(self.numbers, work.name, ids, None)
         work.out.add(self.numbers)
@@ -188,7 +159,7 @@ class Book:
         for other in ranks:
             if other == rank or other in self.served or self.kept_for(other) >= self.keep_ids(other):
                 continue
-            work = longest_next(self.open.values())
+            work = self.window.first_in_line()
             if work is None:
                 return
             piece = self.cut(work, slots, self.first_piece(other))
@@ -211,29 +182,19 @@ class Book:
             self.finished.add(shard)
             return
         words = row_words(read_jsonl(self.layout.shard_file(shard)))
-        self.open[shard] = OpenShard(shard, segments, already, audio, deque(ids), words)
+        self.window.open[shard] = HeldShard(shard, segments, deque(ids), already, audio, words)
 
     def done(self, number: int, new: int, failed: int, audio: float) -> None:
         """Every id of piece `number` is in: the shard's stats once it was its last piece."""
         piece = self.pieces.pop(number, None)
         if piece is None:
             return  # a lost slot's late word about a piece already handed on
-        work = self.open[piece.shard]
-        work.new, work.failed, work.audio = work.new + new, work.failed + failed, work.audio + audio
+        work = self.window.open[piece.shard]
+        work.new, work.failed, work.audio_seconds = work.new + new, work.failed + failed, work.audio_seconds + audio
         work.out.discard(number)
         if not work.pending and not work.out:
-            write_marker(self.layout, work.name, work.stats(self.run_id))  # last: the done marker
-            del self.open[work.name]
+            self.window.close(work)
             self.finished.add(work.name)
-            log.info(
-                "%s finished: %d of %d spoken (%d now, in %d pieces), %d failed",
-                work.name,
-                work.already + work.new,
-                work.segments,
-                work.new,
-                work.pieces,
-                work.failed,
-            )
 
     def held_by(self, rank: int) -> list[PieceOut]:
         return [p for p in self.pieces.values() if p.holder == rank]
@@ -269,10 +230,10 @@ class Book:
     def all_out(self) -> bool:
         """Every id is handed out: nothing to open or hand out, nothing of a lost slot's due."""
         idle = not (self.unopened or self.returning or self.rechecks or self.kept_ids())
-        return idle and not any(s.pending for s in self.open.values())
+        return idle and not any(s.pending for s in self.window.open.values())
 
     def left(self) -> bool:
-        return bool(self.unopened or self.open or self.returning or self.rechecks)
+        return bool(self.unopened or self.window.open or self.returning or self.rechecks)
 
     def held_ids(self) -> int:
         return sum(len(p.ids) for p in self.pieces.values() if p.holder is not None)

@@ -380,7 +380,7 @@ class Driver:
         shards = (
             "waiting for the plan"
             if book is None
-            else f"shards {len(book.finished)}/{book.total} finished, {len(book.open)} open, "
+            else f"shards {len(book.finished)}/{book.total} finished, {len(book.window.open)} open, "
             f"{len(book.unopened)} not opened, "
             f"{book.held_ids()} utterances in pieces out"
         )

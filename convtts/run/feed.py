@@ -33,16 +33,8 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from convtts.run.pieces import (
-    Piece,
-    cut_size,
-    keep_errors,
-    longest_next,
-    new_piece,
-    open_shard,
-    remove_temporaries_of,
-    row_words,
-)
+from convtts.run.pieces import Piece, cut_size, keep_errors, new_piece, open_shard, remove_temporaries_of
+from convtts.run.window import longest_next, row_words
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import append_line, load_done, read_jsonl, shard_complete_and_whole, write_marker
 

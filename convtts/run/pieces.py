@@ -7,13 +7,9 @@ cut 13, 11, 10, 9, 8, 7, 6, 5, 4, 4, 3, 3, 3 and seven pieces of 2. A batched wo
 it takes (its free rows and an eighth more): the ids it could not begin yet stay here, in order,
 for whichever worker frees a row first.
 
-Ids go out longest first across a window of open shards: the slot keeps shards open until their
-ids to hand out fill WINDOW_BATCHES times every worker's rows (every shard, once the ids left fit
-OPEN_ALL_BATCHES times), and each piece comes from the open shard whose next id is the longest,
-while its ids are no shorter than the next shard's. A batched
-row takes as long as its audio, so the rows begun last, which the end of a run waits for, are the
-shortest of the window, not the long ones of the last shard opened. Ids handed back (a worker's
-death, or asked back for an idle one) go first. At the very end an idle worker takes over ids a
+Ids go out longest first across a window of open shards, as the Ray driver hands them to slots
+(convtts.run.window: the window's rows are every worker's). Ids handed back (a worker's death, or
+asked back for an idle one) go first. At the very end an idle worker takes over ids a
 busy one holds and has not begun (the slot asks for them back), so the workers finish within about
 one utterance (one batch, batched) of each other.
 
@@ -36,7 +32,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from convtts.counts import plural
+from convtts.run.window import MIN_PIECE, OpenShard, Window, longest_first, piece_size, row_words
 from convtts.state.layout import Layout, WorkListing
 from convtts.state.shardio import (
     append_line,
@@ -47,21 +43,13 @@ from convtts.state.shardio import (
     read_jsonl,
     read_rows_checked,
     write_atomic,
-    write_marker,
 )
 
 log = logging.getLogger(__name__)
 
-MIN_PIECE = 2  # the tail: pieces this small, and idle workers take over ids not begun
 # A piece is at most a minute or two of one CosyVoice worker, so progress, the stats of a shard
 # and the hand-back after a crash come in steadily even when the run is large.
 MAX_PIECE = 64
-PIECES_PER_WORKER = 2  # each cut takes 1/(this x workers) of the work left
-WINDOW_BATCHES = 2  # shards open at once hold this many times the rows of all workers (the longest-first window)
-# Once the ids left fit this many times the rows of all workers, every shard opens: the end of a run
-# then goes out longest first over all of it. A long row takes two or three batches' time under a
-# full GPU (40-48 s for 8-10 s of audio on an H200), and one opened late held the end of a run.
-OPEN_ALL_BATCHES = 8
 
 
 def cut_size(available: int, remaining: int, workers: int, rows: int = 1, room: int = 0) -> int:
@@ -72,15 +60,8 @@ def cut_size(available: int, remaining: int, workers: int, rows: int = 1, room: 
     the last pieces hold MIN_PIECE ids whatever the rows. `room`: the most the asking worker takes
     (a batched one asks for its free rows and a few more; 0: no bound).
     """
-    high = min(max(MAX_PIECE, 4 * rows), room or math.inf)
-    size = max(MIN_PIECE, min(high, math.ceil(remaining / (PIECES_PER_WORKER * max(workers, 1)))))
+    size = piece_size(remaining, workers, min(max(MAX_PIECE, 4 * rows), room or math.inf))
     return available if available - size < MIN_PIECE else size  # no runt left behind in the shard
-
-
-def wants_shard(pending: int, remaining: int, rows: int) -> bool:
-    """Whether to open another shard: the open ones hold `pending` ids to hand out, `remaining` are
-    left in all (estimated for shards not opened), and `rows` are decoded at once by all workers."""
-    return pending < WINDOW_BATCHES * rows or remaining <= OPEN_ALL_BATCHES * rows
 
 
 def batched_room(rows: int, held: int) -> int:
@@ -138,40 +119,16 @@ class Piece:
 
 
 @dataclass
-class ShardWork:
-    """An opened shard: the ids still to hand out, and what its pieces have reported."""
+class ShardWork(OpenShard):
+    """A shard a slot opened for its workers: what its pieces have reported, and what its workers' deaths
+    and hand-backs left of each id."""
 
-    name: str
-    segments: int
-    pending: deque
-    already: int  # spoken before this run opened it
-    audio_seconds: float
-    crashes: Counter
-    words: dict = field(default_factory=dict)  # words of each id to speak: the plan's estimate of its length
+    crashes: Counter = field(default_factory=Counter)
     errors: dict = field(default_factory=dict)  # ids a worker tried and handed back: the error of each attempt
     out: int = 0  # pieces handed out and not yet finished
-    front: int = 0  # ids at the head of `pending` that were handed back: they go out before any other
-    pieces: int = 0
-    new: int = 0
-    failed: int = 0
-    started: float = field(default_factory=time.time)
 
     def finished(self) -> bool:
         return not self.pending and not self.out
-
-    def stats(self, run_id: str) -> dict:
-        return {
-            "shard": self.name,
-            "segments": self.segments,
-            "done": self.already + self.new,
-            "failed": self.failed,
-            "pending": len(self.pending),
-            "new": self.new,
-            "pieces": self.pieces,
-            "audio_seconds": round(self.audio_seconds, 3),
-            "seconds": round(time.time() - self.started, 3),
-            "run": run_id,
-        }
 
 
 class WorkQueue:
@@ -195,51 +152,35 @@ class WorkQueue:
         self.mean_words = mean_words(layout)
         self.todo_words = self.total * self.mean_words  # words of those utterances: exact once all are open
         self.done_words = 0.0  # words of the utterances reported so far
-        self.open: dict[str, ShardWork] = {}
+        self.window = Window(layout, run_id, self.mean_words)
         self.deal = False  # workers.deal_first_batch: the first batches dealt from the longest ids
         self.dealt = 0  # first batches cut so far
 
     def remaining(self) -> int:
-        return sum(len(w.pending) for w in self.open.values()) + self.waiting_ids
+        return sum(len(w.pending) for w in self.window.open.values()) + self.waiting_ids
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(w.pending for w in self.open.values())
+        return bool(self.waiting) or any(w.pending for w in self.window.open.values())
 
     def pending_counts(self) -> list[int]:
-        return [len(w.pending) for w in self.open.values()] + [self.estimates[s] for s in self.waiting]
+        return [len(w.pending) for w in self.window.open.values()] + [self.estimates[s] for s in self.waiting]
 
     def next_piece(self, room: int = 0) -> Piece | None:
         """The next piece, of at most `room` ids (and a runt) when the worker asking gives a bound."""
         self.open_window()
-        work = self.first_in_line()
+        work = self.window.first_in_line()
         if work is None:
             return None
         size = cut_size(len(work.pending), self.remaining(), self.workers, self.rows, room)
-        ids = self.deal_ids(work, size) if self.dealing(work) else self.take(work, size)
+        ids = self.deal_ids(work, size) if self.dealing(work) else self.window.take(work, size)
         work.out += 1
         work.pieces += 1
         return new_piece(work, ids)
 
     def open_window(self) -> None:
-        """Open waiting shards until the open ones hold the window's ids to hand out (WINDOW_BATCHES),
-        or all of them once the run's end is near (OPEN_ALL_BATCHES)."""
-        rows = self.workers * self.rows
-        while self.waiting and wants_shard(sum(len(w.pending) for w in self.open.values()), self.remaining(), rows):
+        """Open waiting shards until the window is full for every worker's rows (convtts.run.window)."""
+        while self.waiting and self.window.wants_shard(self.remaining(), self.workers * self.rows):
             self.open_until_pending()
-
-    def first_in_line(self) -> ShardWork | None:
-        """The open shard with ids handed back, else the one whose next id is the longest (the oldest on a tie)."""
-        live = [w for w in self.open.values() if w.pending]
-        if not live:
-            return None
-        return max(live, key=lambda w: (w.front > 0, self.words_of(w, w.pending[0])))
-
-    def take(self, work: ShardWork, size: int) -> list[str]:
-        """Up to `size` ids from the head of `work`: its handed-back ones, then those no shorter than
-        the next id of any other open shard (so the window goes out longest first); no runt left."""
-        ids = take_longest(self.open.values(), work, size, self.words_of, work.front)
-        work.front = max(0, work.front - len(ids))
-        return ids
 
     def dealing(self, work: ShardWork) -> bool:
         """Whether the next piece is a batched worker's first batch, dealt (workers.deal_first_batch)."""
@@ -260,9 +201,6 @@ class WorkQueue:
             ids += [work.pending.popleft() for _ in range(len(work.pending))]
         return ids
 
-    def words_of(self, work: ShardWork, uid: str) -> float:
-        return work.words.get(uid, self.mean_words)
-
     def open_until_pending(self) -> ShardWork | None:
         """Open waiting shards until one has ids to speak; those with none get their stats at once."""
         while self.waiting:
@@ -272,20 +210,20 @@ class WorkQueue:
             work = open_shard(self.layout, shard, self.run_id, self.manifests_of(shard))
             self.total += len(work.pending) - estimate
             self.todo_words += sum(work.words.values()) - estimate * self.mean_words
-            self.open[shard] = work
+            self.window.open[shard] = work
             if work.pending:
                 return work
             self.close(work)
         return None
 
     def reported(self, piece: Piece, uid: str, ok: bool, audio_seconds: float) -> None:
-        work = self.open[piece.shard]
+        work = self.window.open[piece.shard]
         piece.reported.add(uid)
         work.errors.pop(uid, None)
         work.new += ok
         work.failed += not ok
         work.audio_seconds += audio_seconds
-        self.done_words += work.words.get(uid, self.mean_words)
+        self.done_words += self.window.words_of(work, uid)
         if piece.complete():
             self.finish(piece)
 
@@ -294,8 +232,8 @@ class WorkQueue:
         the errors of the attempts spent on those it had tried."""
         ids = [uid for uid in piece.unstarted() if uid in set(ids)]
         piece.returned.update(ids)
-        keep_errors(self.open[piece.shard], ids, errors)
-        self.put_back(piece.shard, ids)
+        keep_errors(self.window.open[piece.shard], ids, errors)
+        self.window.put_back(piece.shard, ids)
         if piece.complete():
             self.finish(piece)
 
@@ -313,22 +251,17 @@ class WorkQueue:
                 self.layout.crashes(piece.shard),
                 {"id": uid, "run": self.run_id, "exitcode": exitcode, "time": time.time()},
             )
-            self.open[piece.shard].crashes[uid] += 1
+            self.window.open[piece.shard].crashes[uid] += 1
         remove_temporaries_of(self.layout, piece.shard, pid, tag)
         back = piece.unreported()
         piece.returned.update(back)
-        self.put_back(piece.shard, back)  # first in line again, in the order they went out
+        self.window.put_back(piece.shard, back)
         self.finish(piece)
         return charged
 
-    def put_back(self, shard: str, ids: list[str]) -> None:
-        work = self.open[shard]
-        work.pending.extendleft(reversed(ids))
-        work.front += len(ids)
-
     def finish(self, piece: Piece) -> None:
         """A piece is in: the shard's stats, when it was its last piece out and nothing is pending."""
-        work = self.open[piece.shard]
+        work = self.window.open[piece.shard]
         work.out -= 1
         if work.finished():
             self.close(work)
@@ -341,18 +274,7 @@ class WorkQueue:
         return self.listing.manifests(shard)
 
     def close(self, work: ShardWork) -> None:
-        stats = work.stats(self.run_id)
-        write_marker(self.layout, work.name, stats, self.manifests_of(work.name))  # last: the shard's done marker
-        del self.open[work.name]
-        log.info(
-            "%s finished: %d of %d spoken (%d now, in %s), %d failed",
-            work.name,
-            stats["done"],
-            work.segments,
-            work.new,
-            plural(work.pieces, "piece"),
-            work.failed,
-        )
+        self.window.close(work, self.manifests_of(work.name))
 
 
 def new_piece(work, ids: list[str]) -> Piece:
@@ -404,51 +326,6 @@ def open_shard(layout: Layout, shard: str, run_id: str, manifests: list[Path] | 
         crashes=crash_counts(layout, shard, run_id),
         words=words,
     )
-
-
-def take_longest(works, work, size: int, words_of, front: int = 0) -> list[str]:
-    """Up to `size` ids from the head of `work.pending`: the first `front` (handed back) and at least
-    MIN_PIECE whatever their length, then while they are no shorter than the next id of any other of
-    the open `works` (words_of(shard, id)); a runt of fewer than MIN_PIECE left behind is taken too."""
-    bar = max((words_of(w, w.pending[0]) for w in works if w.pending and w is not work), default=0)
-    pending, ids = work.pending, []
-    while pending and len(ids) < size:
-        if len(ids) >= max(MIN_PIECE, front) and words_of(work, pending[0]) < bar:
-            break
-        ids.append(pending.popleft())
-    if len(pending) < MIN_PIECE:
-        ids += [pending.popleft() for _ in range(len(pending))]
-    return ids
-
-
-def longest_next(works):
-    """Of shards with ids to hand out (each with `pending` and `words`), the one whose next id is the
-    longest (the first on a tie); None when none has any."""
-    live = [w for w in works if w.pending]
-    return max(live, key=lambda w: w.words.get(w.pending[0], 0), default=None)
-
-
-# Characters of English text a spoken word takes, space and punctuation included (about 6: the Q&A
-# bench text holds 5.8 a word, the short-turn text 5.7). A row of long "words" (an OCR-token list:
-# 30 words, 290 characters, spoken as 2-3 times the audio of 30 plain ones) is counted by them.
-CHARS_PER_WORD = 6
-
-
-def row_words(rows: list[dict]) -> dict[str, int]:
-    """Each row's words (the plan's count, else its text's), or its characters over CHARS_PER_WORD where
-    that is more: how long its utterance will be, roughly."""
-    return {row["id"]: spoken_words(row) for row in rows}
-
-
-def spoken_words(row: dict) -> int:
-    text = row.get("text", "")
-    return max(row.get("words") or len(text.split()), len(text) // CHARS_PER_WORD)
-
-
-def longest_first(rows: list[dict], words: dict[str, int]) -> list[str]:
-    """A shard's ids to speak, the longest first (ties in plan order): the last ones a worker begins
-    set how long the others wait at the end of a run, and a batched row takes as long as its audio."""
-    return [row["id"] for row in sorted(rows, key=lambda row: -words[row["id"]])]
 
 
 def open_manifests(layout: Layout, shard: str, paths: list[Path] | None = None) -> dict[str, dict]:
