@@ -157,6 +157,9 @@ class CosyVoiceConfig:
     # Libraries a worker needs late or never stay out of the runtime's import (speak/cosyvoice/standins.py,
     # 2-4 s a slot); false imports them all as upstream does, should a new runtime trip a stand-in.
     standins: bool = True
+    # Zip-format checkpoints are mapped from the page cache as upstream loads them (speak/cosyvoice/loading.py,
+    # seconds a worker); false reads them as upstream does.
+    map_weights: bool = True
     fp16: bool = False
     load_jit: bool = False
     load_trt: bool = False

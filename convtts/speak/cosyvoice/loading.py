@@ -9,9 +9,13 @@ inside one load only:
 
 - modules are built with zero fills instead of random ones (load_state_dict overwrites every
   parameter, strict for the flow and vocoder; an LLM key a checkpoint lacks is zero, not noise);
-- a checkpoint in torch's zip format is mapped (torch.load(mmap=True)): the weights come from the
-  page cache, which every worker of the node shares and the slot warms (convtts.run.weights), and
-  reach the GPU in one copy;
+- a checkpoint in torch's zip format is mapped (torch.load(mmap=True)) while upstream's model loads
+  its weights (tts.cosyvoice.map_weights, on): the weights come from the page cache, which every
+  worker of the node shares and the slot warms (convtts.run.weights), and reach the GPU in one
+  copy. On a full-size CosyVoice-300M (CPU, 2 cores, warm page cache) the weights took 0.4-0.6 s
+  mapped against 3.6-5.0 s read. Upstream passes each checkpoint's path to torch.load, and torch has
+  no setting for the map_location it also needs, so torch.load itself is wrapped for that step only;
+  tests/test_mapped_weights.py fails when upstream's loads stop going through it;
 - the campplus and speech-tokenizer sessions open when first used: SFT speakers use neither, a
   zero-shot voice opens them as it registers;
 - text normalisers are built when first used, once per process (see runtime._share_text_normalizers);
@@ -55,10 +59,11 @@ _clock: LoadClock | None = None  # the load under way in this process, for the t
 class LoadClock:
     """Seconds spent in each phase of one model load."""
 
-    def __init__(self, modules_on: str | None = None):
+    def __init__(self, modules_on: str | None = None, map_weights: bool = True):
         self.phases: dict[str, float] = {}
         self.active: set[str] = set()
         self.modules_on = modules_on  # the device the modules are built on (None: torch's default, the CPU)
+        self.map_weights = map_weights  # the weights phase maps zip-format checkpoints (tts.cosyvoice.map_weights)
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -76,11 +81,12 @@ class LoadClock:
 
 @contextlib.contextmanager
 def fast_load(clock: LoadClock):
-    """Around upstream's constructor: its steps timed into `clock`, zero fills, mapped checkpoints."""
+    """Around upstream's constructor: its steps timed into `clock`, zero fills; mapped checkpoints in its
+    weights phase."""
     global _clock
     _clock = clock
     try:
-        with _zero_fills(), _mapped_checkpoints():
+        with _zero_fills():
             yield
     finally:
         _clock = None
@@ -137,7 +143,12 @@ def _timed(step, phase: str):
     def timed(*args, **kwargs):
         if _clock is None:
             return step(*args, **kwargs)
-        with _clock.phase(phase), _built_on(_clock.modules_on if phase == MODULES else None):
+        mapped = phase == WEIGHTS and _clock.map_weights and WEIGHTS not in _clock.active  # once, outermost
+        with (
+            _clock.phase(phase),
+            _built_on(_clock.modules_on if phase == MODULES else None),
+            _mapped_checkpoints() if mapped else contextlib.nullcontext(),
+        ):
             return step(*args, **kwargs)
 
     timed.convtts_timed = True
@@ -182,10 +193,10 @@ def _zero_fills():
 def _mapped_checkpoints():
     """torch.load maps a zip-format checkpoint file instead of reading it (legacy files are read).
 
-    The model's own checkpoints (the weights phase: upstream's load, which moves each module to
-    the device after load_state_dict) stay on the CPU: the mapped pages are copied into the
-    modules and go to the GPU once, where mapping them to the GPU first sent them there, back to
-    the CPU modules and there again, and left the state dict's copy in torch's GPU cache.
+    The checkpoints stay on the CPU (upstream's load moves each module to the device after
+    load_state_dict): the mapped pages are copied into the modules and go to the GPU once, where
+    mapping them to the GPU first sent them there, back to the CPU modules and there again, and left
+    the state dict's copy in torch's GPU cache.
     """
     import torch
 
@@ -194,7 +205,7 @@ def _mapped_checkpoints():
     def mapped_load(f, *args, **kwargs):
         if "mmap" not in kwargs and isinstance(f, (str, Path)) and zipfile.is_zipfile(f):
             kwargs["mmap"] = True
-            if not args and _clock is not None and WEIGHTS in _clock.active:
+            if not args:
                 kwargs["map_location"] = "cpu"
         return load(f, *args, **kwargs)
 

@@ -271,6 +271,7 @@ def load_model(cosy: CosyVoiceConfig, clock: LoadClock | None = None, device: st
     # snapshot_download for any model_dir that does not exist.
     version = check_model_dir(cosy)
     clock.modules_on = device if version == 1 else None
+    clock.map_weights = cosy.map_weights
     with clock.phase(IMPORTS):
         module = import_runtime(cosy, version)
     cls = getattr(module, CLASS_NAME[version], None)
