@@ -434,8 +434,8 @@ def qwen_llm(path):
     return Qwen2LM(32, 32, 120, Qwen2Encoder(str(path)), sampling).float().eval()
 
 
-def sequence(slot: int, text_tokens: int, seed: int, max_len: int = 200, v1: bool = True):
-    """A decode Sequence of random text tokens (and v1's speaker embedding or v2's prompt tokens) in `slot`."""
+def sequence(row: int, text_tokens: int, seed: int, max_len: int = 200, v1: bool = True):
+    """A decode Sequence of random text tokens (and v1's speaker embedding or v2's prompt tokens) in `row`."""
     import torch
 
     from convtts.speak.cosyvoice.engine.requests import Request, Sequence
@@ -447,5 +447,5 @@ def sequence(slot: int, text_tokens: int, seed: int, max_len: int = 200, v1: boo
     else:
         chunk["llm_prompt_speech_token"] = torch.randint(0, 100, (1, 4), generator=generator, dtype=torch.int32)
     seq = Sequence(Request(seed, [chunk], seed), chunk, 0, min_len=0, max_len=max_len)
-    seq.row = slot
+    seq.row = row
     return seq

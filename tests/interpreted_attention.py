@@ -107,9 +107,9 @@ def check_probe() -> None:
 
 def check_runner(family: str, qwen_dir: str | None) -> None:
     """The static runner with the kernel against the same runner with the torch attention (which
-    tests/test_cosyvoice_decode.py holds to upstream's decode): rows of three prompt lengths in slots
+    tests/test_cosyvoice_decode.py holds to upstream's decode): rows of three prompt lengths in rows
     0, 2 and 3, past splits of the kernel (64 positions here, so that the interpreter gets there
-    quickly) and a cache growth; at step 40 a new row takes slot 0."""
+    quickly) and a cache growth; at step 40 a new sequence takes row 0."""
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import qwen_llm, sequence, v1_llm
     from convtts.speak.cosyvoice.engine import attention

@@ -4,8 +4,8 @@ The static runners reproduce upstream's LLM layers from the modules' own weights
 relative-position encoder layers (checked against TransformerEncoder.forward_chunk, the call
 TransformerLM.inference makes) and the Qwen2 layers of v2/v3 (checked against the backbone's
 own decode step, as Qwen2LM.inference runs it). Rows of different lengths share each step, in
-slots with a dead one between them, past a length bucket and a cache growth, and a row admitted
-into a freed slot sees nothing of the row before it. fp32: the log-probabilities agree to 1e-5.
+rows with a dead one between them, past a length bucket and a cache growth, and a row admitted
+into a freed row sees nothing of the row before it. fp32: the log-probabilities agree to 1e-5.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class QwenReference:
 
 
 def run_against_reference(runner, reference, make_seq, tolerance) -> None:
-    """Rows of three prompt lengths in slots 0, 2 and 3 (slot 1 empty) step together, each against its own
-    reference; after 40 steps slot 0's row ends and a new one takes the slot."""
+    """Rows of three prompt lengths in rows 0, 2 and 3 (row 1 empty) step together, each against its own
+    reference; after 40 steps the sequence in row 0 ends and a new one takes the row."""
     torch.manual_seed(3)
     seqs = [make_seq(0, 5, 100), make_seq(2, 9, 101), make_seq(3, 14, 102)]
     with torch.inference_mode():
@@ -92,7 +92,7 @@ def run_against_reference(runner, reference, make_seq, tolerance) -> None:
             logp = runner.step(seqs)
             for i, (seq, token) in enumerate(zip(seqs, tokens)):
                 torch.testing.assert_close(
-                    logp[i : i + 1], refs[seq].step(token), **tolerance, msg=f"step {step}, slot {seq.row}"
+                    logp[i : i + 1], refs[seq].step(token), **tolerance, msg=f"step {step}, row {seq.row}"
                 )
 
 
@@ -178,7 +178,7 @@ def test_a_half_precision_step_stays_near_fp32(family, precision, qwen_dir):
 
 
 def test_a_bigger_bucket_gives_the_same_rows():
-    """What graphs rely on: a step over more rows (dead slots) and more positions changes no live row."""
+    """What graphs rely on: a step over more rows (dead rows) and more positions changes no live row."""
     from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner
 
     llm = v1_llm()
@@ -233,13 +233,13 @@ def test_the_compiled_step_is_the_eager_step():
     assert counters["stats"]["unique_graphs"] >= 1  # it did compile
 
 
-def v1_chunk_kinds(slots: list[int], text_tokens: list[int], kinds: list[str]) -> list[Sequence]:
+def v1_chunk_kinds(row_ids: list[int], text_tokens: list[int], kinds: list[str]) -> list[Sequence]:
     """v1 chunks as its frontends make them: sft and cross-lingual (a speaker embedding), zero-shot (also a
     prompt's text and speech tokens), instruct (the instruction as prompt text, no speaker embedding)."""
     seqs = []
-    for slot, tokens, kind in zip(slots, text_tokens, kinds):
-        seq = sequence(slot, tokens, 500 + slot)
-        generator = torch.Generator().manual_seed(600 + slot)
+    for row, tokens, kind in zip(row_ids, text_tokens, kinds):
+        seq = sequence(row, tokens, 500 + row)
+        generator = torch.Generator().manual_seed(600 + row)
         if kind in ("zero_shot", "instruct"):
             seq.chunk["prompt_text"] = torch.randint(0, 250, (1, 6), generator=generator, dtype=torch.int32)
         if kind == "zero_shot":
@@ -251,7 +251,7 @@ def v1_chunk_kinds(slots: list[int], text_tokens: list[int], kinds: list[str]) -
 
 
 def prefilled_both_ways(one, many, alone: list[Sequence], together: list[Sequence]) -> None:
-    """`alone` prefilled one at a time by `one`, `together` in one forward of `many`: each slot gets the keys,
+    """`alone` prefilled one at a time by `one`, `together` in one forward of `many`: each row gets the keys,
     values, length and first log-probabilities of its own prefill, and decodes on as it would alone."""
     forwards = []
     prompts = many.prompts
@@ -278,27 +278,27 @@ def prefilled_both_ways(one, many, alone: list[Sequence], together: list[Sequenc
 
 
 def test_v1_chunks_prefill_together_as_one_at_a_time():
-    """One padded forward for chunks of different lengths and kinds: each slot gets the keys, values, length and
+    """One padded forward for chunks of different lengths and kinds: each row gets the keys, values, length and
     first log-probabilities that its own prefill (upstream's forward_chunk) gives, and decodes on as it would."""
     from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, v1_prompt_length
 
     llm = v1_llm()
-    slots, tokens = [0, 2, 3, 5, 6], [5, 12, 3, 17, 4]
+    row_ids, tokens = [0, 2, 3, 5, 6], [5, 12, 3, 17, 4]
     kinds = ["sft", "zero_shot", "instruct", "sft", "zero_shot"]
-    alone, together = (v1_chunk_kinds(slots, tokens, kinds) for _ in range(2))
+    alone, together = (v1_chunk_kinds(row_ids, tokens, kinds) for _ in range(2))
     one, many = (TransformerRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64)) for _ in range(2))
     prefilled_both_ways(one, many, alone, together)
     assert many.cache.capacity == one.cache.capacity == 256
     assert [seq.prompt_len for seq in together] == [v1_prompt_length(seq.chunk) for seq in together]
 
 
-def qwen_chunk_kinds(slots: list[int], text_tokens: list[int], prompt_tokens: list[int]) -> list[Sequence]:
+def qwen_chunk_kinds(row_ids: list[int], text_tokens: list[int], prompt_tokens: list[int]) -> list[Sequence]:
     """v2 chunks of zero-shot voices: a prompt's text and its speech tokens (none for a row without a prompt)."""
     seqs = []
-    for slot, tokens, speech in zip(slots, text_tokens, prompt_tokens):
-        seq = sequence(slot, tokens, 700 + slot, v1=False)
-        generator = torch.Generator().manual_seed(800 + slot)
-        seq.chunk["prompt_text"] = torch.randint(0, 250, (1, 3 + slot), generator=generator, dtype=torch.int32)
+    for row, tokens, speech in zip(row_ids, text_tokens, prompt_tokens):
+        seq = sequence(row, tokens, 700 + row, v1=False)
+        generator = torch.Generator().manual_seed(800 + row)
+        seq.chunk["prompt_text"] = torch.randint(0, 250, (1, 3 + row), generator=generator, dtype=torch.int32)
         seq.chunk["llm_prompt_speech_token"] = torch.randint(
             0, 100, (1, speech), generator=generator, dtype=torch.int32
         )
@@ -307,12 +307,12 @@ def qwen_chunk_kinds(slots: list[int], text_tokens: list[int], prompt_tokens: li
 
 
 def test_qwen_chunks_prefill_together_as_one_at_a_time(qwen_dir):
-    """v2/v3: prompts of different lengths padded on the right in one forward, each slot as its own prefill."""
+    """v2/v3: prompts of different lengths padded on the right in one forward, each row as its own prefill."""
     from convtts.speak.cosyvoice.engine.runner_qwen import QwenRunner
 
     llm = qwen_llm(qwen_dir)
-    slots, tokens, speech = [0, 2, 3, 5], [5, 12, 3, 17], [9, 0, 20, 4]
-    alone, together = (qwen_chunk_kinds(slots, tokens, speech) for _ in range(2))
+    row_ids, tokens, speech = [0, 2, 3, 5], [5, 12, 3, 17], [9, 0, 20, 4]
+    alone, together = (qwen_chunk_kinds(row_ids, tokens, speech) for _ in range(2))
     one, many = (QwenRunner(llm, torch.device("cpu"), "fp32", DecodeOptions(row_tokens=64)) for _ in range(2))
     prefilled_both_ways(one, many, alone, together)
 
@@ -325,11 +325,11 @@ def test_prefill_groups_are_bounded():
     from convtts.speak.cosyvoice.engine.runner_v1 import TransformerRunner, UpstreamTransformerRunner
 
     runner = TransformerRunner(v1_llm(blocks=1), torch.device("cpu"), "fp32", DecodeOptions())
-    short = [sequence(slot, 5, slot) for slot in range(PREFILL_ROWS + 3)]
+    short = [sequence(row, 5, row) for row in range(PREFILL_ROWS + 3)]
     assert [len(group) for group in runner.groups(short)] == [PREFILL_ROWS, 3]
     side = 1024  # prompts of 1024 positions: sos, speaker, 1021 text tokens, task
     rows = PREFILL_AREA // side**2
-    long = [sequence(slot, side - 3, slot) for slot in range(rows + 1)]
+    long = [sequence(row, side - 3, row) for row in range(rows + 1)]
     assert runner.prompt_length(long[0]) == side
     assert [len(group) for group in runner.groups(long)] == [rows, 1]
     mixed = short[: rows - 1] + long[:1] + short[rows - 1 : rows]  # a long one counts for every row of its group

@@ -129,7 +129,7 @@ class GpuSampler:
     inverse transform from a counter-based stream per row: the k-th draw of a chunk is a hash of
     (utterance seed, chunk, k), so it never depends on the rows sharing the step. Not the CPU
     generator's numbers: the tokens differ from the exact path, their distribution does not
-    (tests/test_cosyvoice_static.py measures it). The state lives per row on the device.
+    (tests/test_cosyvoice_sampler.py measures it). The state lives per row on the device.
     """
 
     def __init__(self, sampler: Sampler, vocab: int, stops: list[int], rows: int, device):
