@@ -266,7 +266,7 @@ def decode(backend, engine, texts=TEXTS) -> dict:
 
 
 def test_the_static_decode_draws_the_tokens_of_the_padded_one(solo):
-    """Rows join and leave at different lengths; ours over fixed rows, upstream's over a padded cache: same draws."""
+    """Rows join and leave at different lengths: the static decode and upstream's padded one draw the same tokens."""
     padded = decode(solo, BatchEngine(solo.model, 4, options=DecodeOptions(decode="upstream")))
     static = decode(solo, BatchEngine(solo.model, 4, options=DecodeOptions(decode="static", row_tokens=64)))
     for i in range(len(TEXTS)):
