@@ -237,3 +237,9 @@ class Book:
 
     def held_ids(self) -> int:
         return sum(len(p.ids) for p in self.pieces.values() if p.holder is not None)
+
+    def progress(self) -> str:
+        return (
+            f"shards {len(self.finished)}/{self.total} finished, {len(self.window.open)} open, "
+            f"{len(self.unopened)} not opened, {self.held_ids()} utterances in pieces out"
+        )
