@@ -12,9 +12,10 @@ import pytest
 
 from conftest import llava_conversations, preprocess, read_jsonl, write_input
 from convtts.config import load_config
-from convtts.plan import conversation, freshness, planner, reader
+from convtts.plan import batches, conversation, freshness, reader
 from convtts.plan.freshness import plan_is_fresh
-from convtts.plan.planner import make_plan, safe_id, select, unique_ids
+from convtts.plan.ids import MAX_ID_CHARS, safe_id, select, unique_ids
+from convtts.plan.planner import make_plan
 from convtts.plan.reader import InputError
 from convtts.plan.voices import side_voices
 from convtts.state.layout import Layout
@@ -97,7 +98,7 @@ def test_reader_says_where_the_json_breaks(tmp_path, content, where):
 @pytest.mark.parametrize("raw", ["../../x", "..\\x", "a/b", "日本語", "con dé", ".hidden", "-rf", "x" * 1000, "..."])
 def test_safe_id_is_a_bounded_file_name(raw):
     safe = safe_id(raw)
-    assert SAFE.match(safe) and len(safe) <= planner.MAX_ID_CHARS
+    assert SAFE.match(safe) and len(safe) <= MAX_ID_CHARS
     assert safe != raw and safe == safe_id(raw)
 
 
@@ -128,7 +129,7 @@ def test_plan_ids_are_unique_safe_and_stable(tmp_path):
     make_plan(source, Layout(tmp_path / "out"), load_config(None))
     ids = [c["conversation_id"] for c in plan_conversations(tmp_path / "out")]
     assert len(ids) == len(set(ids)) == len(records)
-    assert all(SAFE.match(i) and len(i) <= planner.MAX_ID_CHARS + 4 for i in ids)
+    assert all(SAFE.match(i) and len(i) <= MAX_ID_CHARS + 4 for i in ids)
     assert ids[:3] == ["dup-1", "dup-2", "7"]
     # two identical records without an id: one content hash, told apart by occurrence
     assert ids[3].startswith("auto-") and ids[3].endswith("-1") and ids[4] == ids[3][:-2] + "-2"
@@ -238,8 +239,8 @@ def test_parallel_planning_writes_the_same_plan(tmp_path, monkeypatch):
     source = write_input(tmp_path / "in.json", records)
     config = load_config(None, ["shards.segments_per_shard=40"])
     make_plan(source, Layout(tmp_path / "serial"), config, workers=1)
-    monkeypatch.setattr(planner, "PARALLEL_MIN", 0)
-    monkeypatch.setattr(planner, "BATCH", 7)
+    monkeypatch.setattr(batches, "PARALLEL_MIN", 0)
+    monkeypatch.setattr(batches, "BATCH", 7)
     make_plan(source, Layout(tmp_path / "parallel"), config, workers=2)
     for name in Layout(tmp_path / "serial").shard_names():
         for path in (Layout(tmp_path / n).shard_file(name) for n in ("serial", "parallel")):

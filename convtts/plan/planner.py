@@ -1,27 +1,24 @@
-"""Make the plan: stable ids, a seeded selection, cleaned segments with voices, packed into shard files."""
+"""Make the plan: the input read for ids (plan/ids.py) and the chosen records planned (plan/batches.py),
+their segments packed into shard files, the plan swapped in whole."""
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import logging
-import multiprocessing
 import os
-import re
 import shutil
 import time
 from array import array
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
 
-from convtts.config import Config, SelectConfig
+from convtts.config import Config
 from convtts.counts import plural
 from convtts.language import LANGUAGES
-from convtts.plan.conversation import plan_conversation
+from convtts.plan.batches import Tally, planned
 from convtts.plan.freshness import (
     PLAN_VERSION,
     content_digest,
@@ -30,205 +27,14 @@ from convtts.plan.freshness import (
     plan_settings,
     rules_digest,
 )
+from convtts.plan.ids import base_id, select, unique_ids
 from convtts.plan.reader import InputError, read_spans, records
-from convtts.plan.voices import Casting, casting_for
 from convtts.speak import configs_speaking, voice_languages
 from convtts.state.layout import FAN_OUT_SHARDS, Layout, shard_folder, shard_name
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 100_000
-MAX_ID_CHARS = 96  # room for '-000-00.flac' and a duplicate suffix within any file-name limit
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-# --- ids ---------------------------------------------------------------------------------------
-
-
-def _digest(text: str, size: int) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).digest()
-
-
-def safe_id(raw: str) -> str:
-    """A file-name-safe id: [A-Za-z0-9._-] only, no leading dot or dash, at most MAX_ID_CHARS.
-
-    Whenever sanitising changes the id, a hash of the original is appended, so '../../x' and
-    '..\\x' stay apart: '../../x' -> '_.._x-55c35b3f', '..\\x' -> '_x-af7398ab'.
-    """
-    safe = _UNSAFE.sub("_", raw).lstrip(".-")
-    if safe == raw and len(raw) <= MAX_ID_CHARS:
-        return raw
-    digest = _digest(raw, 4).hex()
-    return f"{safe[: MAX_ID_CHARS - 9]}-{digest}" if safe else f"id-{digest}"
-
-
-def base_id(record: dict) -> str:
-    """The record's own id made safe, or one derived from its content when it has none."""
-    raw = record.get("id")
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return safe_id(str(raw))
-    if isinstance(raw, str) and raw.strip():
-        return safe_id(raw)
-    content = orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode()
-    return "auto-" + _digest(content, 8).hex()
-
-
-def unique_ids(bases: list[str]) -> list[str]:
-    """Ids used once stay as they are; every occurrence of a repeated one gets -1, -2, ... in file order."""
-    counts = Counter(bases)
-    taken = {b for b, n in counts.items() if n == 1}
-    next_suffix: Counter = Counter()
-    out = []
-    for base in bases:
-        if counts[base] == 1:
-            out.append(base)
-            continue
-        while True:  # skip a suffixed name that another record already uses as its own id
-            next_suffix[base] += 1
-            name = f"{base}-{next_suffix[base]}"
-            if name not in taken:
-                break
-        taken.add(name)
-        out.append(name)
-    return out
-
-
-# --- selection (voices: convtts/plan/voices.py) ---------------------------------------------
-
-
-def id_hash(seed: int, cid: str) -> int:
-    return int.from_bytes(_digest(f"{seed}\0{cid}", 8), "big")
-
-
-def select(ids: list[str], config: SelectConfig) -> list[int]:
-    """Indices of the selected ids, in file order; decided by each id's seeded hash alone."""
-    if config.fraction is None and config.count is None:
-        return list(range(len(ids)))
-    if config.fraction is not None:
-        limit = config.fraction * 2**64
-        return [i for i, cid in enumerate(ids) if id_hash(config.seed, cid) < limit]
-    if config.count >= len(ids):
-        log.warning("select.count=%d but only %s: keeping all", config.count, plural(len(ids), "conversation"))
-        return list(range(len(ids)))
-    return sorted(heapq.nsmallest(config.count, range(len(ids)), key=lambda i: (id_hash(config.seed, ids[i]), ids[i])))
-
-
-# --- planning in batches, in worker processes when there is enough work ---------------------------
-
-PARALLEL_MIN = 20_000  # conversations below which worker processes cost more than they save
-BATCH = 500  # conversations sent to a worker at a time
-
-
-def plan_batch(
-    batch: list[tuple[str, bytes]], config: Config, casting: Casting, speaks: frozenset[str] | None = None
-) -> list[tuple]:
-    """Plan raw records: (segments, segment lines, conversation line, skipped lines, counts_of(...),
-    segments of each spoken turn)."""
-    out = []
-    for cid, raw in batch:
-        try:
-            record = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InputError(f"record {cid} no longer parses ({exc.msg}): did the input change?") from None
-        segments, skipped = plan_conversation(cid, record, config, casting, speaks)
-        # The record as it came, byte for byte, when it fits on one line (compact arrays, JSON lines).
-        raw = raw.strip()
-        body = raw if b"\n" not in raw and b"\r" not in raw else orjson.dumps(record)
-        out.append(
-            (
-                len(segments),
-                b"".join(orjson.dumps(s) + b"\n" for s in segments),
-                b'{"conversation_id":' + orjson.dumps(cid) + b',"record":' + body + b"}\n",
-                b"".join(orjson.dumps(s) + b"\n" for s in skipped),
-                counts_of(segments, skipped, config),
-                list(Counter(s["turn"] for s in segments).values()),
-            )
-        )
-    return out
-
-
-def counts_of(segments: list[dict], skipped: list[dict], config: Config) -> tuple:
-    """One conversation's counts, as cheap to send back from a worker as ints: (turns, words,
-    estimated seconds, skipped turns, ((language, turns spoken), ...), ((language, turns skipped
-    because the voice does not speak it), ...))."""
-    turns, words = {}, 0
-    for s in segments:
-        turns[s["turn"]] = s["language"]
-        words += s["words"]
-    languages = set(turns.values())
-    if len(languages) == 1:  # nearly always: one rate for the whole conversation
-        (language,) = languages
-        seconds, spoken = config.text.seconds(words, language), ((language, len(turns)),)
-    else:
-        units = Counter()
-        for s in segments:
-            units[s["language"]] += s["words"]
-        seconds = sum(config.text.seconds(n, language) for language, n in units.items())
-        spoken = tuple(Counter(turns.values()).items())
-    unspoken = [s["language"] for s in skipped if s["reason"].startswith("language ")]
-    return len(turns), words, seconds, len(skipped), spoken, tuple(Counter(unspoken).items()) if unspoken else ()
-
-
-class Tally:
-    """What a plan counts: turns spoken and skipped, words, estimated seconds, turns by language."""
-
-    def __init__(self):
-        self.turns = self.words = self.skipped_turns = 0
-        self.seconds = 0.0
-        self.languages: Counter = Counter()  # turns spoken, by language
-        self.unspoken: Counter = Counter()  # turns skipped because the voice does not speak their language
-
-    def add(self, counts: tuple) -> None:
-        turns, words, seconds, skipped, languages, unspoken = counts
-        self.turns += turns
-        self.words += words
-        self.seconds += seconds
-        self.skipped_turns += skipped
-        for language, n in languages:
-            self.languages[language] += n
-        for language, n in unspoken:
-            self.unspoken[language] += n
-
-
-def _batches(items, size: int):
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-_worker_config: tuple[Config, Casting, frozenset[str] | None] | None = None
-
-
-def _init_worker(config: Config, casting: Casting, speaks: frozenset[str] | None) -> None:
-    global _worker_config
-    _worker_config = (config, casting, speaks)
-
-
-def _plan_in_worker(batch):
-    return plan_batch(batch, *_worker_config)
-
-
-def _planned(items, config: Config, total: int, workers: int):
-    """plan_batch over all items, in order; a bounded number of batches in flight keeps memory flat."""
-    casting = casting_for(config)
-    speaks = voice_languages(config)
-    if total < PARALLEL_MIN or workers < 2:
-        for batch in _batches(items, BATCH):
-            yield from plan_batch(batch, config, casting, speaks)
-        return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(config, casting, speaks)) as pool:
-        pending: deque = deque()
-        for batch in _batches(items, BATCH):
-            pending.append(pool.apply_async(_plan_in_worker, (batch,)))
-            if len(pending) > 2 * workers:
-                yield from pending.popleft().get()
-        while pending:
-            yield from pending.popleft().get()
 
 
 # --- writing the plan ---------------------------------------------------------------------------
@@ -406,7 +212,7 @@ def _write_shards(path, ids, spans, chosen, config: Config, writer: ShardWriter,
     items = zip((ids[i] for i in chosen), raws)
     conversations = segments_total = 0
     tally = Tally()
-    for segments, segment_lines, conversation_line, skipped_lines, one, turn_sizes in _planned(
+    for segments, segment_lines, conversation_line, skipped_lines, one, turn_sizes in planned(
         items, config, len(chosen), workers
     ):
         writer.add(segments, segment_lines, conversation_line, turn_sizes)
