@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from convtts.config import Config
 from convtts.language import counts_characters, detect, spoken_units
-from convtts.plan.reader import conversation_turns, json_type
+from convtts.plan.record_shapes import conversation_turns, json_type
 from convtts.plan.segments import split_characters
 from convtts.plan.textclean import clean, split_segments
 from convtts.plan.voices import Casting, casting_for
