@@ -426,9 +426,9 @@ def qwen_llm(path):
     from cosyvoice.llm.llm import Qwen2Encoder, Qwen2LM
     from cosyvoice.utils.common import ras_sampling
 
-    from convtts.speak.cosyvoice.runtime import _decode_steps_see_the_whole_cache
+    from convtts.speak.cosyvoice.upstream_patches import decode_steps_see_the_whole_cache
 
-    _decode_steps_see_the_whole_cache()  # as every model load does (transformers 5 masks)
+    decode_steps_see_the_whole_cache()  # as every model load does (transformers 5 masks)
     torch.manual_seed(12)
     sampling = functools.partial(ras_sampling, top_p=0.8, top_k=25, win_size=10, tau_r=0.1)
     return Qwen2LM(32, 32, 120, Qwen2Encoder(str(path)), sampling).float().eval()

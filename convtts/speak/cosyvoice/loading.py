@@ -18,7 +18,7 @@ inside one load only:
   tests/test_mapped_weights.py fails when upstream's loads stop going through it;
 - the campplus and speech-tokenizer sessions open when first used: SFT speakers use neither, a
   zero-shot voice opens them as it registers;
-- text normalisers are built when first used, once per process (see runtime._share_text_normalizers);
+- text normalisers are built when first used, once per process (see upstream_patches.share_text_normalizers);
 - the process's CUDA context is made in a thread while the process imports what is left and maps
   the weights (CudaContext);
 - a v1 model's modules are built on the GPU it runs on (LoadClock.modules_on): on the CPU, a worker
