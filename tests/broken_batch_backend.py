@@ -4,9 +4,9 @@ It stands for a fault no single utterance owns (a kernel error in the shared ste
 must speak that batch's utterances one at a time and lose none of them.
 """
 
-from convtts.speak.cosyvoice import backend as cosyvoice
 from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.engine.engine import BatchEngine
+from convtts.speak.cosyvoice.voice_check import check
 
 _broken = {"done": False}
 
@@ -20,7 +20,7 @@ class BreaksOnce(BatchEngine):
 
 
 class BrokenBatchCosyVoice(CosyVoiceBackend):
-    check = staticmethod(cosyvoice.check)
+    check = staticmethod(check)
 
     def _engine(self):
         engine = super()._engine()

@@ -24,7 +24,8 @@ SEEDS = range(1000, 1006)  # twice as many utterances as rows: freed rows are ta
 
 def backend_for(model_dir: str, prompt: list[str]):
     from convtts.config import Config, CosyVoiceConfig, PrecisionConfig, PromptVoice, SpeakerConfig, TTSConfig
-    from convtts.speak.cosyvoice.backend import CosyVoiceBackend, builtin_speakers
+    from convtts.speak.cosyvoice.backend import CosyVoiceBackend
+    from convtts.speak.cosyvoice.voice_check import builtin_speakers
 
     prompts = {"anna": PromptVoice(audio=prompt[0], text=prompt[1])} if prompt else {}
     voice = "anna" if prompt else builtin_speakers(model_dir)[0]

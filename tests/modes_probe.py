@@ -45,8 +45,9 @@ def upstream(backend, text: str, seed: int):
     """Upstream's call as its README shows it, the recording given, no voice registered."""
     import numpy as np
 
-    from convtts.speak.cosyvoice.backend import frontend_split, seed_everything
     from convtts.speak.cosyvoice.prompts import load_prompt_16k, spoken_prefix
+    from convtts.speak.cosyvoice.reproducible import seed_everything
+    from convtts.speak.cosyvoice.text_frontend import frontend_split
 
     prompt, model = backend.prompts["anna"], backend.model
     seed_everything(seed)

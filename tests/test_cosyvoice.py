@@ -16,8 +16,9 @@ import soundfile
 from conftest import python_reports
 from convtts.config import Config, ConfigError, CosyVoiceConfig, PromptVoice, SpeakerConfig, TTSConfig, load_config
 from convtts.speak.base import OutOfMemory, SynthesisError
-from convtts.speak.cosyvoice.backend import CosyVoiceBackend, check
+from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 from convtts.speak.cosyvoice.runtime import check_model_dir, constructor_kwargs
+from convtts.speak.cosyvoice.voice_check import check
 from convtts.testing.cosyvoice_model import build_model_dir, model_info
 from convtts.testing.cosyvoice_v1 import expected_samples, text_token_counts
 
@@ -371,10 +372,10 @@ def test_the_speaker_check_reads_the_table_without_torch_and_refuses_what_is_not
     shows it), falls back to torch for the old pickle format, and names a file that is no table."""
     import torch
 
-    from convtts.speak.cosyvoice.backend import builtin_speakers, table_keys
+    from convtts.speak.cosyvoice.voice_check import builtin_speakers, table_keys
 
     probe = (
-        "import sys; from convtts.speak.cosyvoice.backend import builtin_speakers; "
+        "import sys; from convtts.speak.cosyvoice.voice_check import builtin_speakers; "
         f"print(builtin_speakers({str(model_dir)!r}), 'torch' in sys.modules)"
     )
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)

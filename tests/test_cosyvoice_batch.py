@@ -393,7 +393,7 @@ def test_a_text_the_frontend_breaks_on_is_spoken_as_written(model_dir, caplog):
     frontend.text_normalize = breaks_on_ocr
     texts = ["Reference OCR token: MARINERS, sato.", TEXTS[0]]
     try:
-        with caplog.at_level("WARNING", logger="convtts.speak.cosyvoice.backend"):
+        with caplog.at_level("WARNING", logger="convtts.speak.cosyvoice.text_frontend"):
             results = dict(backend.synthesize_many(items(texts)))
     finally:
         backend.close()

@@ -191,7 +191,7 @@ def files_digest(model_dir: Path) -> str:
     """CosyVoiceBackend.weights_digest of the checkpoint files themselves, read plainly with torch.load."""
     import torch
 
-    from convtts.speak.cosyvoice.backend import weights_checksum
+    from convtts.speak.cosyvoice.reproducible import weights_checksum
 
     tensors = []
     for name in ("llm.pt", "flow.pt", "hift.pt"):

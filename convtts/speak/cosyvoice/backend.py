@@ -3,111 +3,27 @@ pool of thousands."""
 
 from __future__ import annotations
 
-import collections
 import gc
-import io
 import logging
-import pickle
-import random
 import threading
 import time
-import traceback
-import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from convtts.config import Config, ConfigError
-from convtts.speak.base import FEED_WAIT, BatchedBackend, OutOfMemory, SynthesisError, is_out_of_memory
-from convtts.speak.cosyvoice.chunks import within_budget
+from convtts.speak.base import FEED_WAIT, BatchedBackend, SynthesisError, is_out_of_memory
+from convtts.speak.cosyvoice.failures import out_of_memory, raised_at, thread_errors
 from convtts.speak.cosyvoice.loading import IMPORTS, CudaContext, LoadClock
-from convtts.speak.cosyvoice.prompts import PromptCache, check_pool, check_prompts, prompted_voices, spoken_prefix
+from convtts.speak.cosyvoice.prompts import PromptCache, prompted_voices, spoken_prefix
+from convtts.speak.cosyvoice.reproducible import seed_everything, weights_checksum
 from convtts.speak.cosyvoice.resources import resources as cosyvoice_resources
 from convtts.speak.cosyvoice.resources import sized
-from convtts.speak.cosyvoice.runtime import check_model_dir, check_runtime, load_model, model_version
+from convtts.speak.cosyvoice.runtime import load_model, model_version
+from convtts.speak.cosyvoice.text_frontend import chunk_budget, normalized
+from convtts.speak.cosyvoice.voice_check import check
 
 log = logging.getLogger(__name__)
-
-
-def builtin_speakers(model_dir: str) -> list[str]:
-    """Keys of the model's own spk2info.pt (v1 SFT speakers); [] if it has none."""
-    path = Path(model_dir) / "spk2info.pt"
-    if not path.is_file():
-        return []
-    names = table_keys(path)
-    if names is not None:
-        return names
-    import torch  # an older or unusual file: let torch read it, and say what is wrong with it
-
-    try:
-        info = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a corrupt or foreign file: say which one
-        raise ConfigError(f"cannot read {path}: {exc}") from None
-    if not isinstance(info, dict):
-        raise ConfigError(f"{path} does not hold a speaker table")
-    return [str(name) for name in info]
-
-
-class _TableKeys(pickle.Unpickler):
-    """Unpickles torch.save's data.pkl with every tensor left out: the table's keys, without torch.
-
-    Importing torch cost 3 to 5 s of every run's up-front check on a GPU node, for these names.
-    Only torch's own rebuild functions and plain containers are allowed, as torch's weights_only does.
-    """
-
-    def find_class(self, module, name):
-        if module == "collections" and name == "OrderedDict":
-            return collections.OrderedDict
-        if module.split(".")[0] == "torch":
-            return _nothing
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a speaker table")
-
-    def persistent_load(self, pid):
-        return None
-
-
-def _nothing(*args, **kwargs):
-    return None
-
-
-def table_keys(path: Path) -> list[str] | None:
-    """The keys of a dict saved by torch.save (its zip format), or None where this cannot tell."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
-            table = _TableKeys(io.BytesIO(archive.read(name))).load() if name else None
-    except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError):
-        return None
-    return [str(key) for key in table] if isinstance(table, dict) else None
-
-
-def check(config: Config) -> None:
-    """Fail before any worker starts: runtime, model files, and that every voice can be spoken."""
-    cosy = config.tts.cosyvoice
-    check_runtime(cosy)
-    version = check_model_dir(cosy)
-    if config.speakers.pool:
-        check_pool(config.speakers.pool, version)
-        return
-    voices = list(config.speakers.voices)
-    check_prompts(cosy, [v for v in voices if v in cosy.prompts], version)
-    told = [cosy.prompts[v].speaker for v in voices if v in cosy.prompts and cosy.prompts[v].speaker]
-    builtin = [v for v in voices if v not in cosy.prompts] + told
-    if not builtin:
-        return
-    if version >= 2:
-        raise ConfigError(
-            f"speakers.voices {builtin} need prompts: a CosyVoice{version} model has no built-in "
-            "speakers, define each voice in tts.cosyvoice.prompts (audio, text), or give speakers.pool"
-        )
-    known = builtin_speakers(cosy.model_dir)
-    unknown = [v for v in builtin if v not in known]
-    if unknown:
-        raise ConfigError(
-            f"speakers.voices {unknown} are not speakers of {cosy.model_dir}; its spk2info.pt holds "
-            f"{known or 'none'} (or define them as zero-shot voices in tts.cosyvoice.prompts)"
-        )
 
 
 class _Inline:
@@ -143,112 +59,6 @@ def decode_options(config: Config):
         prefill=cosy.prefill,
         row_tokens=row_tokens(config),
     )
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every generator upstream draws from; each model load resets them to 1986."""
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
-    torch.manual_seed(seed)  # the CPU generator and, lazily, every CUDA device
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-
-
-@contextmanager
-def thread_errors():
-    """Collect exceptions raised in threads started meanwhile.
-
-    Upstream decodes speech tokens in a thread; when that thread raises (CUDA out of memory, a
-    sampling failure), the caller still gets audio for the tokens decoded so far and no error.
-    """
-    caught: list[BaseException] = []
-    previous = threading.excepthook
-
-    def hook(args):
-        caught.append(args.exc_value)
-        log.debug("exception in upstream thread %s", args.thread, exc_info=args.exc_value)
-
-    threading.excepthook = hook
-    try:
-        yield caught
-    finally:
-        threading.excepthook = previous
-
-
-def weights_checksum(tensors) -> str:
-    """16 hex digits over tensors, each summed as the integers its bits spell: exact, so the same
-    values give the same digest whatever their device, layout or alignment (float sums differ in
-    the last bit with the order of the additions)."""
-    import hashlib
-
-    import torch
-
-    widths = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
-    with torch.no_grad():
-        sums = [
-            t.detach().contiguous().reshape(-1).view(widths[t.element_size()]).sum(dtype=torch.int64)
-            for t in tensors
-            if t.numel()
-        ]
-        total = torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
-    return hashlib.blake2b(total.numpy().tobytes(), digest_size=8).hexdigest()
-
-
-def chunk_budget(config: Config) -> int:
-    """Text tokens a chunk of the batched path may hold: what the static KV cache was sized for; 0 (no
-    bound) where upstream's decode runs, whose cache grows with each row."""
-    from convtts.speak.cosyvoice.row_memory import text_tokens
-
-    return text_tokens(config) if config.tts.cosyvoice.decode == "static" else 0
-
-
-def normalized(frontend, text: str, text_frontend: bool, budget: int = 0) -> list[str]:
-    """The runtime's text normalisation and split of `text`, each piece within `budget` text tokens
-    (chunks.within_budget; 0: as the runtime splits it)."""
-    parts = frontend_split(frontend, text, text_frontend)
-    if not budget:
-        return parts
-    special = getattr(frontend, "allowed_special", "all")
-    return within_budget(parts, lambda part: len(frontend.tokenizer.encode(part, allowed_special=special)), budget)
-
-
-def frontend_split(frontend, text: str, text_frontend: bool) -> list[str]:
-    """The runtime's text normalisation and split of `text`; where it breaks on a text (some releases
-    index an empty sentence, 'string index out of range' in split_paragraph, on OCR-token lists), the
-    text as the planner cleaned it, in one piece, with a warning: spoken as written beats failing the
-    utterance on every rerun."""
-    try:
-        return frontend.text_normalize(text, split=True, text_frontend=text_frontend)
-    except Exception as exc:
-        if not text_frontend:
-            raise
-        log.warning(
-            "the text frontend failed on %r (%s: %s%s); speaking it as written",
-            text,
-            type(exc).__name__,
-            exc,
-            raised_at(exc),
-        )
-        return frontend.text_normalize(text, split=True, text_frontend=False)
-
-
-def out_of_memory(exc: BaseException) -> OutOfMemory:
-    """Ours for an out-of-memory error of torch or the runtime: its own text where that names it already,
-    so a log line's first sentence says it once."""
-    text = str(exc)
-    return OutOfMemory(text if "out of memory" in text.lower() else f"CUDA out of memory: {text}")
-
-
-def raised_at(error: BaseException) -> str:
-    """' (at file.py:line in function)': the innermost frame that raised `error`, so that a failure
-    in the runtime's text frontend or model names its place in the manifest and the log."""
-    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ is not None else []
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
 
 
 class CosyVoiceBackend(BatchedBackend):
