@@ -23,7 +23,8 @@ from convtts.plan.planner import make_plan
 from convtts.run.batching import GROW_AFTER, run_batch
 from convtts.run.messages import Built, Failed, Returned, SpeakPiece, Spoken, Started, Stop, Want
 from convtts.run.pieces import WorkQueue, open_shard
-from convtts.run.slot import Handle, Slot, SlotOptions
+from convtts.run.processes import Handle
+from convtts.run.slot import Slot, SlotOptions
 from convtts.run.worker import Worker, WorkerArgs
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures

@@ -22,7 +22,8 @@ from convtts.config import load_config
 from convtts.plan.planner import make_plan
 from convtts.run.feed import ShardFeed, wait_seconds
 from convtts.run.pieces import Piece
-from convtts.run.slot import MAX_BARREN_DEATHS, Handle, Slot, SlotOptions
+from convtts.run.processes import Handle
+from convtts.run.slot import MAX_BARREN_DEATHS, Slot, SlotOptions
 from convtts.state.layout import Layout
 from convtts.state.shardio import load_done, load_failures, read_json
 

@@ -35,6 +35,7 @@ from convtts.run.messages import (
     Want,
 )
 from convtts.run.pieces import Piece, WorkQueue, preview_cuts, remove_temporaries_of
+from convtts.run.processes import Handle, end, worker_context
 from convtts.run.progress import SlotProgress
 from convtts.run.startup import Timeline, plan_exit_code
 from convtts.run.weights import warm_page_cache
@@ -72,35 +73,6 @@ HANDLERS = {
 
 class SlotStopped(Exception):
     """SIGTERM or SIGINT reached the slot."""
-
-
-@dataclass
-class Handle:
-    wid: int
-    proc: object
-    conn: object
-    ready: bool = False
-    pieces: list = field(default_factory=list)  # Pieces handed to it and not finished
-    wants: bool = False  # asked for more and has no answer yet
-    room: int = 0  # how many ids it asked for (0: as many as the work cuts)
-    asked_back: bool = False  # a HandBack is out to it
-    stopping: bool = False  # told to stop
-    spoke: bool = False  # finished at least one utterance since it started
-
-    def piece_of(self, uid: str) -> Piece | None:
-        """The piece it is speaking `uid` for (an id handed back may come to it again in a later piece)."""
-        return next((p for p in self.pieces if uid in p.ids and uid in p.unreported()), None)
-
-    def unstarted(self) -> int:
-        return sum(len(p.unstarted()) for p in self.pieces)
-
-    def tell(self, message) -> bool:
-        """Send `message`; False when the worker died since the last pump (its sentinel reports it next)."""
-        try:
-            self.conn.send(message)
-        except OSError:  # BrokenPipeError, ConnectionResetError: the pipe's other end is gone
-            return False
-        return True
 
 
 @dataclass
@@ -235,12 +207,7 @@ class Slot:
     def retire(self, count: int) -> None:
         """Stop the workers past the first `count` (a job of fewer utterances than workers); they have begun nothing."""
         for wid in [w for w in sorted(self.handles) if w >= count]:
-            handle = self.handles.pop(wid)
-            handle.proc.terminate()
-            handle.proc.join(timeout=10)
-            if handle.proc.is_alive():
-                handle.proc.kill()
-                handle.proc.join()
+            end([self.handles.pop(wid).proc])
             self.timeline.forget(wid)
 
     def start_worker(self, wid: int) -> None:
@@ -491,15 +458,7 @@ class Slot:
 
     def stop_workers(self) -> None:
         busy = [(h.proc.pid, p.shard) for h in self.handles.values() if h.proc.is_alive() for p in h.pieces]
-        for handle in self.handles.values():
-            if handle.proc.is_alive():
-                handle.proc.terminate()
-        deadline = time.time() + 10
-        for handle in self.handles.values():
-            handle.proc.join(timeout=max(0.1, deadline - time.time()))
-            if handle.proc.is_alive():
-                handle.proc.kill()
-                handle.proc.join()
+        end([handle.proc for handle in self.handles.values()])
         for pid, shard in busy:  # a worker stopped mid-write leaves a temporary file: the disk may be full
             remove_temporaries_of(self.layout, shard, pid, self.options.temporary_tag)
 
@@ -525,42 +484,6 @@ class Slot:
                 plural(len(incomplete), "shard holds", "shards hold"),
             )
         return EXIT_OK
-
-
-def worker_context(config: Config, needs: Resources):
-    """How the workers start (workers.start_method; auto: as their voice asks): forked from a server
-    that imported torch and the voice's modules once (run/preload.py), or spawned, each importing for
-    itself. Never plain fork: a forked copy of a process that may hold CUDA state cannot use CUDA."""
-    import multiprocessing
-
-    from convtts.run import preload
-
-    method = config.workers.start_method
-    if method == "auto":
-        method = needs.start_method
-    if method == "forkserver" and not _forkserver_serves(preload.plan(config, needs)):
-        method = "spawn"
-    return multiprocessing.get_context(method)
-
-
-_forkserver_plan: list[str] = []  # what this process's forkserver preloads, once it is set up
-
-
-def _forkserver_serves(wanted: str) -> bool:
-    """Set up the forkserver's preload for `wanted`; False if this platform has no forkserver, or this
-    process's server already runs with another preload (a second slot in one process, as in tests)."""
-    import multiprocessing
-
-    from convtts.run import preload
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return False
-    if _forkserver_plan:
-        return _forkserver_plan[0] == wanted
-    os.environ[preload.ENV] = wanted  # the server starts with this process's environment
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["convtts.run.preload"])
-    _forkserver_plan.append(wanted)
-    return True
 
 
 def install_stop_handlers() -> None:
