@@ -185,5 +185,16 @@ class Vocoder:
             noise = batch_noise(gen, [draw_noise(gen, r, n, device) for r, n in zip(streams, samples)], max(samples))
         with matmul_mode(self.precision):
             audio, lengths = vocode_rows(self.twin, mels, noise)
-        audio = audio.float().cpu().numpy()  # one copy off the GPU for the pass
+        audio = host_copy(audio)  # one copy off the GPU for the pass
         return [audio[i, :n].copy() for i, n in enumerate(lengths)]
+
+
+def host_copy(audio: torch.Tensor) -> np.ndarray:
+    """A pass's audio in fp32 on the host. From a GPU it goes through page-locked memory (torch's host cache
+    keeps the buffer for the next pass): copied into pageable memory, the 61 MB of an H100's pass of 64
+    rows of 10 s took 37 ms (1.7 GB/s) of its 300 ms."""
+    if audio.device.type != "cuda":
+        return audio.float().numpy()
+    host = torch.empty(audio.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(audio)
+    return host.numpy()
