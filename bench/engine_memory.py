@@ -2,7 +2,7 @@
 """A batched worker's GPU memory over thousands of utterances and many rebuilds, to set rebuild_every and max_gpu_mb.
 
 Builds the backend, speaks --rebuild-every utterances through synthesize_many, releases it as a
-worker does (convtts.run.worker.release_backend), and again, until --utterances are spoken. Every
+worker does (convtts.run.worker_setup.release_backend), and again, until --utterances are spoken. Every
 --sample-every utterances it records torch's allocated and reserved memory (what
 workers.max_gpu_mb is compared with), the device's used memory (nvidia-smi: the CUDA context and
 anything torch does not see) and the resident memory; per build the peaks, the build time and the
@@ -65,7 +65,7 @@ def one_build(args, config, texts, build: int, spoken: int) -> dict:
     """Build, speak this build's share, release; the build's figures."""
     import torch
 
-    from convtts.run.worker import release_backend
+    from convtts.run.worker_setup import release_backend
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
     started = time.perf_counter()

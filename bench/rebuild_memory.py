@@ -39,7 +39,7 @@ def main() -> int:
 
     from convtts.config import load_config
     from convtts.run.memory import rss_mb
-    from convtts.run.worker import release_backend
+    from convtts.run.worker_setup import release_backend
     from convtts.speak.cosyvoice.backend import CosyVoiceBackend
 
     config = load_config(REPO / "configs" / "cosyvoice.yaml", [f"tts.cosyvoice.model_dir={args.model_dir}"])

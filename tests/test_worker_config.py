@@ -8,7 +8,7 @@ import pytest
 
 from convtts.config import ConfigError, WorkerConfig
 from convtts.run.memory import cap_gpu_memory
-from convtts.run.worker import set_cuda_sync
+from convtts.run.worker_setup import set_cuda_sync
 
 
 @pytest.mark.parametrize(
