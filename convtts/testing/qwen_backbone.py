@@ -1,6 +1,6 @@
 """The CosyVoice-BlankEN folder of a random-weight CosyVoice2 or CosyVoice3 model directory: a Qwen2
 config, random weights in bf16 as released, and the tokenizer files transformers loads. The tokenizer
-is a small byte-level BPE trained here on convtts/data/bpe_corpus.txt, padded so that Qwen's special
+is a small byte-level BPE (testing/bpe.py), padded so that Qwen's special
 tokens keep their released ids (CosyVoice3 checks for `<|endofprompt|>` = 151646). Apart from
 cosyvoice_qwen.py, which writes the rest of the directory: the backbone is a transformers model of its
 own, built with none of the CosyVoice runtime.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from convtts.testing.bpe import train_bpe
+
 QWEN_VOCAB = 151936  # the released Qwen2 embedding rows
 QWEN_SPECIAL = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
-CORPUS = Path(__file__).with_name("data") / "bpe_corpus.txt"
-BPE_VOCAB = 2000
 
 QWEN = {  # Qwen2-0.5B, the backbone both released models build on; tiny loads in a second
     "full": dict(
@@ -24,21 +24,6 @@ QWEN = {  # Qwen2-0.5B, the backbone both released models build on; tiny loads i
         hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128
     ),
 }
-
-
-def train_bpe() -> tuple[dict[str, int], list[str]]:
-    """A byte-level BPE trained on our corpus: (token -> id from 0, merges as 'a b' lines)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tokenizer.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
-    model = json.loads(tokenizer.to_str())["model"]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    return model["vocab"], merges
 
 
 def write_tokenizer(folder: Path) -> None:

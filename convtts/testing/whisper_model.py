@@ -3,7 +3,7 @@
 For tests and GPU benchmarks of the quality gate's `hf-whisper` recogniser without released
 weights: `config.json`, `generation_config.json`, `model.safetensors`, `preprocessor_config.json`
 and the tokenizer files, in the layout of openai/whisper-large-v3-turbo. The tokenizer is a small
-byte-level BPE trained here on convtts/testing/data/bpe_corpus.txt, padded so that Whisper's
+byte-level BPE trained on convtts/testing/data/bpe_corpus.txt (testing/bpe.py), padded so that Whisper's
 special tokens keep their released ids (<|endoftext|> 50257 ... <|notimestamps|> 50364, then 1501
 timestamps: 51866 tokens, as large-v3). What the model hears is noise, and a random decoder rarely
 stops on its own (its end-of-text logit is held at 0), so it runs to the length the recogniser
@@ -20,8 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-CORPUS = Path(__file__).with_name("data") / "bpe_corpus.txt"
-BPE_VOCAB = 2000
+from convtts.testing.bpe import train_bpe
+
 END_OF_TEXT = 50257  # the first special token; every id below it is text
 MEL_BINS = 128  # large-v3 and its turbo
 TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|>
@@ -60,21 +60,6 @@ def special_tokens() -> list[str]:
     names = ["<|endoftext|>", "<|startoftranscript|>", *(f"<|{code}|>" for code in LANGUAGES)]
     names += ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
     return names + [f"<|{i * 0.02:.2f}|>" for i in range(TIMESTAMPS)]
-
-
-def train_bpe() -> tuple[dict[str, int], list[str]]:
-    """A byte-level BPE trained on our corpus: (token -> id from 0, merges as 'a b' lines)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tokenizer.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
-    model = json.loads(tokenizer.to_str())["model"]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    return model["vocab"], merges
 
 
 def filler_word(number: int) -> str:
