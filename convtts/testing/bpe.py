@@ -22,3 +22,15 @@ def train_bpe() -> tuple[dict[str, int], list[str]]:
     model = json.loads(tokenizer.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     return model["vocab"], merges
+
+
+def write_vocab(folder: Path, vocab: dict[str, int], merges: list[str]) -> None:
+    """vocab.json and merges.txt, as transformers' byte-level BPE tokenizers read them."""
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+
+
+def special_entries(tokens: dict[int, str]) -> dict[str, dict]:
+    """tokenizer_config.json's added_tokens_decoder for these special tokens (id -> text)."""
+    flags = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+    return {str(i): {"content": text, **flags} for i, text in tokens.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from convtts.testing.bpe import train_bpe
+from convtts.testing.bpe import special_entries, train_bpe, write_vocab
 
 QWEN_VOCAB = 151936  # the released Qwen2 embedding rows
 QWEN_SPECIAL = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
@@ -37,19 +37,8 @@ def write_tokenizer(folder: Path) -> None:
     filler = (f"<|convtts_unused_{i}|>" for i in range(first_special))
     while len(vocab) < first_special:
         vocab.setdefault(next(filler), len(vocab))
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    added = {
-        str(i): {
-            "content": text,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for i, text in QWEN_SPECIAL.items()
-    }
+    write_vocab(folder, vocab, merges)
+    added = special_entries(QWEN_SPECIAL)
     config = {
         "add_prefix_space": False,
         "added_tokens_decoder": added,

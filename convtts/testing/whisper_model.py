@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from convtts.testing.bpe import train_bpe
+from convtts.testing.bpe import special_entries, train_bpe, write_vocab
 
 END_OF_TEXT = 50257  # the first special token; every id below it is text
 MEL_BINS = 128  # large-v3 and its turbo
@@ -79,19 +79,8 @@ def write_tokenizer(folder: Path) -> dict[str, int]:
     while len(vocab) < END_OF_TEXT:  # tokens no merge produces, so the special ids are the released ones
         vocab.setdefault(next(filler), len(vocab))
     special = {name: END_OF_TEXT + i for i, name in enumerate(special_tokens())}
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    added = {
-        str(i): {
-            "content": name,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for name, i in special.items()
-    }
+    write_vocab(folder, vocab, merges)
+    added = special_entries({i: name for name, i in special.items()})
     config = {
         "add_prefix_space": False,
         "added_tokens_decoder": added,
