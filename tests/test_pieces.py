@@ -436,7 +436,7 @@ def test_the_ray_driver_opens_every_shard_of_a_short_run_first(tmp_path):
     assert answer.split()[2:4] == ["shard-00002", "s2-0"]  # the longest id of the run goes out first
 
 
-def _opened_book(tmp_path, monkeypatch, shards: list[list[int]], ranks: list[int], sizes=None):
+def _opened_book(tmp_path, shards: list[list[int]], ranks: list[int], sizes: tuple[int, int]):
     """A driver's book of these shards with every shard opened (as a slot would), and each id's words;
     `sizes`: the rows and a worker's rows the first rank said."""
     from convtts.cluster import handout
@@ -444,8 +444,7 @@ def _opened_book(tmp_path, monkeypatch, shards: list[list[int]], ranks: list[int
 
     layout = plan_words(tmp_path, *shards)
     book = handout.Book(layout, [shard_name(n) for n in range(len(shards))], RUN)
-    if sizes:
-        book.sized(ranks[0], *sizes)
+    book.sized(ranks[0], *sizes)
     while book.unopened:
         kind, name = book.hand_out(ranks[0], ranks).split()
         assert kind == "open"
@@ -461,14 +460,14 @@ def _piece_ids(answer: str) -> list[str]:
     return ids
 
 
-def test_the_ray_driver_gives_a_slot_that_asks_late_its_share_of_the_longest_ids(tmp_path, monkeypatch):
+def test_the_ray_driver_gives_a_slot_that_asks_late_its_share_of_the_longest_ids(tmp_path):
     """Slots come up apart: the first to ask must not take every long id before the other asks. Until a
     slot has had a piece, each piece cut for another is matched by the next-longest set aside for it;
     it gets those first, so both begin with the same mix of lengths."""
 
     shards = [list(range(60, 0, -2)), list(range(59, 0, -2))]  # 60 ids of 60..1 words, one of each
     # slot 0 says 16 rows, 2 a worker; slot 1, not heard from, counts as slot 0: 20 ids set aside for it
-    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1], sizes=(16, 2))
+    book, words = _opened_book(tmp_path, shards, [0, 1], sizes=(16, 2))
     first = [uid for _ in range(10) for uid in _piece_ids(book.hand_out(0, [0, 1]))]  # slot 1 still loading
     late = [uid for _ in range(10) for uid in _piece_ids(book.hand_out(1, [0, 1]))]
     assert len(first) == len(late) == 20
@@ -485,11 +484,11 @@ def test_the_ray_driver_gives_a_slot_that_asks_late_its_share_of_the_longest_ids
     assert not book.kept_ids() and book.all_out()
 
 
-def test_the_ray_driver_cuts_and_keeps_first_pieces_by_the_rows_a_slot_says(tmp_path, monkeypatch):
+def test_the_ray_driver_cuts_and_keeps_first_pieces_by_the_rows_a_slot_says(tmp_path):
     """Slot 0 says 40 rows, 5 a worker ("next 40 5"): while slot 1 has had nothing, each piece is
     one worker's rows, and what is set aside for slot 1 (counted as slot 0) stops at its rows and a
     quarter more."""
-    book, _ = _opened_book(tmp_path, monkeypatch, [list(range(400, 0, -1))], [0, 1], sizes=(40, 5))
+    book, _ = _opened_book(tmp_path, [list(range(400, 0, -1))], [0, 1], sizes=(40, 5))
     assert len(_piece_ids(book.hand_out(0, [0, 1]))) == 5
     for _ in range(20):
         book.hand_out(0, [0, 1])
@@ -501,7 +500,7 @@ def test_pieces_set_aside_for_a_slot_go_to_others_when_it_is_lost_or_late(tmp_pa
 
     monkeypatch.setattr(handout, "KEEP_FOR", 0.2)
     shards = [list(range(40, 0, -1))]
-    book, words = _opened_book(tmp_path, monkeypatch, shards, [0, 1, 2], sizes=(16, 2))
+    book, words = _opened_book(tmp_path, shards, [0, 1, 2], sizes=(16, 2))
     a = _piece_ids(book.hand_out(0, [0, 1, 2]))  # 40, 39 for slot 0; 38, 37 kept for 1; 36, 35 for 2
     assert [words[u] for u in a] == [40, 39] and book.kept_for(1) == book.kept_for(2) == 2
     book.give_back(1, None)  # slot 1 lost before it asked: its share is anyone's, before any new cut
@@ -522,8 +521,8 @@ def test_pieces_set_aside_for_a_slot_go_to_others_when_it_is_lost_or_late(tmp_pa
     assert sorted(out) == sorted(words) and not book.kept_ids()
 
 
-def test_a_shard_is_not_finished_while_a_piece_of_it_is_set_aside(tmp_path, monkeypatch):
-    book, words = _opened_book(tmp_path, monkeypatch, [[4, 3, 2, 1]], [0, 1], sizes=(16, 2))
+def test_a_shard_is_not_finished_while_a_piece_of_it_is_set_aside(tmp_path):
+    book, words = _opened_book(tmp_path, [[4, 3, 2, 1]], [0, 1], sizes=(16, 2))
     answer = book.hand_out(0, [0, 1])  # [4, 3] for slot 0, [2, 1] kept for slot 1
     book.done(int(answer.split()[1]), 2, 0, 1.0)
     assert book.window.open and not book.finished and not book.all_out()
